@@ -1,0 +1,43 @@
+//! rdma-device-plugin: advertises RDMA HCAs to kubelet as per-HCA slots.
+//!
+//! ```text
+//!  sysfs + dev tree --discovery--> Inventory --(per pool)--> PoolSnapshot --watch--> gRPC service
+//!  config file -----config_watch--> Config ------^                                  (ListAndWatch,
+//!  kubelet dir --dir_watch--> runner: serve fresh socket, Register, restart on loss   Allocate, ...)
+//! ```
+//!
+//! One concept per module; `cli` wires them together.
+
+pub mod admin;
+pub mod allocate;
+pub mod api;
+pub mod cdi;
+pub mod cli;
+pub mod config;
+pub mod config_watch;
+pub mod dir_watch;
+pub mod discovery;
+pub mod hca;
+pub mod health;
+pub mod inventory_watch;
+pub mod manager;
+pub mod metrics;
+pub mod pool;
+pub mod preferred;
+pub mod readiness;
+pub mod registration;
+pub mod resource_name;
+pub mod runner;
+pub mod selector;
+pub mod service;
+pub mod shutdown;
+pub mod telemetry;
+pub mod uds;
+pub mod verbs;
+
+/// Test support shared by unit tests, integration tests and benchmarks: a fixture builder for
+/// sysfs/dev trees and a fake kubelet speaking the real protos.
+pub mod testing {
+    pub mod fake_kubelet;
+    pub mod fixture;
+}

@@ -1,0 +1,18 @@
+//! `rdma-device-plugin`: see the library crate for everything.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match rdma_device_plugin::cli::Args::parse_and_run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "rdma-device-plugin failed");
+            // Also plainly on stderr, in case logging is filtered.
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("rdma-device-plugin: {error}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

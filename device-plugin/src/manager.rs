@@ -1,0 +1,172 @@
+//! Reconciles the running pools with the config and the inventory.
+//!
+//! One runner per configured pool. Each pool's snapshot is rebuilt whenever the inventory or its
+//! config changes and published to the runner's `watch` channel (only when it changed). A pool
+//! removed from the config is drained; a new one is started; a bad config never reaches here
+//! (the config watch keeps the last good one).
+
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
+
+use tokio::{sync::watch, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{
+    cdi,
+    config::{Config, PoolConfig},
+    dir_watch::DirWatch,
+    hca::Inventory,
+    metrics::Metrics,
+    pool::PoolSnapshot,
+    readiness::Readiness,
+    runner::{Runner, RunnerSettings},
+};
+
+/// A running pool.
+struct RunningPool {
+    tx: watch::Sender<Arc<PoolSnapshot>>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// Everything the manager needs.
+pub struct Manager {
+    pub settings: RunnerSettings,
+    /// `--cdi-dir` when `--cdi` is on.
+    pub cdi_dir: Option<PathBuf>,
+    pub metrics: Metrics,
+    pub readiness: Readiness,
+    pub shutdown: CancellationToken,
+}
+
+impl Manager {
+    /// Runs until `shutdown`, then drains every pool (streams end, sockets are removed).
+    pub async fn run(
+        self,
+        mut config: watch::Receiver<Arc<Config>>,
+        mut inventory: watch::Receiver<Arc<Inventory>>,
+    ) {
+        let dir_watch = DirWatch::new(&self.settings.socket_dir());
+        let mut pools: BTreeMap<String, RunningPool> = BTreeMap::new();
+        let mut first = true;
+        loop {
+            let cfg = config.borrow_and_update().clone();
+            let inv = inventory.borrow_and_update().clone();
+            self.reconcile(&mut pools, &cfg, &inv, &dir_watch);
+            if std::mem::take(&mut first) {
+                self.clean_stale_cdi(&cfg);
+            }
+            tokio::select! {
+                () = self.shutdown.cancelled() => break,
+                r = config.changed() => if r.is_err() { break },
+                r = inventory.changed() => if r.is_err() { break },
+            }
+        }
+        // CDI specs stay: kubelet replays checkpointed responses that name their devices.
+        futures::future::join_all(pools.into_iter().map(|(name, pool)| async move {
+            drain_pool(&name, pool).await;
+        }))
+        .await;
+    }
+
+    /// Start-up clean-up of specs a previous run left for pools that no longer exist. Specs of
+    /// current pools were just rewritten, so there is no window without them.
+    fn clean_stale_cdi(&self, cfg: &Config) {
+        if let Some(dir) = &self.cdi_dir {
+            let keep: Vec<PathBuf> = cfg
+                .pools
+                .iter()
+                .map(|p| cdi::spec_path(dir, &p.resource_name))
+                .collect();
+            let removed = cdi::clean_stale(dir, &keep);
+            if removed > 0 {
+                info!(removed, dir = %dir.display(), "removed stale CDI specs");
+            }
+        }
+    }
+
+    fn reconcile(
+        &self,
+        pools: &mut BTreeMap<String, RunningPool>,
+        cfg: &Config,
+        inv: &Inventory,
+        dir_watch: &DirWatch,
+    ) {
+        let wanted: BTreeMap<&str, &PoolConfig> = cfg
+            .pools
+            .iter()
+            .map(|p| (p.resource_name.as_str(), p))
+            .collect();
+        let gone: Vec<String> = pools
+            .keys()
+            .filter(|k| !wanted.contains_key(k.as_str()))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(pool) = pools.remove(&name) {
+                info!(resource = %name, "pool removed from the config");
+                let fut = self.stop_pool_owned(name, pool);
+                tokio::spawn(fut);
+            }
+        }
+        for (name, pool_cfg) in wanted {
+            let snapshot = PoolSnapshot::build(pool_cfg, inv);
+            let (healthy, unhealthy) = snapshot.health_counts();
+            self.metrics.set_devices(name, healthy, unhealthy);
+            if let Some(dir) = &self.cdi_dir
+                && let Err(error) = cdi::write_spec(dir, &snapshot, &self.settings.dev_root)
+            {
+                warn!(resource = %name, %error, "cannot write the CDI spec");
+            }
+            match pools.get_mut(name) {
+                Some(running) => {
+                    running.tx.send_if_modified(|cur| {
+                        if **cur == snapshot {
+                            return false;
+                        }
+                        *cur = Arc::new(snapshot);
+                        true
+                    });
+                }
+                None => {
+                    info!(resource = %name, healthy, unhealthy, "starting pool");
+                    let (tx, rx) = watch::channel(Arc::new(snapshot));
+                    let stop = self.shutdown.child_token();
+                    let runner = Runner {
+                        resource_name: name.to_string(),
+                        settings: self.settings.clone(),
+                        snapshot: rx,
+                        events: dir_watch.subscribe(),
+                        metrics: self.metrics.clone(),
+                        readiness: self.readiness.clone(),
+                        shutdown: stop.clone(),
+                    };
+                    let task = tokio::spawn(runner.run());
+                    pools.insert(name.to_string(), RunningPool { tx, stop, task });
+                }
+            }
+        }
+    }
+
+    fn stop_pool_owned(&self, name: String, pool: RunningPool) -> impl Future<Output = ()> + use<> {
+        let cdi_dir = self.cdi_dir.clone();
+        let metrics = self.metrics.clone();
+        async move {
+            drain_pool(&name, pool).await;
+            if let Some(dir) = cdi_dir {
+                cdi::remove_spec(&dir, &name);
+            }
+            metrics.forget_resource(&name);
+        }
+    }
+}
+
+async fn drain_pool(name: &str, pool: RunningPool) {
+    pool.stop.cancel();
+    if tokio::time::timeout(Duration::from_secs(10), pool.task)
+        .await
+        .is_err()
+    {
+        warn!(resource = %name, "pool did not stop within 10s");
+    }
+}

@@ -1,0 +1,185 @@
+//! Prometheus metrics of the plugin (prometheus-client), served on `/metrics`.
+
+use std::sync::Arc;
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+use crate::config_watch::ReloadStats;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HealthLabels {
+    pub resource: String,
+    pub health: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub resource: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub result: String,
+}
+
+/// Every metric the plugin exports.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// Advertised slots by resource and health.
+    pub devices: Family<HealthLabels, Gauge>,
+    /// Discovered HCAs by health.
+    pub hcas: Family<OutcomeLabels, Gauge>,
+    /// Register / plugin-watcher registration outcomes.
+    pub registrations: Family<ResultLabels, Counter>,
+    /// kubelet restarts noticed (kubelet.sock created again, own socket removed).
+    pub kubelet_restarts: Family<ResourceLabels, Counter>,
+    /// Allocate calls by outcome.
+    pub allocations: Family<ResultLabels, Counter>,
+    pub allocate_seconds: Family<ResourceLabels, Histogram>,
+    /// Open ListAndWatch streams.
+    pub streams: Family<ResourceLabels, Gauge>,
+}
+
+fn allocate_histogram() -> Histogram {
+    // 10 us .. ~0.3 s.
+    Histogram::new(exponential_buckets(0.000_01, 2.0, 15))
+}
+
+impl Metrics {
+    /// New metrics registered under the `rdma_dp` prefix of `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            devices: Family::default(),
+            hcas: Family::default(),
+            registrations: Family::default(),
+            kubelet_restarts: Family::default(),
+            allocations: Family::default(),
+            allocate_seconds: Family::new_with_constructor(allocate_histogram),
+            streams: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("rdma_dp");
+        r.register(
+            "devices",
+            "Advertised device slots by resource and health",
+            m.devices.clone(),
+        );
+        r.register("hcas", "Discovered RDMA devices by health", m.hcas.clone());
+        r.register(
+            "registrations",
+            "Registrations with kubelet by outcome",
+            m.registrations.clone(),
+        );
+        r.register(
+            "kubelet_restarts",
+            "kubelet restarts noticed",
+            m.kubelet_restarts.clone(),
+        );
+        r.register(
+            "allocations",
+            "Allocate calls by outcome",
+            m.allocations.clone(),
+        );
+        r.register(
+            "allocate_seconds",
+            "Allocate latency",
+            m.allocate_seconds.clone(),
+        );
+        r.register(
+            "listandwatch_streams",
+            "Open ListAndWatch streams",
+            m.streams.clone(),
+        );
+        m
+    }
+
+    /// Metrics on a throwaway registry (tests, `discover`).
+    pub fn unregistered() -> Self {
+        Self::new(&mut Registry::default())
+    }
+
+    pub fn resource(resource: &str) -> ResourceLabels {
+        ResourceLabels {
+            resource: resource.to_string(),
+        }
+    }
+
+    pub fn result(resource: &str, result: &str) -> ResultLabels {
+        ResultLabels {
+            resource: resource.to_string(),
+            result: result.to_string(),
+        }
+    }
+
+    /// Records a pool's slot counts.
+    pub fn set_devices(&self, resource: &str, healthy: usize, unhealthy: usize) {
+        for (health, n) in [("Healthy", healthy), ("Unhealthy", unhealthy)] {
+            self.devices
+                .get_or_create(&HealthLabels {
+                    resource: resource.to_string(),
+                    health: health.to_string(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Removes a pool's gauges (pool removed from the config).
+    pub fn forget_resource(&self, resource: &str) {
+        for health in ["Healthy", "Unhealthy"] {
+            self.devices.remove(&HealthLabels {
+                resource: resource.to_string(),
+                health: health.to_string(),
+            });
+        }
+    }
+}
+
+/// Exports the config watch's counters (read at scrape time).
+#[derive(Debug)]
+pub struct ConfigStatsCollector(pub Arc<ReloadStats>);
+
+impl Collector for ConfigStatsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for (name, help, value) in [
+            (
+                "rdma_dp_config_reloads",
+                "Config changes applied",
+                self.0.reloads(),
+            ),
+            (
+                "rdma_dp_config_reload_failures",
+                "Config changes rejected (the last good config stays)",
+                self.0.reload_failures(),
+            ),
+        ] {
+            let counter = ConstCounter::new(value);
+            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+/// The text exposition of a registry.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        out.clear();
+    }
+    out
+}

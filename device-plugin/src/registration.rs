@@ -1,0 +1,165 @@
+//! Registering a pool with kubelet: the `kubelet.sock` Register call and the plugin-watcher
+//! `pluginregistration.Registration` service, plus the retry backoff both share.
+
+use std::{path::Path, time::Duration};
+
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use crate::{
+    api::{
+        self, pluginregistration as pr,
+        v1beta1::{self as pb, registration_client::RegistrationClient},
+    },
+    service::plugin_options,
+};
+
+/// How long one Register call (connect included) may take.
+pub const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How registration is done (`--registration`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RegistrationMode {
+    /// Call `Register` on `<kubelet-root>/device-plugins/kubelet.sock` (documented, universal).
+    KubeletSock,
+    /// Put a socket in `<kubelet-root>/plugins_registry/` and let kubelet's plugin watcher
+    /// call `GetInfo` / `NotifyRegistrationStatus`.
+    PluginWatcher,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrationError {
+    #[error("connecting to kubelet at {path}: {source}")]
+    Connect {
+        path: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("kubelet rejected the registration: {0}")]
+    Rejected(#[source] Status),
+    #[error("kubelet reported registration failure: {0}")]
+    WatcherFailed(String),
+}
+
+/// Calls `Register` on kubelet's socket for `resource_name`, served at `endpoint` (a bare file
+/// name in kubelet's socket folder).
+pub async fn register(
+    kubelet_socket: &Path,
+    resource_name: &str,
+    endpoint: &str,
+) -> Result<(), RegistrationError> {
+    let channel = crate::uds::channel(kubelet_socket, REGISTER_TIMEOUT, Some(REGISTER_TIMEOUT))
+        .await
+        .map_err(|source| RegistrationError::Connect {
+            path: kubelet_socket.display().to_string(),
+            source,
+        })?;
+    RegistrationClient::new(channel)
+        .register(pb::RegisterRequest {
+            version: api::VERSION.to_string(),
+            endpoint: endpoint.to_string(),
+            resource_name: resource_name.to_string(),
+            options: Some(plugin_options()),
+        })
+        .await
+        .map_err(RegistrationError::Rejected)?;
+    Ok(())
+}
+
+/// Exponential backoff for registration retries: 100 ms doubling to a 5 s ceiling.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    next: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new(Duration::from_millis(100), Duration::from_secs(5))
+    }
+}
+
+impl Backoff {
+    pub fn new(min: Duration, max: Duration) -> Self {
+        Self {
+            next: min,
+            min,
+            max,
+        }
+    }
+
+    /// The delay before the next attempt; each call doubles the following one.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    pub fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// What kubelet's plugin watcher told us.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatcherStatus {
+    Registered,
+    Failed(String),
+}
+
+/// The `pluginregistration.Registration` service for one pool (plugin-watcher mode).
+#[derive(Clone)]
+pub struct WatcherRegistration {
+    pub resource_name: String,
+    /// Full path of the socket serving the DevicePlugin service.
+    pub endpoint: String,
+    pub status: mpsc::UnboundedSender<WatcherStatus>,
+}
+
+#[tonic::async_trait]
+impl pr::registration_server::Registration for WatcherRegistration {
+    async fn get_info(
+        &self,
+        _: Request<pr::InfoRequest>,
+    ) -> Result<Response<pr::PluginInfo>, Status> {
+        info!(resource = %self.resource_name, "plugin watcher asked GetInfo");
+        Ok(Response::new(pr::PluginInfo {
+            r#type: api::PLUGIN_TYPE_DEVICE_PLUGIN.to_string(),
+            name: self.resource_name.clone(),
+            endpoint: self.endpoint.clone(),
+            supported_versions: vec![api::VERSION.to_string()],
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<pr::RegistrationStatus>,
+    ) -> Result<Response<pr::RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        let status = if status.plugin_registered {
+            WatcherStatus::Registered
+        } else {
+            warn!(resource = %self.resource_name, error = %status.error, "kubelet reported a failed registration");
+            WatcherStatus::Failed(status.error)
+        };
+        // The runner may be restarting; a closed channel only means nobody waits any more.
+        let _ = self.status.send(status);
+        Ok(Response::new(pr::RegistrationStatusResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_ceiling_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
+        let seq: Vec<_> = (0..4).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(seq, [100, 200, 350, 350]);
+        b.reset();
+        assert_eq!(b.next_delay().as_millis(), 100);
+    }
+}

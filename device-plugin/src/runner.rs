@@ -1,0 +1,302 @@
+//! The lifecycle of one pool's gRPC server: serve on a fresh socket, then register, then watch
+//! for anything that means kubelet lost us, and start over.
+//!
+//! ```text
+//!   bind fresh socket -> serve -> Register (retry with backoff) -> registered
+//!        ^                                                            |
+//!        +---- kubelet.sock created again / own socket gone ----------+
+//!        +---- NotifyRegistrationStatus(false) / server died (after backoff)
+//! ```
+//!
+//! Nothing here ends the process: a failed bind, Register or watcher notification is logged,
+//! counted and retried until the plugin drains.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::{
+    sync::{broadcast, mpsc, watch},
+    time::Instant,
+};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::{
+    allocate::Delivery,
+    api::{
+        KUBELET_SOCKET, pluginregistration::registration_server::RegistrationServer,
+        v1beta1::device_plugin_server::DevicePluginServer,
+    },
+    dir_watch::DirEvent,
+    metrics::Metrics,
+    pool::PoolSnapshot,
+    readiness::Readiness,
+    registration::{self, Backoff, RegistrationMode, WatcherRegistration, WatcherStatus},
+    resource_name::socket_file_name,
+    service::PoolService,
+    uds,
+};
+
+/// The kubelet folders below `--kubelet-root-dir`.
+pub const DEVICE_PLUGINS_DIR: &str = "device-plugins";
+pub const PLUGINS_REGISTRY_DIR: &str = "plugins_registry";
+
+/// Settings shared by every pool's runner.
+#[derive(Clone, Debug)]
+pub struct RunnerSettings {
+    pub kubelet_root: PathBuf,
+    pub mode: RegistrationMode,
+    pub dev_root: PathBuf,
+    /// Full-list re-send period of ListAndWatch.
+    pub resync: Duration,
+    /// How often the runner checks its own socket and kubelet's.
+    pub poll: Duration,
+    /// CDI kind when `--cdi` is on.
+    pub cdi: bool,
+}
+
+impl RunnerSettings {
+    /// The folder our sockets live in for this mode.
+    pub fn socket_dir(&self) -> PathBuf {
+        match self.mode {
+            RegistrationMode::KubeletSock => self.kubelet_root.join(DEVICE_PLUGINS_DIR),
+            RegistrationMode::PluginWatcher => self.kubelet_root.join(PLUGINS_REGISTRY_DIR),
+        }
+    }
+
+    pub fn kubelet_socket(&self) -> PathBuf {
+        self.kubelet_root
+            .join(DEVICE_PLUGINS_DIR)
+            .join(KUBELET_SOCKET)
+    }
+}
+
+/// Why a server instance ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Shutdown,
+    /// kubelet lost us: start over at once.
+    Restart(&'static str),
+    /// Something failed: start over after a backoff delay.
+    Failed(String),
+}
+
+/// Runs one pool until `shutdown` is cancelled.
+pub struct Runner {
+    pub resource_name: String,
+    pub settings: RunnerSettings,
+    pub snapshot: watch::Receiver<Arc<PoolSnapshot>>,
+    pub events: broadcast::Receiver<DirEvent>,
+    pub metrics: Metrics,
+    pub readiness: Readiness,
+    pub shutdown: CancellationToken,
+}
+
+impl Runner {
+    pub async fn run(mut self) {
+        let span = info_span!("pool", resource = %self.resource_name);
+        async move {
+            let mut backoff = Backoff::default();
+            self.readiness.set(&self.resource_name, false);
+            loop {
+                let outcome = self.serve_once(&mut backoff).await;
+                self.readiness.set(&self.resource_name, false);
+                match outcome {
+                    Outcome::Shutdown => break,
+                    Outcome::Restart(reason) => {
+                        info!(reason, "serving on a fresh socket and registering again");
+                        self.metrics
+                            .kubelet_restarts
+                            .get_or_create(&Metrics::resource(&self.resource_name))
+                            .inc();
+                    }
+                    Outcome::Failed(error) => {
+                        let delay = backoff.next_delay();
+                        error!(%error, retry_in = ?delay, "device plugin server failed");
+                        tokio::select! {
+                            () = self.shutdown.cancelled() => break,
+                            () = tokio::time::sleep(delay) => {}
+                        }
+                    }
+                }
+            }
+            self.readiness.remove(&self.resource_name);
+            info!("pool stopped");
+        }
+        .instrument(span)
+        .await;
+    }
+
+    async fn serve_once(&mut self, backoff: &mut Backoff) -> Outcome {
+        let dir = self.settings.socket_dir();
+        let sock_name = socket_file_name(&self.resource_name);
+        let sock_path = dir.join(&sock_name);
+        let listener = match uds::bind_fresh(&sock_path) {
+            Ok(l) => l,
+            Err(e) => return Outcome::Failed(format!("binding {}: {e}", sock_path.display())),
+        };
+        let my_id = uds::file_id(&sock_path);
+        let stop = self.shutdown.child_token();
+        let (status_tx, mut status_rx) = mpsc::unbounded_channel();
+        let service = PoolService {
+            snapshot: self.snapshot.clone(),
+            dev_root: self.settings.dev_root.clone(),
+            delivery: if self.settings.cdi {
+                Delivery::Cdi {
+                    kind: crate::cdi::cdi_kind(&self.resource_name),
+                }
+            } else {
+                Delivery::DeviceSpecs
+            },
+            resync: self.settings.resync,
+            metrics: self.metrics.clone(),
+            stop: stop.clone(),
+        };
+        let watcher_mode = self.settings.mode == RegistrationMode::PluginWatcher;
+        let router = Server::builder().add_service(DevicePluginServer::new(service));
+        let router = router.add_optional_service(watcher_mode.then(|| {
+            RegistrationServer::new(WatcherRegistration {
+                resource_name: self.resource_name.clone(),
+                endpoint: sock_path.to_string_lossy().into_owned(),
+                status: status_tx,
+            })
+        }));
+        let server_stop = stop.clone();
+        let mut server = tokio::spawn(router.serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener),
+            async move {
+                server_stop.cancelled().await;
+            },
+        ));
+        info!(socket = %sock_path.display(), mode = ?self.settings.mode, "serving");
+
+        let kubelet_sock = self.settings.kubelet_socket();
+        let mut registered = false;
+        let mut kubelet_id = None;
+        let mut retry_at = (!watcher_mode).then(Instant::now);
+        let mut poll = tokio::time::interval(self.settings.poll);
+        poll.reset();
+
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => break Outcome::Shutdown,
+                res = &mut server => {
+                    let why = match res {
+                        Ok(Ok(())) => "server stopped".to_string(),
+                        Ok(Err(e)) => format!("server error: {e}"),
+                        Err(e) => format!("server task: {e}"),
+                    };
+                    break Outcome::Failed(why);
+                }
+                ev = self.events.recv() => {
+                    let ev = match ev {
+                        Ok(ev) => Some(ev),
+                        Err(broadcast::error::RecvError::Lagged(_)) => None,
+                        Err(broadcast::error::RecvError::Closed) => continue,
+                    };
+                    let kubelet_new = match &ev {
+                        Some(DirEvent::Created(n)) => n == KUBELET_SOCKET,
+                        None => true,
+                        _ => false,
+                    };
+                    if uds::file_id(&sock_path) != my_id {
+                        break Outcome::Restart("own socket removed");
+                    }
+                    if !watcher_mode && kubelet_new {
+                        if !registered {
+                            retry_at = Some(Instant::now());
+                        } else if uds::file_id(&kubelet_sock) != kubelet_id {
+                            break Outcome::Restart("kubelet.sock created again");
+                        }
+                    }
+                }
+                () = sleep_until(retry_at) => {
+                    let attempt = tokio::select! {
+                        () = self.shutdown.cancelled() => break Outcome::Shutdown,
+                        r = registration::register(&kubelet_sock, &self.resource_name, &sock_name) => r,
+                    };
+                    match attempt {
+                        Ok(()) => {
+                            registered = true;
+                            kubelet_id = uds::file_id(&kubelet_sock);
+                            retry_at = None;
+                            backoff.reset();
+                            self.on_registered();
+                        }
+                        Err(error) => {
+                            let delay = backoff.next_delay();
+                            self.count_registration("error");
+                            warn!(%error, retry_in = ?delay, "Register failed");
+                            retry_at = Some(Instant::now() + delay);
+                        }
+                    }
+                }
+                Some(status) = status_rx.recv() => match status {
+                    WatcherStatus::Registered => {
+                        registered = true;
+                        backoff.reset();
+                        self.on_registered();
+                    }
+                    WatcherStatus::Failed(error) => {
+                        self.count_registration("error");
+                        break Outcome::Failed(format!("plugin watcher registration failed: {error}"));
+                    }
+                },
+                _ = poll.tick() => {
+                    if uds::file_id(&sock_path) != my_id {
+                        break Outcome::Restart("own socket removed");
+                    }
+                    if registered && !watcher_mode && uds::file_id(&kubelet_sock) != kubelet_id {
+                        break Outcome::Restart("kubelet.sock replaced");
+                    }
+                }
+            }
+        };
+
+        stop.cancel();
+        if tokio::time::timeout(Duration::from_secs(5), &mut server)
+            .await
+            .is_err()
+        {
+            warn!("server did not stop within 5s; aborting it");
+            server.abort();
+        }
+        if outcome == Outcome::Shutdown {
+            remove_if_ours(&sock_path, my_id);
+        }
+        outcome
+    }
+
+    fn count_registration(&self, result: &str) {
+        self.metrics
+            .registrations
+            .get_or_create(&Metrics::result(&self.resource_name, result))
+            .inc();
+    }
+
+    fn on_registered(&self) {
+        self.count_registration("ok");
+        self.readiness.set(&self.resource_name, true);
+        info!("registered with kubelet");
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Removes the socket only if it is still the one we bound (never a successor's).
+fn remove_if_ours(path: &Path, id: Option<uds::FileId>) {
+    if id.is_some() && uds::file_id(path) == id {
+        let _ = std::fs::remove_file(path);
+    }
+}

@@ -1,0 +1,54 @@
+//! gRPC over unix sockets: a tonic channel to a socket path, and a listener bound afresh.
+
+use std::{io, path::Path, time::Duration};
+
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tonic::transport::{Channel, Endpoint};
+
+/// A channel to the gRPC server on `path`, connected eagerly within `connect_timeout`.
+/// `request_timeout` bounds each call; leave it `None` for long-lived streams.
+pub async fn channel(
+    path: &Path,
+    connect_timeout: Duration,
+    request_timeout: Option<Duration>,
+) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    // The URI is required by the API but never used: the connector dials the socket.
+    let mut endpoint = Endpoint::from_static("http://localhost").connect_timeout(connect_timeout);
+    if let Some(t) = request_timeout {
+        endpoint = endpoint.timeout(t);
+    }
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
+
+/// Binds a fresh listener on `path`, removing a stale socket first. The parent folder is
+/// created when missing.
+pub fn bind_fresh(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    UnixListener::bind(path)
+}
+
+/// A file's identity, to tell our socket from a new one with the same name.
+pub type FileId = (u64, u64, i64, i64);
+
+/// `(device, inode, ctime, ctime_ns)` of `path`. Inode numbers are reused at once on tmpfs
+/// and ext4, so a re-created socket is told apart by its creation time as well.
+pub fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+}

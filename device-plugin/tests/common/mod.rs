@@ -1,0 +1,147 @@
+//! Shared harness: a fixture node, a fake kubelet and the plugin running in-process.
+
+#![allow(dead_code)]
+
+use std::{future::Future, path::PathBuf, time::Duration};
+
+use clap::Parser;
+use rdma_device_plugin::{
+    cli::{Args, RunError, run_plugin},
+    testing::{
+        fake_kubelet::FakeKubelet,
+        fixture::{FixtureTree, HcaSpec},
+    },
+};
+use tempfile::TempDir;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub const RESOURCE: &str = "rdma-streams.io/hca";
+/// Generous bound for anything the plugin should do "at once" (CI machines are slow).
+pub const SOON: Duration = Duration::from_secs(10);
+
+/// Runs `f` under a hard timeout so a hang fails the test instead of stalling CI.
+pub async fn within<F: Future<Output = T>, T>(secs: u64, f: F) -> T {
+    tokio::time::timeout(Duration::from_secs(secs), f)
+        .await
+        .unwrap_or_else(|_| panic!("test timed out after {secs}s"))
+}
+
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "rdma_device_plugin=debug,warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+pub struct Harness {
+    pub dir: TempDir,
+    pub tree: FixtureTree,
+    pub kubelet: FakeKubelet,
+    pub shutdown: CancellationToken,
+    pub plugin: Option<JoinHandle<Result<(), RunError>>>,
+}
+
+impl Harness {
+    /// A node with two ConnectX HCAs (IB on NUMA 0, RoCE on NUMA 1) unless `hcas` says else.
+    pub async fn new(hcas: Vec<HcaSpec>) -> Self {
+        init_logs();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tree = FixtureTree::new(dir.path().join("node")).expect("fixture");
+        for spec in hcas {
+            tree.add_hca(spec).expect("add hca");
+        }
+        let kubelet = FakeKubelet::start(&dir.path().join("kubelet"))
+            .await
+            .expect("fake kubelet");
+        Self {
+            dir,
+            tree,
+            kubelet,
+            shutdown: CancellationToken::new(),
+            plugin: None,
+        }
+    }
+
+    pub fn two_hcas() -> Vec<HcaSpec> {
+        vec![
+            HcaSpec::connectx_ib("mlx5_0", "0000:3b:00.0").numa(0),
+            HcaSpec::connectx_eth("mlx5_1", "0000:af:00.0")
+                .numa(1)
+                .netdev("ens2f0np0"),
+        ]
+    }
+
+    pub fn kubelet_root(&self) -> PathBuf {
+        self.dir.path().join("kubelet")
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("config.yaml")
+    }
+
+    /// The plugin's arguments (fast intervals) plus `extra`.
+    pub fn args(&self, extra: &[&str]) -> Args {
+        let sys = self.tree.sys_root();
+        let dev = self.tree.dev_root();
+        let root = self.kubelet_root();
+        let config = self.config_path();
+        let mut argv: Vec<String> = [
+            "rdma-device-plugin",
+            "--sysfs-root",
+            &sys.to_string_lossy(),
+            "--dev-root",
+            &dev.to_string_lossy(),
+            "--kubelet-root-dir",
+            &root.to_string_lossy(),
+            "--config",
+            &config.to_string_lossy(),
+            "--discovery-interval-ms",
+            "100",
+            "--socket-poll-ms",
+            "200",
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect();
+        argv.extend(extra.iter().map(|s| (*s).to_string()));
+        Args::try_parse_from(argv).expect("args")
+    }
+
+    pub fn start_plugin(&mut self, extra: &[&str]) {
+        let args = self.args(extra);
+        self.plugin = Some(tokio::spawn(run_plugin(args, self.shutdown.clone())));
+    }
+
+    /// Drains the plugin and checks it ended cleanly.
+    pub async fn stop_plugin(&mut self) {
+        self.shutdown.cancel();
+        if let Some(p) = self.plugin.take() {
+            within(15, p)
+                .await
+                .expect("plugin task")
+                .expect("plugin result");
+        }
+    }
+
+    pub fn ids(&self, hca: &str) -> Vec<String> {
+        self.kubelet
+            .devices(RESOURCE)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| d.id.starts_with(&format!("{hca}-")))
+            .map(|d| d.id)
+            .collect()
+    }
+}
+
+/// All devices of `hca` in `list` have `health`, and there is at least one.
+pub fn all_of(list: &[rdma_device_plugin::api::v1beta1::Device], hca: &str, health: &str) -> bool {
+    let mine: Vec<_> = list
+        .iter()
+        .filter(|d| d.id.starts_with(&format!("{hca}-")))
+        .collect();
+    !mine.is_empty() && mine.iter().all(|d| d.health == health)
+}

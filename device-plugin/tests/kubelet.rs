@@ -1,0 +1,630 @@
+//! The plugin against a fake kubelet on the real protos over real unix sockets.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Harness, RESOURCE, SOON, all_of, within};
+use rdma_device_plugin::{
+    api::v1beta1::{self as pb, device_plugin_client::DevicePluginClient},
+    testing::fixture::HcaSpec,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_registration_full_list_with_numa() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let list = h
+            .kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+            .await
+            .unwrap();
+        assert!(list.iter().all(|d| d.health == "Healthy"));
+        let numa = |id: &str| {
+            list.iter()
+                .find(|d| d.id == id)
+                .unwrap()
+                .topology
+                .as_ref()
+                .unwrap()
+                .nodes[0]
+                .id
+        };
+        assert_eq!(numa("mlx5_0-0000"), 0);
+        assert_eq!(numa("mlx5_1-0063"), 1);
+        let opts = h.kubelet.options(RESOURCE).unwrap();
+        assert!(opts.get_preferred_allocation_available && !opts.pre_start_required);
+        let endpoint = h.kubelet.endpoint(RESOURCE).unwrap();
+        assert_eq!(endpoint.file_name().unwrap(), "rdma-streams.io_hca.sock");
+        h.stop_plugin().await;
+        assert!(!endpoint.exists(), "socket removed on drain");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_kubelet_restarts_each_reregistered_with_full_list() {
+    within(120, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        for n in 2..=21 {
+            h.kubelet.restart().await.unwrap();
+            h.kubelet
+                .wait_registered(RESOURCE, n, SOON)
+                .await
+                .unwrap_or_else(|e| panic!("restart {}: {e}", n - 1));
+            let updates = h.kubelet.updates(RESOURCE);
+            // The new stream delivers the full list at once.
+            h.kubelet
+                .wait_for("the full list on the new stream", SOON, |k| {
+                    k.updates(RESOURCE) > updates
+                        || k.devices(RESOURCE).is_some_and(|d| d.len() == 128)
+                })
+                .await
+                .unwrap();
+            let list = h
+                .kubelet
+                .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+                .await
+                .unwrap();
+            assert!(
+                list.iter().all(|d| d.health == "Healthy"),
+                "restart {}",
+                n - 1
+            );
+        }
+        assert_eq!(h.kubelet.registrations(RESOURCE), 21);
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_while_a_device_changes() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+            .await
+            .unwrap();
+        // kubelet goes away; while it is gone a port goes down and a new HCA appears.
+        h.kubelet.stop().await;
+        h.tree
+            .set_port_state("mlx5_0", 1, "DOWN", "Disabled")
+            .unwrap();
+        h.tree
+            .add_hca(HcaSpec::connectx_ib("mlx5_2", "0000:5e:00.0").numa(0))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        h.kubelet.restart().await.unwrap();
+        h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
+        // The first list on the new stream already holds the change (regression of
+        // k8s-rdma-shared-dev-plugin #48: capacity stuck after a restart).
+        let list = h
+            .kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 192)
+            .await
+            .unwrap();
+        assert!(all_of(&list, "mlx5_0", "Unhealthy"));
+        assert!(all_of(&list, "mlx5_1", "Healthy"));
+        assert!(all_of(&list, "mlx5_2", "Healthy"));
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_failing_then_succeeding() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.kubelet.reject_next_registrations(3);
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        assert_eq!(h.kubelet.rejected_registrations(), 3);
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+            .await
+            .unwrap();
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_absent_at_start_then_appears() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.kubelet.stop().await;
+        std::fs::remove_file(h.kubelet.device_plugins_dir().join("kubelet.sock")).unwrap();
+        h.start_plugin(&[]);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(h.kubelet.registrations(RESOURCE), 0);
+        h.kubelet.restart().await.unwrap();
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_socket_deleted_underneath() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let sock = h.kubelet.endpoint(RESOURCE).unwrap();
+        std::fs::remove_file(&sock).unwrap();
+        h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
+        assert!(sock.exists(), "served again on a fresh socket");
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+            .await
+            .unwrap();
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_per_hca_and_unknown_ids() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+            .await
+            .unwrap();
+        let dev_root = h.tree.dev_root();
+
+        let ib = h
+            .kubelet
+            .allocate(RESOURCE, &["mlx5_0-0005"])
+            .await
+            .unwrap();
+        let paths: Vec<_> = ib
+            .devices
+            .iter()
+            .map(|d| d.container_path.as_str())
+            .collect();
+        assert_eq!(paths[0], "/dev/infiniband/rdma_cm");
+        assert!(paths.iter().any(|p| p.starts_with("/dev/infiniband/issm")));
+        assert_eq!(ib.envs["RDMA_STREAMS_DEVICES"], "mlx5_0");
+        for d in &ib.devices {
+            assert_eq!(d.permissions, "rw");
+            assert!(
+                std::path::Path::new(&d.host_path).starts_with(&dev_root),
+                "{d:?}"
+            );
+            assert!(std::path::Path::new(&d.host_path).exists(), "{d:?}");
+        }
+
+        let eth = h
+            .kubelet
+            .allocate(RESOURCE, &["mlx5_1-0001"])
+            .await
+            .unwrap();
+        let eth_paths: Vec<_> = eth
+            .devices
+            .iter()
+            .map(|d| d.container_path.clone())
+            .collect();
+        assert!(
+            !eth_paths.iter().any(|p| p.contains("issm")),
+            "{eth_paths:?}"
+        );
+        let ib_own: Vec<_> = paths[1..].iter().map(|s| (*s).to_string()).collect();
+        assert!(
+            eth_paths.iter().all(|p| !ib_own.contains(p)),
+            "no device of mlx5_0 leaks"
+        );
+
+        let err = h
+            .kubelet
+            .allocate(RESOURCE, &["mlx5_7-0000"])
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferred_allocation_over_grpc() {
+    within(60, async {
+        let mut h = Harness::new(vec![
+            HcaSpec::connectx_ib("mlx5_0", "0000:3b:00.0").numa(0),
+            HcaSpec::connectx_ib("mlx5_1", "0000:5e:00.0").numa(0),
+            HcaSpec::connectx_ib("mlx5_2", "0000:af:00.0").numa(1),
+        ])
+        .await;
+        std::fs::write(
+            h.config_path(),
+            "pools:\n  - resourceName: rdma-streams.io/hca\n    slotsPerHca: 4\n",
+        )
+        .unwrap();
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let list = h
+            .kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 12)
+            .await
+            .unwrap();
+        let all: Vec<String> = list.iter().map(|d| d.id.clone()).collect();
+        let must = vec!["mlx5_2-0001".to_string()];
+        let got = h.kubelet.preferred(RESOURCE, &all, &must, 3).await.unwrap();
+        assert_eq!(got[0], "mlx5_2-0001");
+        assert!(got.iter().all(|id| id.starts_with("mlx5_2-")), "{got:?}");
+        let got = h.kubelet.preferred(RESOURCE, &all, &[], 4).await.unwrap();
+        let hca = got[0].split('-').next().unwrap().to_string();
+        assert!(
+            got.iter().all(|id| id.starts_with(&format!("{hca}-"))),
+            "{got:?}"
+        );
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_flaps_both_ways() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_0", "Healthy"))
+            .await
+            .unwrap();
+
+        h.tree
+            .set_port_state("mlx5_0", 1, "DOWN", "Polling")
+            .unwrap();
+        let list = h
+            .kubelet
+            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_0", "Unhealthy"))
+            .await
+            .unwrap();
+        assert_eq!(list.len(), 128, "unhealthy devices stay listed");
+        assert!(all_of(&list, "mlx5_1", "Healthy"));
+
+        h.tree
+            .set_port_state("mlx5_0", 1, "ACTIVE", "LinkUp")
+            .unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_0", "Healthy"))
+            .await
+            .unwrap();
+
+        // A char device vanishing makes the HCA unhealthy, never drops it.
+        let uverbs = h
+            .kubelet
+            .allocate(RESOURCE, &["mlx5_1-0000"])
+            .await
+            .unwrap()
+            .devices
+            .iter()
+            .find(|d| d.container_path.contains("uverbs"))
+            .map(|d| d.container_path.rsplit('/').next().unwrap().to_string())
+            .unwrap();
+        h.tree.remove_char_dev(&uverbs).unwrap();
+        let list = h
+            .kubelet
+            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_1", "Unhealthy"))
+            .await
+            .unwrap();
+        assert_eq!(list.len(), 128);
+        let err = h
+            .kubelet
+            .allocate(RESOURCE, &["mlx5_1-0000"])
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        h.tree.add_char_dev(&uverbs).unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_1", "Healthy"))
+            .await
+            .unwrap();
+
+        // Hot removal: the HCA's devices leave the list.
+        h.tree.remove_hca("mlx5_1").unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 64)
+            .await
+            .unwrap();
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn driver_loaded_after_start() {
+    within(60, async {
+        let mut h = Harness::new(vec![]).await;
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let list = h
+            .kubelet
+            .wait_devices(RESOURCE, SOON, |_| true)
+            .await
+            .unwrap();
+        assert!(list.is_empty());
+        h.tree
+            .add_hca(HcaSpec::connectx_eth("mlx5_0", "0000:3b:00.0").numa(0))
+            .unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 64)
+            .await
+            .unwrap();
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_streams_each_get_every_update() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let sock = h.kubelet.endpoint(RESOURCE).unwrap();
+        let mut streams = Vec::new();
+        for _ in 0..2 {
+            let ch = rdma_device_plugin::uds::channel(&sock, SOON, None)
+                .await
+                .unwrap();
+            let s = DevicePluginClient::new(ch)
+                .list_and_watch(pb::Empty {})
+                .await
+                .unwrap()
+                .into_inner();
+            streams.push(s);
+        }
+        for s in &mut streams {
+            let first = s.message().await.unwrap().unwrap();
+            assert_eq!(first.devices.len(), 128, "full list at once");
+        }
+        h.tree
+            .set_port_state("mlx5_1", 1, "DOWN", "Disabled")
+            .unwrap();
+        for s in &mut streams {
+            loop {
+                let msg = within(10, s.message()).await.unwrap().unwrap();
+                if all_of(&msg.devices, "mlx5_1", "Unhealthy") {
+                    break;
+                }
+            }
+        }
+        // The kubelet's own stream saw it too: nobody consumed another stream's update.
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_1", "Unhealthy"))
+            .await
+            .unwrap();
+        h.stop_plugin().await;
+        // Draining ends the extra streams too.
+        for s in &mut streams {
+            let end = within(10, async {
+                loop {
+                    match s.message().await {
+                        Ok(Some(_)) => continue,
+                        other => break other,
+                    }
+                }
+            })
+            .await;
+            assert!(matches!(end, Ok(None) | Err(_)));
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_full_list_resend() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        std::fs::write(
+            h.config_path(),
+            "resyncSeconds: 1\npools:\n  - resourceName: rdma-streams.io/hca\n",
+        )
+        .unwrap();
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let before = h.kubelet.updates(RESOURCE);
+        h.kubelet
+            .wait_for("two re-sends without changes", SOON, |k| {
+                k.updates(RESOURCE) >= before + 2
+            })
+            .await
+            .unwrap();
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_reload_good_and_bad() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        let cfg = h.config_path();
+        std::fs::write(
+            &cfg,
+            "pools:\n  - resourceName: rdma-streams.io/hca\n    slotsPerHca: 2\n",
+        )
+        .unwrap();
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 4)
+            .await
+            .unwrap();
+
+        // Good: more slots, and a second pool of InfiniBand HCAs only.
+        std::fs::write(
+            &cfg,
+            "pools:\n  - resourceName: rdma-streams.io/hca\n    slotsPerHca: 3\n  \
+             - resourceName: rdma-streams.io/ib\n    slotsPerHca: 1\n    selectors:\n      \
+             linkLayers: [InfiniBand]\n",
+        )
+        .unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 6)
+            .await
+            .unwrap();
+        h.kubelet
+            .wait_registered("rdma-streams.io/ib", 1, SOON)
+            .await
+            .unwrap();
+        let ib = h
+            .kubelet
+            .wait_devices("rdma-streams.io/ib", SOON, |d| d.len() == 1)
+            .await
+            .unwrap();
+        assert_eq!(ib[0].id, "mlx5_0-0000");
+
+        // Bad: an unknown field. The last good config stays in force.
+        std::fs::write(
+            &cfg,
+            "pools:\n  - resourceName: rdma-streams.io/hca\n    slotsPerHCA: 9\n",
+        )
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(h.kubelet.devices(RESOURCE).unwrap().len(), 6);
+        assert_eq!(h.kubelet.devices("rdma-streams.io/ib").unwrap().len(), 1);
+
+        // Good again: the second pool goes away, its socket with it.
+        std::fs::write(
+            &cfg,
+            "pools:\n  - resourceName: rdma-streams.io/hca\n    slotsPerHca: 1\n",
+        )
+        .unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 2)
+            .await
+            .unwrap();
+        let ib_sock = h.kubelet.endpoint("rdma-streams.io/ib").unwrap();
+        h.kubelet
+            .wait_for("the removed pool's socket to go", SOON, |_| {
+                !ib_sock.exists()
+            })
+            .await
+            .unwrap();
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_config_at_start_is_a_clear_error() {
+    within(30, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        std::fs::write(h.config_path(), "pools:\n  - resourceName: hca\n").unwrap();
+        h.start_plugin(&[]);
+        let err = within(10, h.plugin.take().unwrap())
+            .await
+            .unwrap()
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("hca"), "{msg}");
+        assert_eq!(h.kubelet.registrations("hca"), 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_watcher_mode() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.kubelet.fail_next_watcher_notifications(1);
+        h.kubelet.start_plugin_watcher();
+        h.start_plugin(&["--registration", "plugin-watcher"]);
+        // First notification reports failure: the plugin re-creates its socket, the watcher
+        // finds it again, and the second attempt succeeds.
+        h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
+        let endpoint = h.kubelet.endpoint(RESOURCE).unwrap();
+        assert!(
+            endpoint.starts_with(h.kubelet.plugins_registry_dir()),
+            "{endpoint:?}"
+        );
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+            .await
+            .unwrap();
+        let resp = h
+            .kubelet
+            .allocate(RESOURCE, &["mlx5_0-0000"])
+            .await
+            .unwrap();
+        assert_eq!(resp.envs["RDMA_STREAMS_DEVICES"], "mlx5_0");
+        // Nothing was put in device-plugins/ in this mode.
+        let dp: Vec<_> = std::fs::read_dir(h.kubelet.device_plugins_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!dp.iter().any(|n| n.starts_with("rdma-streams")), "{dp:?}");
+        h.stop_plugin().await;
+        assert!(!endpoint.exists());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cdi_mode_spec_and_names() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        let cdi_dir = h.dir.path().join("cdi");
+        let cdi_arg = cdi_dir.to_string_lossy().into_owned();
+        h.start_plugin(&["--cdi", "--cdi-dir", &cdi_arg]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+            .await
+            .unwrap();
+        let resp = h
+            .kubelet
+            .allocate(RESOURCE, &["mlx5_1-0002", "mlx5_0-0000"])
+            .await
+            .unwrap();
+        let names: Vec<_> = resp.cdi_devices.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["rdma-streams.io/hca=mlx5_0", "rdma-streams.io/hca=mlx5_1"]
+        );
+        assert!(resp.devices.is_empty());
+        let spec_path = cdi_dir.join("rdma-streams-dp_rdma-streams.io_hca.json");
+        let spec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+        assert_eq!(spec["kind"], "rdma-streams.io/hca");
+        let spec_names: Vec<_> = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                format!(
+                    "{}={}",
+                    spec["kind"].as_str().unwrap(),
+                    d["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        for n in &names {
+            assert!(
+                spec_names.contains(&(*n).to_string()),
+                "{n} in {spec_names:?}"
+            );
+        }
+        for d in spec["devices"].as_array().unwrap() {
+            for node in d["containerEdits"]["deviceNodes"].as_array().unwrap() {
+                assert!(std::path::Path::new(node["hostPath"].as_str().unwrap()).exists());
+            }
+        }
+        h.stop_plugin().await;
+    })
+    .await;
+}
