@@ -34,6 +34,12 @@ pub enum CdiError {
 }
 
 /// The CDI kind (`vendor/class`) for an extended resource name: the class may not hold dots.
+///
+/// ```
+/// use rdma_device_plugin::cdi::cdi_kind;
+/// assert_eq!(cdi_kind("rdma-streams.io/hca"), "rdma-streams.io/hca");
+/// assert_eq!(cdi_kind("rdma/hca.a"), "rdma/hca-a");
+/// ```
 pub fn cdi_kind(resource_name: &str) -> String {
     match resource_name.split_once('/') {
         Some((vendor, class)) => format!("{vendor}/{}", class.replace('.', "-")),

@@ -120,8 +120,7 @@ fn state_word(s: &str) -> &str {
 }
 
 /// Health of an HCA with the reasons it is not healthy.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Health {
     /// Empty when healthy.
     pub reasons: Vec<String>,
@@ -143,6 +142,21 @@ impl Health {
         } else {
             "Unhealthy"
         }
+    }
+}
+
+/// Serialised as `{status: Healthy|Unhealthy, reasons: [...]}` (reasons only when unhealthy).
+impl Serialize for Health {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Health", 2)?;
+        st.serialize_field("status", self.kubelet_str())?;
+        if self.is_healthy() {
+            st.skip_field("reasons")?;
+        } else {
+            st.serialize_field("reasons", &self.reasons)?;
+        }
+        st.end()
     }
 }
 

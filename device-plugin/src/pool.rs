@@ -44,6 +44,12 @@ pub struct PoolSnapshot {
 
 /// `mlx5_0`, 3 -> `mlx5_0-0003`. Over-long RDMA device names are cut from the front so the
 /// ID stays unique per slot and within kubelet's 63 characters.
+///
+/// ```
+/// use rdma_device_plugin::pool::slot_id;
+/// assert_eq!(slot_id("mlx5_0", 3), "mlx5_0-0003");
+/// assert!(slot_id(&"x".repeat(100), 7).len() <= 63);
+/// ```
 pub fn slot_id(hca: &str, slot: u32) -> String {
     let suffix = format!("-{slot:04}");
     let room = MAX_DEVICE_ID_LEN.saturating_sub(suffix.len());

@@ -177,6 +177,7 @@ impl Runner {
 
         let kubelet_sock = self.settings.kubelet_socket();
         let mut registered = false;
+        let mut failures = 0u32;
         let mut kubelet_id = None;
         let mut retry_at = (!watcher_mode).then(Instant::now);
         let mut poll = tokio::time::interval(self.settings.poll);
@@ -232,7 +233,14 @@ impl Runner {
                         Err(error) => {
                             let delay = backoff.next_delay();
                             self.count_registration("error");
-                            warn!(%error, retry_in = ?delay, "Register failed");
+                            failures += 1;
+                            // Right after a kubelet restart its socket may not be there yet:
+                            // say so quietly; keep failing and it becomes a warning.
+                            if failures < 3 {
+                                info!(%error, retry_in = ?delay, "Register failed; retrying");
+                            } else {
+                                warn!(%error, failures, retry_in = ?delay, "Register keeps failing");
+                            }
                             retry_at = Some(Instant::now() + delay);
                         }
                     }

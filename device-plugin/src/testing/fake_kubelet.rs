@@ -57,6 +57,8 @@ struct Inner {
     reject_next: usize,
     rejected: usize,
     fail_next_notify: usize,
+    /// When `kubelet.sock` was last bound.
+    served_at: Option<Instant>,
     /// Plugin-watcher sockets already handled, by path and file identity.
     watched: BTreeMap<PathBuf, crate::uds::FileId>,
 }
@@ -294,6 +296,7 @@ impl FakeKubelet {
     fn serve(&mut self) -> io::Result<()> {
         let dir = self.device_plugins_dir();
         let listener = crate::uds::bind_fresh(&dir.join(api::KUBELET_SOCKET))?;
+        self.shared.with(|i| i.served_at = Some(Instant::now()));
         let stop = CancellationToken::new();
         let svc = RegistrationSvc {
             shared: self.shared.clone(),
@@ -364,6 +367,17 @@ impl FakeKubelet {
     pub fn last_registered(&self, resource: &str) -> Option<Instant> {
         self.shared
             .read(|i| i.plugins.get(resource).and_then(|p| p.last_registered))
+    }
+
+    /// When the current `kubelet.sock` was created.
+    pub fn served_at(&self) -> Option<Instant> {
+        self.shared.read(|i| i.served_at)
+    }
+
+    /// When the latest ListAndWatch message of `resource` arrived.
+    pub fn last_update(&self, resource: &str) -> Option<Instant> {
+        self.shared
+            .read(|i| i.plugins.get(resource).and_then(|p| p.last_update))
     }
 
     /// The latest full list of `resource`.

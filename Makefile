@@ -1,0 +1,58 @@
+# rdma-streams: one entry point for builds, tests, benchmarks and the demo.
+#
+#   make deps    install the system packages builds and tests need (Debian 12, root; idempotent)
+#   make test    deps, fmt check, clippy -D warnings, every test
+#   make bench   side-by-side benchmarks (results go to docs/benchmarks.md by hand)
+#   make demo    the newcomer's tour, no cluster needed
+
+SHELL := /bin/bash
+CARGO ?= cargo
+# Debian packages: rdma-sys (bindgen + pkg-config + rdma-core headers) and the tools tests use.
+APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev \
+	ibverbs-providers rdma-core iproute2 procps
+
+.PHONY: all build deps test fmt-check clippy unit bench demo clean
+
+all: build
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "make deps: installing$$missing"; \
+		if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	else \
+		echo "make deps: system packages already installed"; \
+	fi
+	@command -v $(CARGO) >/dev/null || { echo "make deps: cargo not found (install Rust via rustup)"; exit 1; }
+	@$(CARGO) --version
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Every test, then one closing line with the totals over all test binaries.
+unit:
+	@log=$$(mktemp); set -o pipefail; \
+	$(CARGO) test --workspace 2>&1 | tee $$log; rc=$$?; \
+	awk '/^test result:/ {p += $$4; f += $$6} END {printf "\ncargo test: %d passed, %d failed\n", p, f}' $$log; \
+	rm -f $$log; exit $$rc
+
+test: deps fmt-check clippy unit
+
+bench: deps
+	$(CARGO) bench -p rdma-device-plugin --bench plugin
+
+demo: deps
+	@bash scripts/demo.sh
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,245 @@
+//! The real `rdma-device-plugin` binary as a process: `discover`, serving a fake kubelet,
+//! the admin endpoint, and SIGTERM draining.
+
+mod common;
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use common::{Harness, RESOURCE, SOON, within};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rdma-device-plugin");
+const EXAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../examples/sysfs/two-hca-node"
+);
+
+fn discover(sys: &Path, dev: &Path, extra: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .arg("discover")
+        .arg("--sysfs-root")
+        .arg(sys)
+        .arg("--dev-root")
+        .arg(dev)
+        .args(extra)
+        .env_remove("RDMA_DP_CONFIG")
+        .output()
+        .expect("run discover");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn discover_example_tree_as_yaml_and_json() {
+    let sys = Path::new(EXAMPLE).join("sys");
+    let dev = Path::new(EXAMPLE).join("dev");
+    let (ok, yaml, err) = discover(&sys, &dev, &[]);
+    assert!(ok, "{err}");
+    let v: serde_yaml::Value = serde_yaml::from_str(&yaml).expect("yaml");
+    let names: Vec<_> = v["hcas"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|h| h["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["mlx5_0", "mlx5_1", "mlx5_2"]);
+    assert_eq!(v["hcas"][0]["numaNode"].as_i64(), Some(0));
+    assert_eq!(v["hcas"][1]["numaNode"].as_i64(), Some(1));
+    assert_eq!(v["hcas"][2]["bus"]["kind"].as_str(), Some("auxiliary"));
+    assert_eq!(
+        v["hcas"][2]["bus"]["parentPci"].as_str(),
+        Some("0000:af:00.0")
+    );
+    assert_eq!(v["pools"][0]["resourceName"].as_str(), Some(RESOURCE));
+    assert_eq!(v["pools"][0]["healthyDevices"].as_u64(), Some(3 * 64));
+    assert_eq!(v["pools"][0]["sampleIds"][0].as_str(), Some("mlx5_0-0000"));
+
+    let (ok, json, err) = discover(&sys, &dev, &["-o", "json"]);
+    assert!(ok, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(j["hcas"][1]["ports"][0]["linkLayer"], "Ethernet");
+    assert_eq!(j["hcas"][0]["health"]["status"], "Healthy");
+}
+
+#[test]
+fn discover_with_no_rdma_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("sys/class/net")).unwrap();
+    std::fs::create_dir_all(dir.path().join("dev")).unwrap();
+    let (ok, yaml, err) = discover(&dir.path().join("sys"), &dir.path().join("dev"), &[]);
+    assert!(ok, "{err}");
+    assert!(yaml.contains("no RDMA device found"), "{yaml}");
+    assert!(yaml.contains("hcas: []"), "{yaml}");
+}
+
+#[test]
+fn discover_with_a_bad_config_fails_with_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.yaml");
+    std::fs::write(
+        &cfg,
+        "pools:\n  - resourceName: rdma-streams.io/hca\n    slots: 3\n",
+    )
+    .unwrap();
+    let sys = Path::new(EXAMPLE).join("sys");
+    let dev = Path::new(EXAMPLE).join("dev");
+    let (ok, _, err) = discover(&sys, &dev, &["--config", &cfg.to_string_lossy()]);
+    assert!(!ok);
+    assert!(err.contains("line 3"), "{err}");
+    assert!(err.contains("slots"), "{err}");
+}
+
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect admin");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    let code = buf[9..12].parse().unwrap();
+    (code, buf)
+}
+
+struct Plugin(Child);
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_admin_endpoint_and_drains_on_sigterm() {
+    within(60, async {
+        let h = Harness::new(Harness::two_hcas()).await;
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(BIN)
+            .arg("--sysfs-root")
+            .arg(h.tree.sys_root())
+            .arg("--dev-root")
+            .arg(h.tree.dev_root())
+            .arg("--kubelet-root-dir")
+            .arg(h.kubelet_root())
+            .args(["--admin-listen", &addr, "--log-format", "json"])
+            .env_remove("RDMA_DP_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn plugin");
+        let mut plugin = Plugin(child);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+            .await
+            .unwrap();
+
+        let a = addr.clone();
+        let (live, ready, metrics) = tokio::task::spawn_blocking(move || {
+            (
+                http_get(&a, "/live"),
+                http_get(&a, "/ready"),
+                http_get(&a, "/metrics"),
+            )
+        })
+        .await
+        .unwrap();
+        assert_eq!(live.0, 200);
+        assert_eq!(ready.0, 200, "{}", ready.1);
+        assert!(
+            ready.1.contains("rdma-streams.io/hca registered"),
+            "{}",
+            ready.1
+        );
+        assert_eq!(metrics.0, 200);
+        for needle in [
+            "rdma_dp_devices{resource=\"rdma-streams.io/hca\",health=\"Healthy\"} 128",
+            "rdma_dp_registrations_total{resource=\"rdma-streams.io/hca\",result=\"ok\"} 1",
+            "rdma_dp_listandwatch_streams{resource=\"rdma-streams.io/hca\"} 1",
+            "rdma_dp_hcas{result=\"Healthy\"} 2",
+            "rdma_dp_config_reloads_total 0",
+        ] {
+            assert!(
+                metrics.1.contains(needle),
+                "missing {needle} in\n{}",
+                metrics.1
+            );
+        }
+
+        let sock = h.kubelet.endpoint(RESOURCE).unwrap();
+        assert!(sock.exists());
+        // SIGTERM: streams end, the socket goes, exit 0.
+        let pid = plugin.0.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let status = tokio::task::spawn_blocking(move || {
+            let s = plugin.0.wait().unwrap();
+            let mut err = String::new();
+            plugin
+                .0
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            (s, err)
+        })
+        .await
+        .unwrap();
+        assert!(status.0.success(), "exit: {:?}\n{}", status.0, status.1);
+        assert!(!sock.exists(), "socket removed on SIGTERM");
+        assert!(
+            status.1.lines().any(|l| l.contains("\"draining\"")),
+            "{}",
+            status.1
+        );
+        // Every log line is JSON.
+        for line in status.1.lines() {
+            serde_json::from_str::<serde_json::Value>(line)
+                .unwrap_or_else(|e| panic!("{e}: {line}"));
+        }
+        h.kubelet
+            .wait_for("the stream to end", SOON, |k| !k.stream_open(RESOURCE))
+            .await
+            .unwrap();
+    })
+    .await;
+}
+
+#[test]
+fn bad_flag_value_is_a_clear_error() {
+    let out = Command::new(BIN)
+        .args(["--registration", "guess"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kubelet-sock") && err.contains("plugin-watcher"),
+        "{err}"
+    );
+}
