@@ -102,9 +102,21 @@ pub fn allocate(
     let hcas = hcas_for(snapshot, ids)?;
     let devs = char_devices(snapshot, &hcas);
     if let Some(missing) = devs.iter().find(|d| !d.present) {
+        // The requested ID whose HCA owns the missing node (rdma_cm is everyone's).
+        let id = ids
+            .iter()
+            .find(|id| {
+                snapshot.slot(id).is_some_and(|s| {
+                    snapshot
+                        .hcas
+                        .get(&s.hca)
+                        .is_some_and(|h| h.char_devices.iter().any(|c| c.name == missing.name))
+                })
+            })
+            .unwrap_or(&ids[0]);
         return Err(AllocateError::CharDeviceMissing {
             resource: snapshot.resource_name.clone(),
-            id: ids[0].clone(),
+            id: id.clone(),
             path: dev_root
                 .join(missing.rel_path())
                 .to_string_lossy()
@@ -169,7 +181,7 @@ mod tests {
             }],
             ..Config::default().pools[0].clone()
         };
-        let snap = PoolSnapshot::build(&pool, &inv);
+        let snap = PoolSnapshot::build(&pool, &inv, crate::config::DEFAULT_RESYNC);
         (tree, snap)
     }
 

@@ -191,7 +191,7 @@ mod tests {
             }],
             ..Config::default().pools[0].clone()
         };
-        let snap = PoolSnapshot::build(&pool, &inv);
+        let snap = PoolSnapshot::build(&pool, &inv, crate::config::DEFAULT_RESYNC);
         let cdi = dir.path().join("cdi");
         fs::create_dir_all(&cdi).unwrap();
         fs::write(cdi.join(format!("{SPEC_PREFIX}old.json")), "{}").unwrap();

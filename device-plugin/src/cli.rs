@@ -203,7 +203,6 @@ pub async fn run_plugin(args: Args, shutdown: CancellationToken) -> Result<(), R
     let config_watch = config_watch::spawn(args.config.clone(), config_watch::DEFAULT_POLL)?;
     registry.register_collector(Box::new(ConfigStatsCollector(config_watch.stats())));
     let config_rx = config_watch.subscribe();
-    let resync = config_rx.borrow().resync;
 
     let admin_listener = match args.admin_listen {
         Some(addr) => Some(admin::bind(addr).await?),
@@ -219,7 +218,10 @@ pub async fn run_plugin(args: Args, shutdown: CancellationToken) -> Result<(), R
         ))
     });
 
-    let verbs = cfg!(feature = "verbs") && args.sysfs_root == Path::new("/sys");
+    // libibverbs reads the real /sys and /dev: its view only matches ours on the real roots.
+    let verbs = cfg!(feature = "verbs")
+        && args.sysfs_root == Path::new("/sys")
+        && args.dev_root == Path::new("/dev");
     let (inventory_rx, inventory_task) = inventory_watch::spawn(
         InventorySettings {
             sys_root: args.sysfs_root.clone(),
@@ -244,7 +246,6 @@ pub async fn run_plugin(args: Args, shutdown: CancellationToken) -> Result<(), R
             kubelet_root: args.kubelet_root_dir.clone(),
             mode: args.registration,
             dev_root: args.dev_root.clone(),
-            resync,
             poll: Duration::from_millis(args.socket_poll_ms.max(50)),
             cdi: args.cdi,
         },
@@ -318,7 +319,7 @@ pub fn discover_report(
         .pools
         .iter()
         .map(|p| {
-            let snap = PoolSnapshot::build(p, &inventory);
+            let snap = PoolSnapshot::build(p, &inventory, cfg.resync);
             let (healthy, unhealthy) = snap.health_counts();
             let sample_ids = match (snap.slots.first(), snap.slots.last()) {
                 (Some(a), Some(b)) if a.id != b.id => vec![a.id.clone(), b.id.clone()],

@@ -3,7 +3,7 @@
 //! Native form (YAML; JSON is YAML too):
 //!
 //! ```yaml
-//! # optional; seconds between full rediscovery and the periodic full-list re-send
+//! # optional; seconds between periodic full-list re-sends to kubelet (hot-reloaded)
 //! resyncSeconds: 30
 //! pools:
 //!   - resourceName: rdma-streams.io/hca      # extended resource name

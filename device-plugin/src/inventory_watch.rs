@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::{
     discovery,
     hca::{Hca, Inventory},
-    metrics::{Metrics, OutcomeLabels},
+    metrics::{HcaHealthLabels, Metrics},
 };
 
 /// Where and how often to look.
@@ -81,8 +81,8 @@ fn record(metrics: &Metrics, inv: &Inventory) {
     ] {
         metrics
             .hcas
-            .get_or_create(&OutcomeLabels {
-                result: health.to_string(),
+            .get_or_create(&HcaHealthLabels {
+                health: health.to_string(),
             })
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }

@@ -110,7 +110,7 @@ impl Manager {
             }
         }
         for (name, pool_cfg) in wanted {
-            let snapshot = PoolSnapshot::build(pool_cfg, inv);
+            let snapshot = PoolSnapshot::build(pool_cfg, inv, cfg.resync);
             let (healthy, unhealthy) = snapshot.health_counts();
             self.metrics.set_devices(name, healthy, unhealthy);
             if let Some(dir) = &self.cdi_dir

@@ -34,8 +34,8 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
-    pub result: String,
+pub struct HcaHealthLabels {
+    pub health: String,
 }
 
 /// Every metric the plugin exports.
@@ -44,7 +44,7 @@ pub struct Metrics {
     /// Advertised slots by resource and health.
     pub devices: Family<HealthLabels, Gauge>,
     /// Discovered HCAs by health.
-    pub hcas: Family<OutcomeLabels, Gauge>,
+    pub hcas: Family<HcaHealthLabels, Gauge>,
     /// Register / plugin-watcher registration outcomes.
     pub registrations: Family<ResultLabels, Counter>,
     /// kubelet restarts noticed (kubelet.sock created again, own socket removed).
@@ -57,7 +57,7 @@ pub struct Metrics {
 }
 
 fn allocate_histogram() -> Histogram {
-    // 10 us .. ~0.3 s.
+    // 10 us .. 164 ms.
     Histogram::new(exponential_buckets(0.000_01, 2.0, 15))
 }
 

@@ -5,7 +5,7 @@
 //! config changes and handed to the gRPC service through a `watch` channel, so every
 //! ListAndWatch stream reads the same current state.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use serde::Serialize;
 
@@ -40,6 +40,8 @@ pub struct PoolSnapshot {
     pub hcas: BTreeMap<String, Hca>,
     pub rdma_cm: CharDev,
     pub mounts: Vec<MountConfig>,
+    /// Full-list re-send period of ListAndWatch (the config's `resyncSeconds`).
+    pub resync: Duration,
 }
 
 /// `mlx5_0`, 3 -> `mlx5_0-0003`. Over-long RDMA device names are cut from the front so the
@@ -63,7 +65,7 @@ pub fn slot_id(hca: &str, slot: u32) -> String {
 
 impl PoolSnapshot {
     /// The pool's slots over the HCAs of `inventory` its selectors match.
-    pub fn build(pool: &PoolConfig, inventory: &Inventory) -> Self {
+    pub fn build(pool: &PoolConfig, inventory: &Inventory, resync: Duration) -> Self {
         let mut hcas = BTreeMap::new();
         let mut slots = Vec::new();
         for hca in inventory.hcas.iter().filter(|h| pool.selectors.matches(h)) {
@@ -85,6 +87,7 @@ impl PoolSnapshot {
             hcas,
             rdma_cm: inventory.rdma_cm.clone(),
             mounts: pool.mounts.clone(),
+            resync,
         }
     }
 
@@ -96,6 +99,7 @@ impl PoolSnapshot {
             hcas: BTreeMap::new(),
             rdma_cm: CharDev::default(),
             mounts: Vec::new(),
+            resync: crate::config::DEFAULT_RESYNC,
         }
     }
 

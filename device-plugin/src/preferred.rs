@@ -107,7 +107,7 @@ mod tests {
             slots_per_hca: slots,
             ..crate::config::Config::default().pools[0].clone()
         };
-        PoolSnapshot::build(&pool, &inv)
+        PoolSnapshot::build(&pool, &inv, crate::config::DEFAULT_RESYNC)
     }
 
     fn ids(snap: &PoolSnapshot, hca: &str) -> Vec<String> {

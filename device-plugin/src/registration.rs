@@ -30,11 +30,11 @@ pub enum RegistrationMode {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrationError {
-    #[error("connecting to kubelet at {path}: {source}")]
+    #[error("connecting to kubelet at {path}: {cause}")]
     Connect {
         path: String,
-        #[source]
-        source: tonic::transport::Error,
+        /// The whole source chain ("transport error" alone says nothing).
+        cause: String,
     },
     #[error("kubelet rejected the registration: {0}")]
     Rejected(#[source] Status),
@@ -51,9 +51,9 @@ pub async fn register(
 ) -> Result<(), RegistrationError> {
     let channel = crate::uds::channel(kubelet_socket, REGISTER_TIMEOUT, Some(REGISTER_TIMEOUT))
         .await
-        .map_err(|source| RegistrationError::Connect {
+        .map_err(|e| RegistrationError::Connect {
             path: kubelet_socket.display().to_string(),
-            source,
+            cause: error_chain(&e),
         })?;
     RegistrationClient::new(channel)
         .register(pb::RegisterRequest {
@@ -65,6 +65,18 @@ pub async fn register(
         .await
         .map_err(RegistrationError::Rejected)?;
     Ok(())
+}
+
+/// `outer: inner: innermost`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }
 
 /// Exponential backoff for registration retries: 100 ms doubling to a 5 s ceiling.

@@ -52,8 +52,6 @@ pub struct RunnerSettings {
     pub kubelet_root: PathBuf,
     pub mode: RegistrationMode,
     pub dev_root: PathBuf,
-    /// Full-list re-send period of ListAndWatch.
-    pub resync: Duration,
     /// How often the runner checks its own socket and kubelet's.
     pub poll: Duration,
     /// CDI kind when `--cdi` is on.
@@ -153,7 +151,6 @@ impl Runner {
             } else {
                 Delivery::DeviceSpecs
             },
-            resync: self.settings.resync,
             metrics: self.metrics.clone(),
             stop: stop.clone(),
         };
@@ -162,7 +159,9 @@ impl Runner {
         let router = router.add_optional_service(watcher_mode.then(|| {
             RegistrationServer::new(WatcherRegistration {
                 resource_name: self.resource_name.clone(),
-                endpoint: sock_path.to_string_lossy().into_owned(),
+                // Empty: kubelet then dials the very socket it discovered, by its host path,
+                // so the plugin's mount path need not match the host's.
+                endpoint: String::new(),
                 status: status_tx,
             })
         }));

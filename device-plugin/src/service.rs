@@ -5,7 +5,7 @@
 //! period, and ends when the server is restarted or the plugin drains. No stream can consume
 //! an update meant for another (the bug behind k8s-rdma-shared-dev-plugin #48 and #74).
 
-use std::{path::PathBuf, pin::Pin, sync::Arc, time::Duration};
+use std::{path::PathBuf, pin::Pin, sync::Arc};
 
 use futures::Stream;
 use tokio::sync::watch;
@@ -46,7 +46,6 @@ pub struct PoolService {
     pub snapshot: watch::Receiver<Arc<PoolSnapshot>>,
     pub dev_root: PathBuf,
     pub delivery: Delivery,
-    pub resync: Duration,
     pub metrics: Metrics,
     /// Ends every stream of this server instance (restart or drain).
     pub stop: CancellationToken,
@@ -99,7 +98,6 @@ impl DevicePlugin for PoolService {
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let mut rx = self.snapshot.clone();
         let stop = self.stop.clone();
-        let resync = self.resync;
         let resource = self.resource();
         self.metrics
             .streams
@@ -112,10 +110,14 @@ impl DevicePlugin for PoolService {
         };
         let stream = async_stream::stream! {
             let _guard = guard;
-            let first = Self::list(&rx.borrow_and_update());
+            let (first, mut resync) = {
+                let snap = rx.borrow_and_update();
+                (Self::list(&snap), snap.resync)
+            };
             yield Ok(first);
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
             loop {
+                // Re-armed after every send: the period counts from the last full list.
+                let resend = tokio::time::sleep(resync);
                 tokio::select! {
                     biased;
                     _ = stop.cancelled() => break,
@@ -123,11 +125,14 @@ impl DevicePlugin for PoolService {
                         if changed.is_err() {
                             break;
                         }
-                        let list = Self::list(&rx.borrow_and_update());
+                        let list = {
+                            let snap = rx.borrow_and_update();
+                            resync = snap.resync;
+                            Self::list(&snap)
+                        };
                         yield Ok(list);
-                        tick.reset();
                     }
-                    _ = tick.tick() => {
+                    () = resend => {
                         let list = Self::list(&rx.borrow());
                         yield Ok(list);
                     }

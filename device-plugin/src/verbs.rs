@@ -1,8 +1,8 @@
 //! The second health source: ask libibverbs (through rdma-sys) for each port's state.
 //!
-//! sysfs is the first source and is always read. Where libibverbs finds the device, a port the
-//! verbs layer reports as not ACTIVE / not LinkUp adds an unhealthy reason; a device libibverbs
-//! cannot open adds one too. Where libibverbs has no device at all (no provider, no hardware, a
+//! sysfs is the first source and is always read. Where libibverbs finds and opens the device,
+//! a port the verbs layer reports as not ACTIVE / not LinkUp adds an unhealthy reason; a device
+//! it cannot open (an unprivileged container) is inconclusive and changes nothing. Where libibverbs has no device at all (no provider, no hardware, a
 //! build without the `verbs` feature) nothing changes: its absence never fails the plugin.
 //!
 //! This file is the plugin's only `unsafe` code: four FFI calls into libibverbs, each with a
@@ -41,7 +41,9 @@ pub fn merge_probe(inv: &mut Inventory) {
             continue;
         };
         match result {
-            Err(e) => hca.health.reasons.push(format!("verbs: {e}")),
+            // Inconclusive, not unhealthy: an unprivileged container may see the device but
+            // not be allowed to open it. sysfs stays the authority.
+            Err(error) => tracing::debug!(hca = %hca.name, %error, "verbs probe inconclusive"),
             Ok(ports) => {
                 let usable = ports
                     .iter()

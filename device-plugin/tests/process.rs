@@ -175,7 +175,7 @@ async fn serves_admin_endpoint_and_drains_on_sigterm() {
             "rdma_dp_devices{resource=\"rdma-streams.io/hca\",health=\"Healthy\"} 128",
             "rdma_dp_registrations_total{resource=\"rdma-streams.io/hca\",result=\"ok\"} 1",
             "rdma_dp_listandwatch_streams{resource=\"rdma-streams.io/hca\"} 1",
-            "rdma_dp_hcas{result=\"Healthy\"} 2",
+            "rdma_dp_hcas{health=\"Healthy\"} 2",
             "rdma_dp_config_reloads_total 0",
         ] {
             assert!(

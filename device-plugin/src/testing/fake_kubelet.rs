@@ -574,7 +574,13 @@ async fn scan_registry(shared: &Arc<Shared>, dir: &Path) {
             && info.supported_versions.iter().any(|v| v == api::VERSION)
             && kubelet_accepts_resource(&info.name);
         if valid {
-            connect_plugin(shared, info.name, PathBuf::from(info.endpoint), Some(path));
+            // kubelet's plugin manager: an empty endpoint means the registration socket itself.
+            let endpoint = if info.endpoint.is_empty() {
+                path.clone()
+            } else {
+                PathBuf::from(info.endpoint)
+            };
+            connect_plugin(shared, info.name, endpoint, Some(path));
         }
     }
 }
