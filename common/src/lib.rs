@@ -1,0 +1,3 @@
+//! Pieces shared by the rdma-streams binaries.
+
+pub mod watched_file;
