@@ -1,17 +1,15 @@
 //! `rdma-device-plugin`: see the library crate for everything.
 
-use std::process::ExitCode;
+use std::{io::Write, process::ExitCode};
 
 fn main() -> ExitCode {
     match rdma_device_plugin::cli::Args::parse_and_run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, "rdma-device-plugin failed");
-            // Also plainly on stderr, in case logging is filtered.
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("rdma-device-plugin: {error}");
-            }
+            // Also plainly on stderr, in case logging is filtered (never panicking on a
+            // closed pipe, unlike eprintln!).
+            let _ = writeln!(std::io::stderr(), "rdma-device-plugin: {error}");
             ExitCode::FAILURE
         }
     }

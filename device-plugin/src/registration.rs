@@ -67,13 +67,16 @@ pub async fn register(
     Ok(())
 }
 
-/// `outer: inner: innermost`.
+/// `outer: inner: innermost`, skipping a cause whose text is already said.
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         cur = s.source();
     }
     out

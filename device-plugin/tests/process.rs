@@ -243,3 +243,50 @@ fn bad_flag_value_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_log_pipe_does_not_kill_the_plugin() {
+    within(60, async {
+        let h = Harness::new(Harness::two_hcas()).await;
+        let mut child = Command::new(BIN)
+            .arg("--sysfs-root")
+            .arg(h.tree.sys_root())
+            .arg("--dev-root")
+            .arg(h.tree.dev_root())
+            .arg("--kubelet-root-dir")
+            .arg(h.kubelet_root())
+            .args(["--log-level", "debug"])
+            .env_remove("RDMA_DP_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn plugin");
+        // The log reader goes away: every later log line hits a broken pipe.
+        drop(child.stderr.take());
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        h.tree
+            .set_port_state("mlx5_0", 1, "DOWN", "Disabled")
+            .unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| common::all_of(d, "mlx5_0", "Unhealthy"))
+            .await
+            .unwrap();
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "plugin died on a closed stderr"
+        );
+        let pid = child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+            .await
+            .unwrap();
+        assert!(status.success(), "{status:?}");
+    })
+    .await;
+}
