@@ -1,3 +1,6 @@
 //! Pieces shared by the rdma-streams binaries.
 
+pub mod reload_metrics;
+pub mod shutdown;
+pub mod telemetry;
 pub mod watched_file;

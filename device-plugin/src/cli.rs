@@ -12,6 +12,7 @@ use std::{
 
 use clap::{Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
+use rdma_streams_common::reload_metrics::ReloadStatsCollector;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -23,7 +24,7 @@ use crate::{
     hca::Inventory,
     inventory_watch::{self, InventorySettings},
     manager::Manager,
-    metrics::{ConfigStatsCollector, Metrics},
+    metrics::Metrics,
     pool::PoolSnapshot,
     readiness::Readiness,
     registration::RegistrationMode,
@@ -201,7 +202,10 @@ pub async fn run_plugin(args: Args, shutdown: CancellationToken) -> Result<(), R
     let readiness = Readiness::default();
 
     let config_watch = config_watch::spawn(args.config.clone(), config_watch::DEFAULT_POLL)?;
-    registry.register_collector(Box::new(ConfigStatsCollector(config_watch.stats())));
+    registry.register_collector(Box::new(ReloadStatsCollector::new(
+        "rdma_dp",
+        config_watch.stats(),
+    )));
     let config_rx = config_watch.subscribe();
 
     let admin_listener = match args.admin_listen {

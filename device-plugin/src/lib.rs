@@ -30,8 +30,7 @@ pub mod resource_name;
 pub mod runner;
 pub mod selector;
 pub mod service;
-pub mod shutdown;
-pub mod telemetry;
+pub use rdma_streams_common::{shutdown, telemetry};
 pub mod uds;
 pub mod verbs;
 

@@ -1,20 +1,15 @@
 //! Prometheus metrics of the plugin (prometheus-client), served on `/metrics`.
 
-use std::sync::Arc;
-
 use prometheus_client::{
-    collector::Collector,
-    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    encoding::EncodeLabelSet,
     metrics::{
-        counter::{ConstCounter, Counter},
+        counter::Counter,
         family::Family,
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
     registry::Registry,
 };
-
-use crate::config_watch::ReloadStats;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
@@ -146,32 +141,6 @@ impl Metrics {
                 health: health.to_string(),
             });
         }
-    }
-}
-
-/// Exports the config watch's counters (read at scrape time).
-#[derive(Debug)]
-pub struct ConfigStatsCollector(pub Arc<ReloadStats>);
-
-impl Collector for ConfigStatsCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        for (name, help, value) in [
-            (
-                "rdma_dp_config_reloads",
-                "Config changes applied",
-                self.0.reloads(),
-            ),
-            (
-                "rdma_dp_config_reload_failures",
-                "Config changes rejected (the last good config stays)",
-                self.0.reload_failures(),
-            ),
-        ] {
-            let counter = ConstCounter::new(value);
-            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
-            counter.encode(metric)?;
-        }
-        Ok(())
     }
 }
 

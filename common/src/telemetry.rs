@@ -26,7 +26,7 @@ impl std::io::Write for LossyStderr {
 }
 
 /// Installs the global subscriber. `filter` is an `EnvFilter` directive (`info`,
-/// `rdma_device_plugin=debug,info`, ...); a bad directive falls back to `info`.
+/// `crate_name=debug,info`, ...); a bad directive falls back to `info`.
 pub fn init(format: LogFormat, filter: &str) {
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = fmt()
