@@ -8,8 +8,13 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 # Debian packages: rdma-sys (bindgen + pkg-config + rdma-core headers) and the tools tests use.
-APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev \
+APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev curl \
 	ibverbs-providers rdma-core iproute2 procps
+
+# Official Kubernetes schemas (PyPI), for validating every pod the injector patches.
+KUBERNETES_VALIDATE_VERSION := 1.37.0
+KV_VENV := $(CURDIR)/.tools/kv
+KUBERNETES_VALIDATE := $(KV_VENV)/bin/kubernetes-validate
 
 .PHONY: all build deps test fmt-check clippy unit bench demo clean
 
@@ -30,6 +35,13 @@ deps:
 	else \
 		echo "make deps: system packages already installed"; \
 	fi
+	@if ! $(KUBERNETES_VALIDATE) --version >/dev/null 2>&1; then \
+		echo "make deps: installing kubernetes-validate $(KUBERNETES_VALIDATE_VERSION) into $(KV_VENV)"; \
+		rm -rf $(KV_VENV); \
+		python3 -m venv $(KV_VENV) 2>/dev/null || { \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && /usr/bin/python3 -m venv $(KV_VENV); }; \
+		$(KV_VENV)/bin/pip install -q --disable-pip-version-check kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION); \
+	fi
 	@command -v $(CARGO) >/dev/null || { echo "make deps: cargo not found (install Rust via rustup)"; exit 1; }
 	@$(CARGO) --version
 
@@ -42,6 +54,7 @@ clippy:
 # Every test, then one closing line with the totals over all test binaries.
 unit:
 	@log=$$(mktemp); set -o pipefail; \
+	RDMA_REQUIRE_KUBERNETES_VALIDATE=1 KUBERNETES_VALIDATE=$(KUBERNETES_VALIDATE) \
 	$(CARGO) test --workspace 2>&1 | tee $$log; rc=$$?; \
 	awk '/^test result:/ {p += $$4; f += $$6} END {printf "\ncargo test: %d passed, %d failed\n", p, f}' $$log; \
 	rm -f $$log; exit $$rc
@@ -50,6 +63,7 @@ test: deps fmt-check clippy unit
 
 bench: deps
 	$(CARGO) bench -p rdma-device-plugin --bench plugin
+	$(CARGO) bench -p rdma-stream-injector --bench admission
 
 demo: deps
 	@bash scripts/demo.sh

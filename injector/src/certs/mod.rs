@@ -1,0 +1,36 @@
+//! Certificates for the webhook's HTTPS server.
+//!
+//! Two modes (see `docs/injector.md`):
+//! - **cert-manager**: cert-manager writes `tls.crt`/`tls.key` into a mounted Secret and
+//!   injects the caBundle; the server only has to read the files per handshake. Nothing here
+//!   runs.
+//! - **self-managed**: at start [`bootstrap()`] gets or creates the CA Secret (creation is the
+//!   lock between replicas), issues the serving certificate and writes it for the server;
+//!   [`run_serving_cert_renewal`] replaces it at two thirds of its life, and
+//!   [`run_ca_bundle_controller`] keeps the caBundle of our MutatingWebhookConfiguration equal
+//!   to the CA and re-patches it on drift.
+//!
+//! Layout: [`ca`] and [`issue`] are pure (rcgen); [`files`] writes atomically;
+//! [`bootstrap`](mod@bootstrap) and [`cabundle`] talk to the API server through kube;
+//! [`renew`] is the renewal loop.
+
+pub mod bootstrap;
+pub mod ca;
+pub mod cabundle;
+mod error;
+pub mod files;
+pub mod issue;
+pub mod renew;
+
+#[cfg(test)]
+pub(crate) mod mock_api;
+
+pub use bootstrap::{BootstrapConfig, Bootstrapped, CaOrigin, bootstrap, get_or_create_ca};
+pub use ca::CertAuthority;
+pub use cabundle::{CaBundleChange, ensure_ca_bundle, run_ca_bundle_controller};
+pub use error::CertError;
+pub use files::{TLS_CERT_FILE, TLS_KEY_FILE, write_serving_cert};
+pub use issue::{
+    ServiceIdentity, ServingCert, issue_serving_cert, issue_serving_cert_for, verify_serving_cert,
+};
+pub use renew::run_serving_cert_renewal;

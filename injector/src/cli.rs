@@ -1,0 +1,393 @@
+//! Command line: `rdma-stream-injector serve` (the webhook) and `inject -f` (offline).
+//!
+//! Every flag is also an environment variable `RDMA_INJECTOR_<FLAG>`.
+
+use std::{
+    io::{Read, Write},
+    net::SocketAddr,
+    path::PathBuf,
+    process::ExitCode,
+    sync::Arc,
+    time::Duration,
+};
+
+use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
+use prometheus_client::registry::Registry;
+use rdma_streams_common::{
+    reload_metrics::ReloadStatsCollector,
+    telemetry::{self, LogFormat},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{
+    certs,
+    namespaces::NamespaceCache,
+    profile::{self, Config},
+    profile_watch,
+    server::{Readiness, Server, ServerConfig, ServerError},
+    webhook::InjectorHandler,
+    workloads::{self, InjectOptions},
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rdma-stream-injector",
+    version,
+    about = "Mutating admission webhook and offline injector for RDMA streams"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log format.
+    #[arg(
+        long,
+        env = "RDMA_INJECTOR_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: LogFormat,
+
+    /// Log filter (`info`, `debug`, `rdma_stream_injector=debug,info`, ...).
+    #[arg(
+        long,
+        env = "RDMA_INJECTOR_LOG_LEVEL",
+        default_value = "info",
+        global = true
+    )]
+    pub log_level: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the mutating admission webhook over HTTPS.
+    Serve(ServeArgs),
+    /// Print manifests with the injection applied, as the webhook would apply it.
+    Inject(InjectArgs),
+}
+
+/// Whether the injector talks to the API server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ClusterAccess {
+    /// Namespace labels from a reflector; self-managed certificates possible.
+    On,
+    /// No API server: namespace facts come only from the AdmissionReview.
+    Off,
+}
+
+/// Who provides the serving certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CertMode {
+    /// Files are provided (cert-manager, a Secret volume); they are re-read when they change.
+    External,
+    /// The injector keeps a CA in a Secret, issues its own certificate into the `--tls-cert`
+    /// folder and keeps the webhook configuration's caBundle patched.
+    SelfManaged,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct ServeArgs {
+    /// HTTPS address of the webhook.
+    #[arg(long, env = "RDMA_INJECTOR_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// PEM certificate chain (re-read when it changes, no restart).
+    #[arg(long, env = "RDMA_INJECTOR_TLS_CERT")]
+    pub tls_cert: PathBuf,
+    /// PEM private key.
+    #[arg(long, env = "RDMA_INJECTOR_TLS_KEY")]
+    pub tls_key: PathBuf,
+    /// Profiles (YAML). A missing file means the built-in default profile until it appears.
+    #[arg(long, env = "RDMA_INJECTOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Talk to the API server (namespace labels, self-managed certificates) or not.
+    #[arg(
+        long,
+        env = "RDMA_INJECTOR_CLUSTER_ACCESS",
+        value_enum,
+        default_value = "on"
+    )]
+    pub cluster_access: ClusterAccess,
+    /// `/live`, `/ready`, `/metrics` over plain HTTP.
+    #[arg(long, env = "RDMA_INJECTOR_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+    /// Certificate mode.
+    #[arg(
+        long,
+        env = "RDMA_INJECTOR_CERT_MODE",
+        value_enum,
+        default_value = "external"
+    )]
+    pub cert_mode: CertMode,
+    /// Our Service's name (self-managed certificate names).
+    #[arg(
+        long,
+        env = "RDMA_INJECTOR_SERVICE",
+        default_value = "rdma-stream-injector"
+    )]
+    pub service: String,
+    /// Our namespace (defaults to the pod's, from the service account).
+    #[arg(long, env = "RDMA_INJECTOR_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Our MutatingWebhookConfiguration (self-managed caBundle).
+    #[arg(
+        long,
+        env = "RDMA_INJECTOR_WEBHOOK_CONFIG",
+        default_value = "rdma-stream-injector"
+    )]
+    pub webhook_config: String,
+    /// Largest accepted AdmissionReview body, in bytes.
+    #[arg(long, env = "RDMA_INJECTOR_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Per-request deadline in milliseconds (keep it below the webhook's timeoutSeconds).
+    #[arg(long, env = "RDMA_INJECTOR_REQUEST_TIMEOUT_MS", default_value_t = 4000)]
+    pub request_timeout_ms: u64,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct InjectArgs {
+    /// Manifest file (multi-document YAML), or `-` for standard input.
+    #[arg(short = 'f', long = "filename")]
+    pub file: String,
+    /// Profiles (YAML); the built-in default when absent.
+    #[arg(long, env = "RDMA_INJECTOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Profile for workloads that do not name one.
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// Print a unified diff against the input instead of the injected manifests.
+    #[arg(long)]
+    pub diff: bool,
+}
+
+/// Failures that end the process, each saying what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Profile(#[from] profile::ProfileError),
+    #[error(transparent)]
+    Inject(#[from] workloads::InjectError),
+    #[error("reading {path}: {source}")]
+    Input {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error("connecting to the API server (use --cluster-access off to run without one): {0}")]
+    Kube(#[source] kube::Error),
+    #[error("self-managed certificates: {0}")]
+    Certs(#[from] certs::CertError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("starting: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Args {
+    /// Parses the command line and runs it.
+    pub fn parse_and_run() -> Result<ExitCode, RunError> {
+        let args = Self::parse();
+        telemetry::init(args.log_format, &args.log_level);
+        match args.command {
+            Command::Inject(inject) => run_inject(&inject),
+            Command::Serve(serve) => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async {
+                    let shutdown = CancellationToken::new();
+                    rdma_streams_common::shutdown::spawn_signal_handler(shutdown.clone())?;
+                    run_serve(serve, shutdown).await
+                })?;
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    }
+}
+
+/// `inject -f`.
+pub fn run_inject(args: &InjectArgs) -> Result<ExitCode, RunError> {
+    let config = match &args.config {
+        Some(path) => profile::load(path)?,
+        None => Config::builtin_default(),
+    };
+    if let Some(p) = &args.profile
+        && config.profile(p).is_none()
+    {
+        return Err(RunError::Usage(format!(
+            "unknown profile {p:?}; the config has {:?}",
+            config.profile_names()
+        )));
+    }
+    let mut text = String::new();
+    let read = if args.file == "-" {
+        std::io::stdin().read_to_string(&mut text).map(|_| ())
+    } else {
+        std::fs::read_to_string(&args.file).map(|t| text = t)
+    };
+    read.map_err(|source| RunError::Input {
+        path: args.file.clone(),
+        source,
+    })?;
+    let opts = InjectOptions {
+        profile: args.profile.clone(),
+        namespace: None,
+    };
+    let (out, reports) = workloads::inject_yaml(&text, &config, &opts)?;
+    for r in &reports {
+        info!(kind = %r.kind, name = %r.name, outcome = %r.outcome, "document");
+        for w in &r.warnings {
+            warn!(kind = %r.kind, name = %r.name, warning = %w, "injection warning");
+        }
+    }
+    let printed = if args.diff {
+        let before = workloads::render_documents(&workloads::parse_documents(&text)?)?;
+        unified_diff(&before, &out, &args.file)
+    } else {
+        out
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(printed.as_bytes())?;
+    stdout.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A unified diff of two renderings (both through the same serializer, so only the injection
+/// shows).
+fn unified_diff(before: &str, after: &str, name: &str) -> String {
+    similar::TextDiff::from_lines(before, after)
+        .unified_diff()
+        .context_radius(3)
+        .header(&format!("{name} (as given)"), &format!("{name} (injected)"))
+        .to_string()
+}
+
+/// `serve`, until `shutdown`.
+pub async fn run_serve(args: ServeArgs, shutdown: CancellationToken) -> Result<(), RunError> {
+    let readiness = Readiness::new();
+    let profiles = profile_watch::spawn(args.config.clone(), profile_watch::DEFAULT_POLL)?;
+
+    let client = match args.cluster_access {
+        ClusterAccess::On => Some(kube::Client::try_default().await.map_err(RunError::Kube)?),
+        ClusterAccess::Off => None,
+    };
+    let namespaces = match &client {
+        Some(client) => {
+            let (cache, _task) = NamespaceCache::spawn(client.clone(), shutdown.clone());
+            let gate = readiness.gate("namespace cache");
+            let c = cache.clone();
+            tokio::spawn(async move {
+                if c.wait_synced().await {
+                    info!("namespace cache synced");
+                    gate.set(true);
+                }
+            });
+            cache
+        }
+        None => NamespaceCache::disabled(),
+    };
+
+    if args.cert_mode == CertMode::SelfManaged {
+        let Some(client) = &client else {
+            return Err(RunError::Usage(
+                "--cert-mode self-managed needs --cluster-access on".to_string(),
+            ));
+        };
+        self_managed_certs(&args, client, &shutdown).await?;
+    }
+
+    let mut config = ServerConfig::new(args.listen, &args.tls_cert, &args.tls_key);
+    config.admin_listen = args.admin_listen;
+    config.admission.body_limit = args.max_body_bytes;
+    config.admission.deadline = Duration::from_millis(args.request_timeout_ms);
+    let handler = Arc::new(InjectorHandler {
+        profiles: profiles.subscribe(),
+        namespaces,
+    });
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ReloadStatsCollector::new(
+        crate::server::METRICS_PREFIX,
+        profiles.stats(),
+    )));
+    let server = Server::bind(config, handler, readiness, registry).await?;
+    info!(
+        listen = %server.local_addr(),
+        cluster_access = ?args.cluster_access,
+        cert_mode = ?args.cert_mode,
+        "rdma-stream-injector serving"
+    );
+    server.run(shutdown).await;
+    drop(profiles);
+    info!("rdma-stream-injector stopped");
+    Ok(())
+}
+
+/// Self-managed mode: CA in a Secret, our certificate in the `--tls-cert` folder, caBundle
+/// patched, certificate renewed.
+async fn self_managed_certs(
+    args: &ServeArgs,
+    client: &kube::Client,
+    shutdown: &CancellationToken,
+) -> Result<(), RunError> {
+    let dir = args
+        .tls_cert
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let names_ok = args
+        .tls_cert
+        .file_name()
+        .is_some_and(|n| n == certs::TLS_CERT_FILE)
+        && args
+            .tls_key
+            .file_name()
+            .is_some_and(|n| n == certs::TLS_KEY_FILE)
+        && args.tls_key.parent() == args.tls_cert.parent();
+    if !names_ok {
+        return Err(RunError::Usage(format!(
+            "--cert-mode self-managed writes {0}/{1} and {0}/{2}: point --tls-cert and --tls-key there",
+            dir.display(),
+            certs::TLS_CERT_FILE,
+            certs::TLS_KEY_FILE
+        )));
+    }
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let cfg = certs::BootstrapConfig::new(&args.service, &namespace, &args.service, &dir);
+    let mut delay = Duration::from_millis(200);
+    let boot = loop {
+        match certs::bootstrap(client, &cfg).await {
+            Ok(b) => break b,
+            Err(e) if e.is_transient() => {
+                warn!(error = %e, retry_in = ?delay, "certificate bootstrap failed; retrying");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    info!(origin = ?boot.origin, "serving certificate issued");
+    tokio::spawn(certs::run_ca_bundle_controller(
+        client.clone(),
+        args.webhook_config.clone(),
+        boot.ca.cert_pem().to_owned(),
+        shutdown.clone(),
+    ));
+    tokio::spawn(certs::run_serving_cert_renewal(
+        boot.ca,
+        cfg.identity.clone(),
+        cfg.cert_dir.clone(),
+        boot.serving,
+        shutdown.clone(),
+    ));
+    Ok(())
+}

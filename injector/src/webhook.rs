@@ -1,0 +1,110 @@
+//! The webhook's [`Handler`]: an AdmissionRequest in, the pure core's decision out.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use kube::core::{
+    DynamicObject,
+    admission::{AdmissionRequest, Operation},
+};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::{
+    core::{self, Decision, NamespaceFacts, PlanInput},
+    namespaces::NamespaceCache,
+    profile::Config,
+    server::{Allowed, Handler, Outcome, Reviewed},
+};
+
+/// Injects opted-in pods on CREATE; everything else is admitted unchanged.
+pub struct InjectorHandler {
+    pub profiles: watch::Receiver<Arc<Config>>,
+    pub namespaces: NamespaceCache,
+}
+
+impl Handler for InjectorHandler {
+    fn review(&self, req: &AdmissionRequest<DynamicObject>) -> Reviewed {
+        if req.operation != Operation::Create {
+            // Pod specs are immutable after creation: UPDATEs are never ours to mutate.
+            return Reviewed::skipped("not_create");
+        }
+        if !(req.kind.group.is_empty() && req.kind.kind == "Pod") {
+            return Reviewed::skipped("not_a_pod");
+        }
+        let Some(object) = &req.object else {
+            return Reviewed::Error {
+                message: "CREATE request without an object".to_string(),
+            };
+        };
+        let pod = match serde_json::to_value(object) {
+            Ok(v) => v,
+            Err(e) => {
+                return Reviewed::Error {
+                    message: format!("cannot encode the pod: {e}"),
+                };
+            }
+        };
+        // Pods made by controllers carry no namespace of their own: the request's is right.
+        let ns_name = req
+            .namespace
+            .clone()
+            .or_else(|| object.metadata.namespace.clone())
+            .unwrap_or_default();
+        let labels: BTreeMap<String, String> = self.namespaces.labels(&ns_name).unwrap_or_default();
+        let namespace = NamespaceFacts {
+            name: ns_name.clone(),
+            labels,
+        };
+        let profiles = self.profiles.borrow().clone();
+        let input = PlanInput {
+            pod: &pod,
+            namespace: &namespace,
+            config: &profiles,
+            dry_run: req.dry_run,
+        };
+        let pod_name = object
+            .metadata
+            .name
+            .clone()
+            .or_else(|| {
+                object
+                    .metadata
+                    .generate_name
+                    .clone()
+                    .map(|g| format!("{g}*"))
+            })
+            .unwrap_or_default();
+        match core::plan(&input) {
+            Ok(Decision::Patch(plan)) => {
+                info!(
+                    uid = %req.uid, namespace = %ns_name, pod = %pod_name,
+                    profile = %plan.status.profile, containers = ?plan.status.containers,
+                    dry_run = req.dry_run, "injected"
+                );
+                Reviewed::Allow(Allowed {
+                    patch: Some(plan.patch),
+                    warnings: plan.warnings,
+                    audit: plan.audit,
+                    outcome: Outcome::Injected,
+                    reason: "injected",
+                })
+            }
+            Ok(Decision::Skip { reason, message }) => {
+                debug!(uid = %req.uid, namespace = %ns_name, pod = %pod_name, reason = reason.as_str(), %message, "skipped");
+                Reviewed::skipped(reason.as_str())
+            }
+            Ok(Decision::Deny { reason, message }) => {
+                warn!(uid = %req.uid, namespace = %ns_name, pod = %pod_name, reason = reason.as_str(), %message, "denied");
+                Reviewed::deny(reason.as_str(), message)
+            }
+            Err(error) => Reviewed::Error {
+                message: format!("injection failed ({}): {error}", error.as_str()),
+            },
+        }
+    }
+
+    /// The core is pure and bounded (the body is at most the server's limit): inline.
+    fn is_inline(&self) -> bool {
+        true
+    }
+}
