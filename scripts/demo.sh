@@ -5,9 +5,11 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "Building rdma-device-plugin (first build takes a few minutes)"
+step "Building rdma-device-plugin and rdma-stream-injector (the first build takes a few minutes)"
 cargo build -q -p rdma-device-plugin --bin rdma-device-plugin --example kubelet_demo
+cargo build -q -p rdma-stream-injector --bin rdma-stream-injector
 BIN=target/debug/rdma-device-plugin
+INJECTOR=target/debug/rdma-stream-injector
 
 step "1. What this machine would advertise (rdma-device-plugin discover, real /sys)"
 out=$(RDMA_DP_LOG_LEVEL=warn "$BIN" discover --sysfs-root /sys --dev-root /dev)
@@ -38,5 +40,12 @@ for p in r["pools"]:
 step "3. The plugin and a (fake) kubelet on that node, over the real gRPC protos"
 target/debug/examples/kubelet_demo
 
+step "4. Opting a Deployment in: rdma-stream-injector inject -f (the webhook's own logic, offline)"
+echo "  examples/manifests/iperf3-server.yaml carries one label, rdma-streams.io/inject: \"true\"."
+echo "  What the webhook would add to its pods (built-in default profile):"
+RDMA_INJECTOR_LOG_LEVEL=warn "$INJECTOR" inject --diff -f examples/manifests/iperf3-server.yaml | sed 's/^/    /'
+echo "  And a KubeVirt VM opted in to RDMA migrations (only its template label; KubeVirt makes the pod):"
+RDMA_INJECTOR_LOG_LEVEL=warn "$INJECTOR" inject --diff -f examples/manifests/migratable-vm.yaml | sed 's/^/    /'
+
 step "Done"
-echo "  Next: 'make test' runs every test; docs/device-plugin.md explains configuration and operations."
+echo "  Next: 'make test' runs every test; docs/device-plugin.md and docs/injector.md explain operations."
