@@ -143,6 +143,10 @@ pub struct ServeArgs {
     /// Per-request deadline in milliseconds (keep it below the webhook's timeoutSeconds).
     #[arg(long, env = "RDMA_INJECTOR_REQUEST_TIMEOUT_MS", default_value_t = 4000)]
     pub request_timeout_ms: u64,
+    /// On SIGTERM, report not-ready and keep serving this long before draining, so Service
+    /// endpoints stop routing admission calls here first (milliseconds).
+    #[arg(long, env = "RDMA_INJECTOR_SHUTDOWN_DELAY_MS", default_value_t = 5000)]
+    pub shutdown_delay_ms: u64,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -297,7 +301,10 @@ pub async fn run_serve(args: ServeArgs, shutdown: CancellationToken) -> Result<(
                 "--cert-mode self-managed needs --cluster-access on".to_string(),
             ));
         };
-        self_managed_certs(&args, client, &shutdown).await?;
+        if !self_managed_certs(&args, client, &shutdown).await? {
+            info!("shut down before the serving certificate was ready");
+            return Ok(());
+        }
     }
 
     let mut config = ServerConfig::new(args.listen, &args.tls_cert, &args.tls_key);
@@ -313,26 +320,41 @@ pub async fn run_serve(args: ServeArgs, shutdown: CancellationToken) -> Result<(
         crate::server::METRICS_PREFIX,
         profiles.stats(),
     )));
-    let server = Server::bind(config, handler, readiness, registry).await?;
+    let server = Server::bind(config, handler, readiness.clone(), registry).await?;
     info!(
         listen = %server.local_addr(),
         cluster_access = ?args.cluster_access,
         cert_mode = ?args.cert_mode,
         "rdma-stream-injector serving"
     );
-    server.run(shutdown).await;
+    // SIGTERM: not ready at once, keep answering for the delay, then drain.
+    let drain = CancellationToken::new();
+    let delay = Duration::from_millis(args.shutdown_delay_ms);
+    {
+        let drain = drain.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            readiness.drain();
+            if !delay.is_zero() {
+                info!(?delay, "not ready; draining after the shutdown delay");
+                tokio::time::sleep(delay).await;
+            }
+            drain.cancel();
+        });
+    }
+    server.run(drain).await;
     drop(profiles);
     info!("rdma-stream-injector stopped");
     Ok(())
 }
 
 /// Self-managed mode: CA in a Secret, our certificate in the `--tls-cert` folder, caBundle
-/// patched, certificate renewed.
+/// patched, certificate renewed. `Ok(false)`: shut down before the certificate was ready.
 async fn self_managed_certs(
     args: &ServeArgs,
     client: &kube::Client,
     shutdown: &CancellationToken,
-) -> Result<(), RunError> {
+) -> Result<bool, RunError> {
     let dir = args
         .tls_cert
         .parent()
@@ -367,7 +389,7 @@ async fn self_managed_certs(
             Err(e) if e.is_transient() => {
                 warn!(error = %e, retry_in = ?delay, "certificate bootstrap failed; retrying");
                 tokio::select! {
-                    () = shutdown.cancelled() => return Ok(()),
+                    () = shutdown.cancelled() => return Ok(false),
                     () = tokio::time::sleep(delay) => {}
                 }
                 delay = (delay * 2).min(Duration::from_secs(10));
@@ -389,5 +411,5 @@ async fn self_managed_certs(
         boot.serving,
         shutdown.clone(),
     ));
-    Ok(())
+    Ok(true)
 }

@@ -50,7 +50,17 @@ impl Handler for InjectorHandler {
             .clone()
             .or_else(|| object.metadata.namespace.clone())
             .unwrap_or_default();
-        let labels: BTreeMap<String, String> = self.namespaces.labels(&ns_name).unwrap_or_default();
+        let labels: BTreeMap<String, String> = match self.namespaces.labels(&ns_name) {
+            Some(labels) => labels,
+            None => {
+                if self.namespaces.is_enabled() {
+                    // A namespace created a moment ago may not have reached the cache yet:
+                    // its opt-in and Pod Security labels are unknown for this pod.
+                    warn!(uid = %req.uid, namespace = %ns_name, "namespace not in the cache; its labels are unknown");
+                }
+                BTreeMap::new()
+            }
+        };
         let namespace = NamespaceFacts {
             name: ns_name.clone(),
             labels,
@@ -81,6 +91,9 @@ impl Handler for InjectorHandler {
                     profile = %plan.status.profile, containers = ?plan.status.containers,
                     dry_run = req.dry_run, "injected"
                 );
+                for warning in &plan.warnings {
+                    warn!(uid = %req.uid, namespace = %ns_name, pod = %pod_name, %warning, "injected with a warning");
+                }
                 Reviewed::Allow(Allowed {
                     patch: Some(plan.patch),
                     warnings: plan.warnings,

@@ -109,7 +109,10 @@ fn inject_pod(
     config: &Config,
     opts: &InjectOptions,
 ) -> Result<(String, Vec<String>), InjectOrDeny> {
-    let opted_out = str_at(pod, "/metadata/labels/rdma-streams.io~1inject") == "false";
+    // The label wins over the annotation, as in the webhook; either saying "false" opts out.
+    let label = str_at(pod, "/metadata/labels/rdma-streams.io~1inject");
+    let annotation = str_at(pod, "/metadata/annotations/rdma-streams.io~1inject");
+    let opted_out = label == "false" || (label.is_empty() && annotation == "false");
     if opted_out {
         return Ok(("skipped: opted out".to_string(), vec![]));
     }

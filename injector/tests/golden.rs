@@ -145,6 +145,9 @@ fn webhook_path_yields_the_same_pods() {
                 if pod
                     .pointer("/metadata/labels/rdma-streams.io~1inject")
                     .is_none()
+                    && pod
+                        .pointer("/metadata/annotations/rdma-streams.io~1inject")
+                        .is_none()
                 {
                     pod["metadata"]["labels"]["rdma-streams.io/inject"] = json!("true");
                 }

@@ -115,6 +115,7 @@ fn serves_admission_reviews_over_https_and_drains() {
         .arg("--tls-key")
         .arg(dir.path().join("tls.key"))
         .args(["--cluster-access", "off", "--log-format", "json"])
+        .args(["--shutdown-delay-ms", "300"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

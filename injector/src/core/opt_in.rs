@@ -4,7 +4,7 @@
 //! | --- | --- | --- |
 //! | `"false"` | any | skip: opted out |
 //! | `"true"` | any | in |
-//! | absent | `enabled` | in |
+//! | absent | `enabled` | in (not virt-launcher pods: a VM opts in with its own label) |
 //! | absent | other/absent | skip: not opted in (unless a virt-launcher pod asks for RDMA migration) |
 //! | anything else | any | deny: the value is unreadable, and silently ignoring a typo would leave the pod un-injected |
 //!
@@ -87,6 +87,19 @@ pub(crate) fn decide(pod: &PodView<'_>, namespace: &NamespaceFacts) -> Result<Op
     }
 
     match namespace.labels.get(names::INJECT).map(String::as_str) {
+        // A namespace-wide opt-in is for app pods. Giving every VM in the namespace the RDMA
+        // resource would silently pin all of them to RDMA nodes: VMs opt in one by one with
+        // `rdma-streams.io/migration: rdma` on their template.
+        Some(names::NAMESPACE_ENABLED) if launcher => Ok(OptIn::Out(
+            SkipReason::NotOptedIn,
+            format!(
+                "virt-launcher pod in namespace {:?}: the namespace label does not opt VMs in; \
+                 label the VM template {}={}",
+                namespace.name,
+                names::MIGRATION,
+                names::MIGRATION_RDMA
+            ),
+        )),
         Some(names::NAMESPACE_ENABLED) => Ok(OptIn::In(mode)),
         _ => Ok(OptIn::Out(
             SkipReason::NotOptedIn,

@@ -403,6 +403,14 @@ pub(super) fn cases() -> Vec<Case> {
             Expect::Skip(SkipReason::NotOptedIn),
         ),
         case(
+            "virt-launcher in an opted-in namespace, VM not opted in",
+            with(fixture("virt-launcher"), |p| {
+                set_label(p, names::MIGRATION, None)
+            }),
+            enabled(),
+            Expect::Skip(SkipReason::NotOptedIn),
+        ),
+        case(
             "virt-launcher with an unknown migration transport",
             with(fixture("virt-launcher"), |p| {
                 set_label(p, names::MIGRATION, Some("tcp"))
