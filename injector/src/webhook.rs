@@ -121,3 +121,88 @@ impl Handler for InjectorHandler {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::admission::AdmissionReview;
+    use serde_json::json;
+
+    fn handler() -> InjectorHandler {
+        InjectorHandler {
+            profiles: watch::channel(Arc::new(Config::builtin_default())).1,
+            namespaces: NamespaceCache::disabled(),
+        }
+    }
+
+    fn request(
+        operation: &str,
+        kind: &str,
+        object: serde_json::Value,
+    ) -> AdmissionRequest<DynamicObject> {
+        let review: AdmissionReview<DynamicObject> = serde_json::from_value(json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1",
+                "kind": {"group": "", "version": "v1", "kind": kind},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "team-a",
+                "operation": operation,
+                "userInfo": {},
+                "object": object,
+                "dryRun": false
+            }
+        }))
+        .expect("review");
+        review.try_into().expect("request")
+    }
+
+    fn opted_in_pod() -> serde_json::Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "web-", "labels": {"rdma-streams.io/inject": "true"}},
+            "spec": {"containers": [{"name": "web", "image": "nginx"}]}
+        })
+    }
+
+    fn outcome(r: &Reviewed) -> (&'static str, &'static str) {
+        match r {
+            Reviewed::Allow(a) => (a.outcome.as_str(), a.reason),
+            Reviewed::Deny { reason, .. } => ("denied", reason),
+            Reviewed::Error { .. } => ("error", ""),
+        }
+    }
+
+    #[test]
+    fn create_of_an_opted_in_pod_is_injected() {
+        let r = handler().review(&request("CREATE", "Pod", opted_in_pod()));
+        assert_eq!(outcome(&r), ("injected", "injected"));
+    }
+
+    #[test]
+    fn updates_and_other_kinds_are_never_mutated() {
+        let h = handler();
+        let r = h.review(&request("UPDATE", "Pod", opted_in_pod()));
+        assert_eq!(outcome(&r), ("skipped", "not_create"));
+        let r = h.review(&request(
+            "CREATE",
+            "ConfigMap",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
+        ));
+        assert_eq!(outcome(&r), ("skipped", "not_a_pod"));
+    }
+
+    #[test]
+    fn an_unknown_profile_is_denied_with_the_known_ones() {
+        let mut pod = opted_in_pod();
+        pod["metadata"]["annotations"] = json!({"rdma-streams.io/profile": "fast"});
+        match handler().review(&request("CREATE", "Pod", pod)) {
+            Reviewed::Deny { message, reason } => {
+                assert_eq!(reason, "unknown_profile");
+                assert!(message.contains("default"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
