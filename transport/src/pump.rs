@@ -1,0 +1,335 @@
+//! The pump: moves bytes both ways between a local stream socket and an rsocket.
+//!
+//! In proxy mode the app's fd is one end of an `AF_UNIX` socketpair; the shim hands the other
+//! end (`local`) and the upgraded connection's rsocket (`remote`) to [`pump`], on a thread of
+//! its own. One thread serves both directions: both sides are switched to non-blocking, each
+//! direction has its own buffer, and the thread sleeps in the provider's `rpoll` (which takes
+//! the rsocket and the kernel fd together).
+//!
+//! - **Order**: each direction has one reader and one writer over ordered streams, and a
+//!   buffer is written out in order before it is refilled, so bytes can neither be reordered
+//!   nor duplicated.
+//! - **Half-close**: EOF read on one side becomes `shutdown(SHUT_WR)` on the other once the
+//!   buffered bytes are delivered; the other direction keeps flowing. The pump ends when both
+//!   directions are finished ([`PumpEnd::Closed`]).
+//! - **Errors**: an error or reset on either side tears both down: the local fd gets
+//!   `shutdown(SHUT_RDWR)` (the app reads EOF and its writes fail, as after a TCP reset), the
+//!   rsocket `rshutdown(SHUT_RDWR)`, and the pump reports which side failed and how.
+//! - **Hostile providers**: `EAGAIN` when `rpoll` said ready is retried; `rpoll` never waits
+//!   longer than [`PumpOptions::tick`] (at most 100 ms), after which every transfer is retried
+//!   anyway, so a provider that misses a wake-up slows the pump down but cannot stall it.
+//! - **Stop**: [`PumpOptions::stop`] is checked at least once per tick; raising it ends the
+//!   pump with [`PumpEnd::Stopped`] after the same teardown as an error.
+
+use std::io::{self, Read};
+use std::net::Shutdown;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use socket2::Socket;
+
+use crate::poll::{Events, PollError, PollFd, poll};
+use crate::rsocket::RSocket;
+
+/// Default size of each direction's buffer: 256 KiB, rsocket's default registered buffers.
+pub const DEFAULT_BUFFER_SIZE: usize = 256 * 1024;
+/// The longest the pump sleeps in `rpoll` before re-checking the stop flag and retrying.
+pub const MAX_TICK: Duration = Duration::from_millis(100);
+
+/// How a pump runs.
+#[derive(Debug, Clone)]
+pub struct PumpOptions {
+    /// Bytes buffered per direction (default [`DEFAULT_BUFFER_SIZE`]; at least 1).
+    pub buffer_size: usize,
+    /// Raise to end the pump; checked at least once per tick.
+    pub stop: Arc<AtomicBool>,
+    /// Longest single wait in `rpoll` (default and maximum [`MAX_TICK`]).
+    pub tick: Duration,
+}
+
+impl Default for PumpOptions {
+    fn default() -> PumpOptions {
+        PumpOptions {
+            buffer_size: DEFAULT_BUFFER_SIZE,
+            stop: Arc::new(AtomicBool::new(false)),
+            tick: MAX_TICK,
+        }
+    }
+}
+
+/// Why a pump failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PumpError {
+    /// Reading from or writing to the local socket failed (the app side).
+    #[error("local side failed")]
+    Local(#[source] io::Error),
+    /// Reading from or writing to the rsocket failed (`ECONNRESET` and the like: reason
+    /// `RDMA_ERROR` for the shim).
+    #[error("rsocket side failed")]
+    Remote(#[source] io::Error),
+    /// `rpoll` itself failed.
+    #[error("rpoll failed")]
+    Poll(#[source] PollError),
+}
+
+/// How a pump ended.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PumpEnd {
+    /// Both directions reached EOF and were half-closed on the far side: a clean close.
+    Closed,
+    /// The stop flag was raised; both sides were shut down.
+    Stopped,
+    /// An error on one side; both sides were shut down.
+    Failed(PumpError),
+}
+
+impl PumpEnd {
+    /// True for [`PumpEnd::Closed`].
+    pub fn is_clean(&self) -> bool {
+        matches!(self, PumpEnd::Closed)
+    }
+}
+
+/// What a pump did.
+#[derive(Debug)]
+pub struct PumpReport {
+    /// Bytes written to the rsocket (read from the local side).
+    pub to_remote: u64,
+    /// Bytes written to the local side (read from the rsocket).
+    pub to_local: u64,
+    /// How it ended.
+    pub end: PumpEnd,
+}
+
+/// One side of the pump, as the direction logic sees it.
+trait Side {
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize>;
+    fn send(&self, buf: &[u8]) -> io::Result<usize>;
+    fn shutdown(&self, how: Shutdown) -> io::Result<()>;
+    /// Wraps an error of this side.
+    fn fail(e: io::Error) -> PumpError;
+}
+
+impl Side for Socket {
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut me = self;
+        me.read(buf)
+    }
+
+    fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        // MSG_NOSIGNAL: an app that closed its end must not kill the process with SIGPIPE.
+        self.send_with_flags(buf, libc::MSG_NOSIGNAL)
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        Socket::shutdown(self, how)
+    }
+
+    fn fail(e: io::Error) -> PumpError {
+        PumpError::Local(e)
+    }
+}
+
+impl Side for RSocket {
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read(buf)
+    }
+
+    fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.write(buf)
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        RSocket::shutdown(self, how)
+    }
+
+    fn fail(e: io::Error) -> PumpError {
+        PumpError::Remote(e)
+    }
+}
+
+/// One direction: a buffer between a source and a destination.
+struct Direction {
+    buf: Box<[u8]>,
+    /// Bytes `start..end` are read but not yet written.
+    start: usize,
+    end: usize,
+    /// EOF was read from the source.
+    eof: bool,
+    /// The destination was half-closed after the EOF: this direction is finished.
+    done: bool,
+    /// Bytes written to the destination.
+    moved: u64,
+}
+
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+impl Direction {
+    fn new(size: usize) -> Direction {
+        Direction {
+            buf: vec![0; size.max(1)].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            eof: false,
+            done: false,
+            moved: 0,
+        }
+    }
+
+    fn pending(&self) -> bool {
+        self.start < self.end
+    }
+
+    fn wants_read(&self) -> bool {
+        !self.eof && self.end < self.buf.len()
+    }
+
+    /// Reads, writes and half-closes as far as possible without blocking; true if anything
+    /// happened. Errors are attributed to the side they came from.
+    fn step<S: Side, D: Side>(&mut self, src: &S, dst: &D) -> Result<bool, PumpError> {
+        let mut progressed = false;
+        if self.wants_read() {
+            match src.recv(&mut self.buf[self.end..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    progressed = true;
+                }
+                Ok(n) => {
+                    self.end += n;
+                    progressed = true;
+                }
+                Err(e) if transient(&e) => {}
+                Err(e) => return Err(S::fail(e)),
+            }
+        }
+        if self.pending() {
+            match dst.send(&self.buf[self.start..self.end]) {
+                Ok(n) => {
+                    self.start += n;
+                    self.moved += n as u64;
+                    progressed |= n > 0;
+                    if self.start == self.end {
+                        self.start = 0;
+                        self.end = 0;
+                    } else if self.end == self.buf.len() {
+                        // Make room for the next read behind the unsent bytes.
+                        self.buf.copy_within(self.start..self.end, 0);
+                        self.end -= self.start;
+                        self.start = 0;
+                    }
+                }
+                Err(e) if transient(&e) => {}
+                Err(e) => return Err(D::fail(e)),
+            }
+        }
+        if self.eof && !self.pending() && !self.done {
+            dst.shutdown(Shutdown::Write).map_err(D::fail)?;
+            self.done = true;
+            progressed = true;
+        }
+        Ok(progressed)
+    }
+}
+
+/// Rounds of transfers before the stop flag is checked again while data keeps flowing.
+const ROUNDS_PER_CHECK: usize = 64;
+
+/// Moves bytes between `local` (a stream socket, e.g. one end of a `UNIX` socketpair) and
+/// `remote` until both directions are closed, one side fails, or `opts.stop` is raised.
+/// Both are closed when it returns. See the module docs for the rules.
+pub fn pump(local: OwnedFd, remote: RSocket, opts: PumpOptions) -> PumpReport {
+    let local = Socket::from(local);
+    let mut up = Direction::new(opts.buffer_size);
+    let mut down = Direction::new(opts.buffer_size);
+    let end = match run(&local, &remote, &mut up, &mut down, &opts) {
+        Ok(end) => end,
+        Err(e) => PumpEnd::Failed(e),
+    };
+    if !end.is_clean() {
+        // Tear both down; errors here change nothing (the side may already be gone).
+        let _ = local.shutdown(Shutdown::Both);
+        let _ = remote.shutdown(Shutdown::Both);
+    }
+    PumpReport {
+        to_remote: up.moved,
+        to_local: down.moved,
+        end,
+    }
+}
+
+fn run(
+    local: &Socket,
+    remote: &RSocket,
+    up: &mut Direction,
+    down: &mut Direction,
+    opts: &PumpOptions,
+) -> Result<PumpEnd, PumpError> {
+    local.set_nonblocking(true).map_err(PumpError::Local)?;
+    remote.set_nonblocking(true).map_err(PumpError::Remote)?;
+    let tick = opts.tick.min(MAX_TICK);
+    loop {
+        if opts.stop.load(Ordering::Acquire) {
+            return Ok(PumpEnd::Stopped);
+        }
+        let mut busy = false;
+        for _ in 0..ROUNDS_PER_CHECK {
+            let moved_up = up.step(local, remote)?;
+            let moved_down = down.step(remote, local)?;
+            if up.done && down.done {
+                return Ok(PumpEnd::Closed);
+            }
+            busy = moved_up || moved_down;
+            if !busy {
+                break;
+            }
+        }
+        if busy {
+            // Still moving data: skip the wait, but look at the stop flag first.
+            continue;
+        }
+        wait(local, remote, up, down, tick)?;
+    }
+}
+
+/// Sleeps in `rpoll` until a side can make progress or `tick` passes. Sides with nothing to
+/// wait for are left out, so a hung-up side with no pending work cannot cause a busy loop.
+fn wait(
+    local: &Socket,
+    remote: &RSocket,
+    up: &Direction,
+    down: &Direction,
+    tick: Duration,
+) -> Result<(), PumpError> {
+    let mut local_events = Events::NONE;
+    let mut remote_events = Events::NONE;
+    if up.wants_read() {
+        local_events |= Events::READABLE;
+    }
+    if up.pending() {
+        remote_events |= Events::WRITABLE;
+    }
+    if down.wants_read() {
+        remote_events |= Events::READABLE;
+    }
+    if down.pending() {
+        local_events |= Events::WRITABLE;
+    }
+    let mut entries = Vec::with_capacity(2);
+    if !local_events.is_empty() {
+        entries.push(PollFd::fd(local.as_fd(), local_events));
+    }
+    if !remote_events.is_empty() {
+        entries.push(PollFd::rsocket(remote, remote_events));
+    }
+    poll(remote.provider(), &mut entries, Some(tick)).map_err(PumpError::Poll)?;
+    Ok(())
+}
