@@ -8,8 +8,8 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 # Debian packages: rdma-sys (bindgen + pkg-config + rdma-core headers) and the tools tests use.
-APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev curl \
-	ibverbs-providers rdma-core iproute2 procps
+APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev curl iperf3 util-linux \
+	ibverbs-providers rdma-core iproute2 procps binutils
 
 # Official Kubernetes schemas (PyPI), for validating every pod the injector patches.
 KUBERNETES_VALIDATE_VERSION := 1.37.0

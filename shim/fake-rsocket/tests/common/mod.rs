@@ -5,35 +5,20 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
 use fakersocket as fake;
 use libc::{c_int, pollfd, socklen_t};
+use rdma_streams_testkit::child;
 use socket2::SockAddr;
+
+// Not every test binary uses it.
+#[allow(unused_imports)]
+pub use rdma_streams_testkit::within;
 
 /// Env var naming the case a re-executed test binary must run (see [`run_child`]).
 pub const CHILD_CASE: &str = "FAKE_RSOCKET_TEST_CASE";
-
-/// Runs `f` on a thread and fails the test if it takes longer than `limit`.
-pub fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let worker = thread::spawn(move || {
-        let out = f();
-        let _ = tx.send(());
-        out
-    });
-    match rx.recv_timeout(limit) {
-        Ok(()) => worker.join().expect("test body panicked"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => match worker.join() {
-            Ok(v) => v,
-            Err(p) => std::panic::resume_unwind(p),
-        },
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("test timed out after {limit:?}"),
-    }
-}
 
 pub fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
@@ -262,56 +247,35 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Re-runs this test binary with only the test `child_entry`, with `case` in
-/// [`CHILD_CASE`] and `env` set, and returns its output. Fails on timeout. Faults are parsed
-/// once per process, so every fault case needs its own process.
+/// [`CHILD_CASE`], the fake's settings removed and `env` set, and returns its output. Fails
+/// on timeout. Faults are parsed once per process, so every fault case needs its own process.
 pub fn run_child(case: &str, env: &[(&str, &str)], limit: Duration) -> Output {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut cmd = Command::new(exe);
-    cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-        .env(CHILD_CASE, case)
-        .env_remove(fake::ENV_FAULTS)
-        .env_remove(fake::ENV_STATS_DIR)
-        .env_remove(fake::ENV_HANG_MS)
-        .env_remove(fake::ENV_PORT_OFFSET)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("spawn child test");
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("child output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("child output");
-            panic!(
-                "child case {case} timed out after {limit:?}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
+    assert_settings_cleared();
+    child::run(CHILD_CASE, case, env, limit)
 }
 
-/// [`run_child`] and assert that the case passed.
+/// [`run_child`] with a 30 s limit, asserting that the case passed.
 pub fn child_passes(case: &str, env: &[(&str, &str)]) -> Output {
-    let out = run_child(case, env, Duration::from_secs(30));
-    assert!(
-        out.status.success(),
-        "child case {case} failed ({})\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    assert_settings_cleared();
+    child::passes(CHILD_CASE, case, env, Duration::from_secs(30))
+}
+
+/// The shared runner clears the fake's settings by name: keep it in step with the fake.
+fn assert_settings_cleared() {
+    for var in [
+        fake::ENV_FAULTS,
+        fake::ENV_STATS_DIR,
+        fake::ENV_HANG_MS,
+        fake::ENV_PORT_OFFSET,
+    ] {
+        assert!(
+            child::CLEARED.contains(&var),
+            "testkit does not clear {var}"
+        );
+    }
 }
 
 /// In a child process, the case to run (None in the normal test run).
 pub fn child_case() -> Option<String> {
-    std::env::var(CHILD_CASE).ok()
+    child::case(CHILD_CASE)
 }

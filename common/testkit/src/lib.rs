@@ -1,0 +1,57 @@
+//! Test-only helpers shared by the workspace's integration-test harnesses
+//! (`transport/tests`, `shim/tests`, `shim/fake-rsocket/tests`). Dev-dependency only.
+//!
+//! - [`fake_rsocket::library`]: the path of the fake provider `libfakersocket.so`, built when
+//!   missing or stale;
+//! - [`within`]: run a test body under a time limit;
+//! - [`child`]: run fault cases in re-executed test binaries (one process per case).
+#![warn(missing_docs)]
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+pub mod child;
+pub mod fake_rsocket;
+
+/// Runs `f` on a thread and fails the test if it takes longer than `limit`. A panic in `f`
+/// is propagated as is.
+pub fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let worker = thread::spawn(move || {
+        let out = f();
+        let _ = tx.send(());
+        out
+    });
+    match rx.recv_timeout(limit) {
+        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => match worker.join() {
+            Ok(v) => v,
+            Err(p) => std::panic::resume_unwind(p),
+        },
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("test timed out after {limit:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn within_returns_the_value() {
+        assert_eq!(within(Duration::from_secs(5), || 7), 7);
+    }
+
+    #[test]
+    #[should_panic(expected = "body failed")]
+    fn within_propagates_a_panic() {
+        within(Duration::from_secs(5), || panic!("body failed"));
+    }
+
+    #[test]
+    #[should_panic(expected = "timed out")]
+    fn within_fails_on_timeout() {
+        within(Duration::from_millis(10), || {
+            thread::sleep(Duration::from_secs(1));
+        });
+    }
+}

@@ -1,0 +1,231 @@
+//! The once-per-process decision: may this process upgrade connections at all?
+//!
+//! Made lazily, on the first `socket(AF_INET|AF_INET6, SOCK_STREAM, ..)`, never in the
+//! constructor: every shell and `ls` in an opted-in container loads the shim, and a process that
+//! never makes a TCP socket must pay nothing (no dlopen, no file read, no stats file).
+//!
+//! Order (first match wins; the reason is what every connection of the process is counted
+//! with):
+//! 1. `STREAMSHIM_DISABLE=1` -> `DISABLED`;
+//! 2. `STREAMSHIM_POLICY` unreadable or invalid -> one stderr line
+//!    `streamshim: <error>; passing through` and `POLICY` (the reason points the operator at
+//!    the policy, which is what must be fixed; `DISABLED` stays reserved for the kill switch);
+//! 3. the program (basename of /proc/self/exe or argv[0]) not allowed by the policy -> `POLICY`;
+//! 4. the provider (`STREAMSHIM_PROVIDER`, default librdmacm.so.1) not loadable -> `NO_PROVIDER`;
+//! 5. its probe (one rsocket, closed at once) fails -> `NO_DEVICE`;
+//! 6. RLIMIT_MEMLOCK below [`MIN_MEMLOCK`] without CAP_IPC_LOCK -> `MEMLOCK`;
+//! 7. otherwise the process is *capable*: connections are decided one by one (policy per peer,
+//!    and in phase 2 the negotiation with the peer).
+//!
+//! The result lives in one atomic byte ([`STATE`]): after the decision a hook costs one
+//! atomic load. Races: the thread that moves the state from UNDECIDED to DECIDING decides (with
+//! the re-entrancy guard held, because the provider's dlopen and probe call `socket()`); a
+//! thread that finds DECIDING never waits (it could be a signal handler): its socket is tracked
+//! but a connect/accept on it while the state is still DECIDING passes through *uncounted*.
+//! A fork child that inherits DECIDING (the deciding thread does not exist in the child) resets
+//! it to UNDECIDED.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+use rdma_streams_transport::Provider;
+use rdma_streams_transport::policy::{Policy, current_program_names};
+use rdma_streams_transport::reason::Reason;
+use rdma_streams_transport::stats::{Stats, StatsSink};
+
+use crate::log::{self, Level, log_at};
+use crate::sys;
+
+/// Env var: the kill switch.
+pub const DISABLE_ENV: &str = "STREAMSHIM_DISABLE";
+/// Smallest RLIMIT_MEMLOCK (bytes) with which rsockets are usable without CAP_IPC_LOCK.
+pub const MIN_MEMLOCK: u64 = 8 << 20;
+/// Bit of CAP_IPC_LOCK in the capability sets.
+const CAP_IPC_LOCK: u32 = 14;
+
+const UNDECIDED: u8 = 0;
+const DECIDING: u8 = 1;
+const CAPABLE: u8 = 2;
+/// Pass-through states are `PASS_BASE + reason code`.
+const PASS_BASE: u8 = 16;
+
+static STATE: AtomicU8 = AtomicU8::new(UNDECIDED);
+
+/// The policy of a capable process (read once at the decision).
+static POLICY: OnceLock<Policy> = OnceLock::new();
+/// The provider of a capable process, loaded at the decision; phase 2 uses it to upgrade.
+static PROVIDER: OnceLock<Provider> = OnceLock::new();
+/// Where the stats go (`STREAMSHIM_STATS`), read at the decision.
+static SINK: OnceLock<Option<StatsSink>> = OnceLock::new();
+/// Set once this process wrote its stats file (cleared in a fork child).
+static STATS_WRITTEN: AtomicBool = AtomicBool::new(false);
+
+/// What the process decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// No INET stream socket yet.
+    Undecided,
+    /// Another thread is deciding right now.
+    Deciding,
+    /// Every connection stays TCP with this reason.
+    PassThrough(Reason),
+    /// Connections are decided one by one.
+    Capable,
+}
+
+/// The current state: one atomic load.
+#[inline]
+pub fn current() -> State {
+    match STATE.load(Ordering::Acquire) {
+        UNDECIDED => State::Undecided,
+        DECIDING => State::Deciding,
+        CAPABLE => State::Capable,
+        s => match Reason::from_code(u16::from(s.wrapping_sub(PASS_BASE))) {
+            Some(r) => State::PassThrough(r),
+            None => State::PassThrough(Reason::Disabled),
+        },
+    }
+}
+
+/// The capable process's policy.
+pub fn policy() -> Option<&'static Policy> {
+    POLICY.get()
+}
+
+/// The capable process's provider (phase 2).
+#[allow(dead_code)]
+pub fn provider() -> Option<&'static Provider> {
+    PROVIDER.get()
+}
+
+/// Makes the decision if nobody has yet (the caller holds the re-entrancy guard). Returns at
+/// once when it is made or being made by another thread.
+pub fn ensure(register: &dyn Fn()) {
+    // A plain load first: after the decision no read-modify-write on the hot path.
+    if STATE.load(Ordering::Acquire) != UNDECIDED {
+        return;
+    }
+    if STATE
+        .compare_exchange(UNDECIDED, DECIDING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    log::set_level(Level::parse(
+        &std::env::var(log::LOG_ENV).unwrap_or_default(),
+    ));
+    let _ = SINK.set(StatsSink::from_env());
+    // atexit (stats file) and the fork child handler (counter reset).
+    register();
+    let state = evaluate();
+    let code = match state {
+        State::Capable => CAPABLE,
+        State::PassThrough(r) => PASS_BASE.saturating_add(u8::try_from(r.code()).unwrap_or(0)),
+        State::Undecided | State::Deciding => CAPABLE,
+    };
+    STATE.store(code, Ordering::Release);
+}
+
+fn evaluate() -> State {
+    if is_set(DISABLE_ENV) {
+        log_at!(Level::Info, "disabled by {DISABLE_ENV}: passing through");
+        return State::PassThrough(Reason::Disabled);
+    }
+    let policy = match Policy::from_env() {
+        Ok(p) => p,
+        Err(e) => {
+            // Printed whatever STREAMSHIM_LOG says: exactly one line per process.
+            log::plain_line(format_args!("streamshim: {e}; passing through"));
+            return State::PassThrough(Reason::Policy);
+        }
+    };
+    let names = current_program_names();
+    if !policy.program_allowed_any(&names) {
+        log_at!(
+            Level::Info,
+            "program {names:?} not allowed by the policy: passing through (POLICY)"
+        );
+        return State::PassThrough(Reason::Policy);
+    }
+    let provider = match Provider::from_env() {
+        Ok(p) => p,
+        Err(e) => {
+            log_at!(Level::Info, "provider: {e}: passing through (NO_PROVIDER)");
+            return State::PassThrough(Reason::NoProvider);
+        }
+    };
+    if let Err(e) = provider.probe() {
+        log_at!(
+            Level::Info,
+            "provider {}: {e}: passing through (NO_DEVICE)",
+            provider.name()
+        );
+        return State::PassThrough(Reason::NoDevice);
+    }
+    let memlock = sys::memlock_limit().unwrap_or(u64::MAX);
+    if memlock < MIN_MEMLOCK && !has_cap_ipc_lock() {
+        log_at!(
+            Level::Info,
+            "RLIMIT_MEMLOCK {memlock} < {MIN_MEMLOCK} without CAP_IPC_LOCK: passing through (MEMLOCK)"
+        );
+        return State::PassThrough(Reason::Memlock);
+    }
+    log_at!(
+        Level::Info,
+        "capable: provider {}; connections decided one by one",
+        provider.name()
+    );
+    let _ = POLICY.set(policy);
+    let _ = PROVIDER.set(provider);
+    State::Capable
+}
+
+/// `STREAMSHIM_DISABLE` set to 1/true/yes/on.
+fn is_set(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    })
+}
+
+/// CAP_IPC_LOCK in the effective set (`CapEff` of /proc/self/status). Unknown: false.
+fn has_cap_ipc_lock() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
+/// Writes the stats file once (at exit; the destructor is a fallback). Only a process that
+/// made its decision writes one.
+pub fn write_stats_once() {
+    if matches!(current(), State::Undecided) {
+        return;
+    }
+    let Some(Some(sink)) = SINK.get() else { return };
+    if STATS_WRITTEN.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    match sink.write(Stats::global()) {
+        Ok(path) => log_at!(Level::Debug, "stats written to {}", path.display()),
+        Err(e) => log_at!(
+            Level::Info,
+            "cannot write stats to {}: {e}",
+            sink.path().display()
+        ),
+    }
+}
+
+/// In a fork child: fresh counters and a stats file of its own; an interrupted decision
+/// starts over.
+pub fn after_fork_child() {
+    Stats::global().reset();
+    STATS_WRITTEN.store(false, Ordering::Release);
+    let _ = STATE.compare_exchange(DECIDING, UNDECIDED, Ordering::AcqRel, Ordering::Acquire);
+}

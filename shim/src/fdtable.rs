@@ -1,0 +1,79 @@
+//! What the shim knows about each file descriptor: a lock-free table indexed by fd.
+//!
+//! One `AtomicU8` per fd below [`MAX_FDS`]; larger fds are "unknown" and always pass through
+//! uncounted. `socket()` and `accept()` set an entry, `close()` clears it (before the real
+//! close, so a number reused by another thread's `socket()` right after is not wiped). Fds made
+//! by calls not hooked in phase 1 (dup, dup2, dup3, fcntl(F_DUPFD), SCM_RIGHTS) are unknown;
+//! phase 2 hooks them and adds its states (connecting, upgraded, ...) as new bits.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Fds at or above this are never tracked.
+pub const MAX_FDS: usize = 65_536;
+
+/// The fd is an AF_INET/AF_INET6 SOCK_STREAM socket made by a hooked `socket()`/`accept()`.
+pub const INET_STREAM: u8 = 1;
+/// ... and its protocol is TCP (0 or IPPROTO_TCP); without it: SCTP, MPTCP, ... (`NOT_TCP`).
+pub const TCP: u8 = 2;
+/// ... and its connection has been counted (connect() started, or accept() returned it).
+pub const COUNTED: u8 = 4;
+/// ... and `listen()` succeeded on it.
+pub const LISTENING: u8 = 8;
+
+static TABLE: [AtomicU8; MAX_FDS] = [const { AtomicU8::new(0) }; MAX_FDS];
+
+fn slot(fd: i32) -> Option<&'static AtomicU8> {
+    usize::try_from(fd).ok().and_then(|i| TABLE.get(i))
+}
+
+/// The fd's flags (0: unknown or not an INET stream socket).
+#[inline]
+pub fn get(fd: i32) -> u8 {
+    slot(fd).map_or(0, |s| s.load(Ordering::Acquire))
+}
+
+/// Replaces the fd's flags (a new socket took this number).
+#[inline]
+pub fn set(fd: i32, flags: u8) {
+    if let Some(s) = slot(fd) {
+        s.store(flags, Ordering::Release);
+    }
+}
+
+/// Adds `flags`; returns the flags before.
+#[inline]
+pub fn add(fd: i32, flags: u8) -> u8 {
+    slot(fd).map_or(0, |s| s.fetch_or(flags, Ordering::AcqRel))
+}
+
+/// Forgets the fd (it is being closed). No write when the entry is already clear.
+#[inline]
+pub fn clear(fd: i32) {
+    if let Some(s) = slot(fd)
+        && s.load(Ordering::Relaxed) != 0
+    {
+        s.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_add_clear_and_out_of_range() {
+        let fd = 40_000;
+        assert_eq!(get(fd), 0);
+        set(fd, INET_STREAM | TCP);
+        assert_eq!(add(fd, COUNTED), INET_STREAM | TCP);
+        assert_eq!(add(fd, COUNTED) & COUNTED, COUNTED, "counted once only");
+        clear(fd);
+        assert_eq!(get(fd), 0);
+        for fd in [-1, 65_536, i32::MAX] {
+            set(fd, INET_STREAM);
+            assert_eq!(get(fd), 0, "fd {fd} is never tracked");
+            assert_eq!(add(fd, COUNTED), 0);
+            clear(fd);
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! The exported `unsafe extern "C"` detours, the ELF constructor/destructor, and the exit and
+//! fork callbacks: the shim's whole C boundary.
+//!
+//! Every detour is a few lines: convert the C arguments, then [`detour`] runs the safe op in
+//! [`crate::ops`] under the re-entrancy guard and `catch_unwind`, with the original call as a
+//! closure. On every path the original function is called exactly once: nested (guard held) ->
+//! straight to it; op panicked before calling it -> called afterwards; op panicked after ->
+//! its result is returned. errno is the original call's errno on return.
+//!
+//! Phase 2 adds read/write/recvmsg/dup3/fcntl/getpeername/... detours here, each with a
+//! `real.rs` entry, an op, and a line in `streamshim.map`.
+
+// `unsafe` here: `#[unsafe(no_mangle)]` exports, `.init_array`/`.fini_array` entries, calls of
+// the original libc functions through raw pointers, and reading the caller's address buffers.
+#![allow(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use libc::{c_int, sockaddr, socklen_t};
+
+use crate::guard::Guard;
+use crate::{fdtable, ops, real, sys};
+
+/// The result of a hook whose original cannot be found (never seen with glibc).
+fn no_original() -> c_int {
+    sys::set_errno(libc::ENOSYS);
+    -1
+}
+
+/// Runs `op` (safe logic that calls `real` once) under the guard, panics caught, errno kept.
+fn detour(real: &dyn Fn() -> c_int, op: impl FnOnce(&mut dyn FnMut() -> c_int) -> c_int) -> c_int {
+    let Some(guard) = Guard::enter() else {
+        return real();
+    };
+    let done: Cell<Option<(c_int, c_int)>> = Cell::new(None);
+    let mut tracked = || {
+        let rc = real();
+        done.set(Some((rc, sys::errno())));
+        rc
+    };
+    let out = catch_unwind(AssertUnwindSafe(|| op(&mut tracked)));
+    drop(guard);
+    match (out, done.get()) {
+        (Ok(rc), Some((_, errno))) => {
+            sys::set_errno(errno);
+            rc
+        }
+        // The op answered without the original (phase 2 paths); it set errno itself.
+        (Ok(rc), None) => rc,
+        (Err(_), Some((rc, errno))) => {
+            sys::set_errno(errno);
+            rc
+        }
+        (Err(_), None) => real(),
+    }
+}
+
+/// Registers the exit and fork-child callbacks, once per process (called at the decision).
+fn register_callbacks() {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    if REGISTERED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let _ = sys::at_exit(on_exit);
+    let _ = sys::at_fork_child(on_fork_child);
+}
+
+/// `int socket(int domain, int type, int protocol)`.
+///
+/// # Safety
+/// The C contract of `socket(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    let Some(orig) = real::socket() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged to libc's socket.
+    let real = || unsafe { orig(domain, ty, protocol) };
+    if Guard::enter().is_none() {
+        // The shim's own socket (provider probe): never tracked.
+        let fd = real();
+        fdtable::set(fd, 0);
+        return fd;
+    }
+    detour(&real, |real| {
+        ops::socket(domain, ty, protocol, &register_callbacks, real)
+    })
+}
+
+/// `int connect(int fd, const struct sockaddr *addr, socklen_t len)`.
+///
+/// # Safety
+/// The C contract of `connect(2)`: `addr` points to `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let Some(orig) = real::connect() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged to libc's connect.
+    let real = || unsafe { orig(fd, addr, len) };
+    detour(&real, |real| {
+        // SAFETY: per the caller's contract, `addr` holds `len` readable bytes.
+        let peer = unsafe { sys::sockaddr_from_raw(addr, len) };
+        ops::connect(fd, peer, &mut || {
+            let rc = real();
+            (rc, sys::errno())
+        })
+    })
+}
+
+/// `int listen(int fd, int backlog)`.
+///
+/// # Safety
+/// The C contract of `listen(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    let Some(orig) = real::listen() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged to libc's listen.
+    let real = || unsafe { orig(fd, backlog) };
+    detour(&real, |real| ops::listen(fd, real))
+}
+
+/// The peer address an accept call wrote into the caller's buffer, if it asked for one.
+///
+/// # Safety
+/// `addr`/`len` are the caller's accept arguments after a successful call; `cap` is `*len`
+/// before it.
+unsafe fn accepted_peer(
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    cap: socklen_t,
+) -> Option<std::net::SocketAddr> {
+    if addr.is_null() || len.is_null() {
+        return None;
+    }
+    // SAFETY: `len` is the caller's valid length pointer (non-null, checked).
+    let written = unsafe { len.read() };
+    // SAFETY: the kernel wrote min(cap, written) bytes of the address into `addr`.
+    unsafe { sys::sockaddr_from_raw(addr, written.min(cap)) }
+}
+
+/// `int accept(int fd, struct sockaddr *addr, socklen_t *len)`.
+///
+/// # Safety
+/// The C contract of `accept(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    let Some(orig) = real::accept() else {
+        return no_original();
+    };
+    let cap = if len.is_null() {
+        0
+    } else {
+        // SAFETY: `len`, when non-null, is the caller's valid in/out length.
+        unsafe { len.read() }
+    };
+    // SAFETY: the caller's arguments, passed on unchanged to libc's accept.
+    let real = || unsafe { orig(fd, addr, len) };
+    detour(&real, |real| {
+        ops::accept(fd, &mut || {
+            let rc = real();
+            let errno = sys::errno();
+            // SAFETY: after the call, per accept's contract.
+            let peer = (rc >= 0).then(|| unsafe { accepted_peer(addr, len, cap) });
+            sys::set_errno(errno);
+            (rc, peer.flatten())
+        })
+    })
+}
+
+/// `int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)`.
+///
+/// # Safety
+/// The C contract of `accept4(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    let Some(orig) = real::accept4() else {
+        return no_original();
+    };
+    let cap = if len.is_null() {
+        0
+    } else {
+        // SAFETY: `len`, when non-null, is the caller's valid in/out length.
+        unsafe { len.read() }
+    };
+    // SAFETY: the caller's arguments, passed on unchanged to libc's accept4.
+    let real = || unsafe { orig(fd, addr, len, flags) };
+    detour(&real, |real| {
+        ops::accept(fd, &mut || {
+            let rc = real();
+            let errno = sys::errno();
+            // SAFETY: after the call, per accept4's contract.
+            let peer = (rc >= 0).then(|| unsafe { accepted_peer(addr, len, cap) });
+            sys::set_errno(errno);
+            (rc, peer.flatten())
+        })
+    })
+}
+
+/// `int close(int fd)`. Safe in signal handlers and between fork and exec: an atomic store and
+/// the original call.
+///
+/// # Safety
+/// The C contract of `close(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let Some(orig) = real::close() else {
+        return no_original();
+    };
+    // SAFETY: the caller's argument, passed on unchanged to libc's close.
+    let real = || unsafe { orig(fd) };
+    if Guard::enter().is_none() {
+        // Nested (the shim's own close): the number is free again either way.
+        fdtable::clear(fd);
+        return real();
+    }
+    detour(&real, |real| ops::close(fd, real))
+}
+
+/// The `atexit` handler: writes the stats file.
+extern "C" fn on_exit() {
+    let Some(_guard) = Guard::enter() else { return };
+    let _ = catch_unwind(ops::at_exit);
+}
+
+/// The `pthread_atfork` child handler: counters reset.
+unsafe extern "C" fn on_fork_child() {
+    let _ = catch_unwind(ops::at_fork_child);
+}
+
+/// The ELF constructor: resolves the originals and nothing else (no env, no dlopen, no file).
+extern "C" fn init() {
+    real::resolve_all();
+}
+
+/// The ELF destructor: a fallback for the stats file when the atexit handler did not run.
+extern "C" fn fini() {
+    on_exit();
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = init;
+
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static FINI: extern "C" fn() = fini;

@@ -1,0 +1,174 @@
+//! The hooks' logic, in safe Rust.
+//!
+//! Each op gets the arguments it needs (already converted from C) and `real`, a closure that
+//! performs the original call exactly once and returns its result (the hook layer saves errno
+//! right after it and restores it on the way out, so nothing here can clobber it). In phase 1
+//! every op calls `real` on every path: the shim decides, counts and reports, and the
+//! connection stays the kernel TCP connection. Phase 2 puts the upgrade between the decision and
+//! the return (connect: negotiate before `real`; accept: look up the pending upgrade after it).
+
+use std::net::SocketAddr;
+
+use libc::c_int;
+use rdma_streams_transport::reason::{Path, Reason, Role};
+use rdma_streams_transport::stats::Stats;
+
+use crate::decision::{self, State};
+use crate::fdtable::{self, COUNTED, INET_STREAM, LISTENING, TCP};
+use crate::log::{Level, log_at};
+use crate::sys;
+
+/// The socket type without SOCK_NONBLOCK / SOCK_CLOEXEC.
+fn base_type(ty: c_int) -> c_int {
+    ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+}
+
+/// `socket()`: INET stream sockets are tracked (and make the per-process decision the first
+/// time); every other fd number the call returns is forgotten.
+pub fn socket(
+    domain: c_int,
+    ty: c_int,
+    protocol: c_int,
+    register: &dyn Fn(),
+    real: &mut dyn FnMut() -> c_int,
+) -> c_int {
+    let inet_stream =
+        matches!(domain, libc::AF_INET | libc::AF_INET6) && base_type(ty) == libc::SOCK_STREAM;
+    if inet_stream {
+        decision::ensure(register);
+    }
+    let fd = real();
+    if fd >= 0 {
+        let flags = if !inet_stream {
+            0
+        } else if protocol == 0 || protocol == libc::IPPROTO_TCP {
+            INET_STREAM | TCP
+        } else {
+            INET_STREAM
+        };
+        fdtable::set(fd, flags);
+    }
+    fd
+}
+
+/// Why a connection of this process on a socket with `flags` stays TCP; None while the decision
+/// is not made (the connection passes through uncounted).
+fn tcp_reason(flags: u8, per_connection: impl FnOnce() -> bool) -> Option<Reason> {
+    if flags & TCP == 0 {
+        return Some(Reason::NotTcp);
+    }
+    match decision::current() {
+        State::Undecided | State::Deciding => None,
+        State::PassThrough(r) => Some(r),
+        // Phase 1: a capable process still keeps TCP. The connection is counted as the final
+        // shim would count it when the policy refuses it (POLICY); otherwise as UNSUPPORTED
+        // ("a socket use the shim does not upgrade": this build upgrades nothing). Phase 2
+        // replaces UNSUPPORTED by the negotiation's outcome (UPGRADED, PEER_NOT_SHIMMED,
+        // PEER_REFUSED, TIMEOUT, NEGATIVE_CACHE, RDMA_ERROR).
+        State::Capable => Some(if per_connection() {
+            Reason::Unsupported
+        } else {
+            Reason::Policy
+        }),
+    }
+}
+
+fn count(role: Role, fd: c_int, peer: Option<SocketAddr>, reason: Reason) {
+    Stats::global().record(role, Path::Tcp, reason);
+    log_at!(
+        Level::Debug,
+        "{role} fd {fd} peer {}: tcp {reason}",
+        DisplayPeer(peer)
+    );
+}
+
+struct DisplayPeer(Option<SocketAddr>);
+
+impl std::fmt::Display for DisplayPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) => write!(f, "{a}"),
+            None => f.write_str("?"),
+        }
+    }
+}
+
+/// `connect()`: an INET stream socket's first connect that succeeds or is in progress counts
+/// once (client role); failures, retries (EALREADY, EISCONN) and AF_UNSPEC disconnects do not.
+pub fn connect(
+    fd: c_int,
+    peer: Option<SocketAddr>,
+    real: &mut dyn FnMut() -> (c_int, c_int),
+) -> c_int {
+    let flags = fdtable::get(fd);
+    if flags & INET_STREAM == 0 || flags & COUNTED != 0 {
+        return real().0;
+    }
+    let Some(peer) = peer else {
+        return real().0;
+    };
+    let (rc, err) = real();
+    if (rc == 0 || err == libc::EINPROGRESS)
+        && let Some(reason) = tcp_reason(flags, || {
+            decision::policy().is_some_and(|p| p.client_allows(peer))
+        })
+        && fdtable::add(fd, COUNTED) & COUNTED == 0
+    {
+        count(Role::Client, fd, Some(peer), reason);
+    }
+    rc
+}
+
+/// `listen()`: only noted (phase 2 opens the side-channel rsocket listener here).
+pub fn listen(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
+    let rc = real();
+    if rc == 0 && fdtable::get(fd) & INET_STREAM != 0 {
+        fdtable::add(fd, LISTENING);
+    }
+    rc
+}
+
+/// `accept()`/`accept4()`: every connection accepted on a tracked listener is tracked and
+/// counted (server role). `peer` is the address the call returned, if the caller asked for it.
+pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAddr>)) -> c_int {
+    let flags = fdtable::get(listener);
+    let (fd, peer) = real();
+    if fd < 0 || flags & INET_STREAM == 0 {
+        if fd >= 0 {
+            fdtable::set(fd, 0);
+        }
+        return fd;
+    }
+    fdtable::set(fd, (flags & (INET_STREAM | TCP)) | COUNTED);
+    // The policy check needs the peer address and the local port: in a capable process only
+    // (two syscalls there; phase 2 needs both anyway), never on the pass-through path.
+    let mut peer = peer;
+    let reason = tcp_reason(flags, || {
+        let Some(p) = peer.or_else(|| sys::peer_addr(fd)) else {
+            return false;
+        };
+        peer = Some(p);
+        let local_port = sys::local_addr(fd).map_or(0, |a| a.port());
+        decision::policy().is_some_and(|pol| pol.server_allows(local_port, p.ip()))
+    });
+    if let Some(reason) = reason {
+        count(Role::Server, fd, peer, reason);
+    }
+    fd
+}
+
+/// `close()`: the fd number is forgotten before the real close (see [`fdtable`]).
+pub fn close(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
+    fdtable::clear(fd);
+    real()
+}
+
+/// At exit (atexit handler or the destructor fallback).
+pub fn at_exit() {
+    decision::write_stats_once();
+}
+
+/// In the child after fork.
+pub fn at_fork_child() {
+    decision::after_fork_child();
+}

@@ -1,0 +1,79 @@
+//! The table of original libc functions, resolved with `dlsym(RTLD_NEXT, ..)`.
+//!
+//! [`resolve_all`] runs once from the library's ELF constructor (`.init_array`), before any
+//! hook can be called by the program: calling `dlsym` lazily inside a hook has deadlocked real
+//! preloads (dlsym -> calloc -> allocator init lock). A hook that runs earlier still (another
+//! preloaded library's constructor calling `socket()`) resolves its one entry on the spot.
+//!
+//! Phase 2 adds one `original!` line per new hook (read, write, recvmsg, dup3, fcntl, ...).
+
+// `unsafe` here: `dlsym` and the conversion of its address to a typed function pointer; the
+// rest of the shim calls the originals through the typed getters below.
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use libc::{c_int, sockaddr, socklen_t};
+
+/// `int socket(int, int, int)`.
+pub type SocketFn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
+/// `int connect(int, const struct sockaddr *, socklen_t)`.
+pub type ConnectFn = unsafe extern "C" fn(c_int, *const sockaddr, socklen_t) -> c_int;
+/// `int listen(int, int)`.
+pub type ListenFn = unsafe extern "C" fn(c_int, c_int) -> c_int;
+/// `int accept(int, struct sockaddr *, socklen_t *)`.
+pub type AcceptFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+/// `int accept4(int, struct sockaddr *, socklen_t *, int)`.
+pub type Accept4Fn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int;
+/// `int close(int)`.
+pub type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
+
+/// Looks `name` up in the objects after this one and caches the address in `slot`.
+fn resolve(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
+    // SAFETY: RTLD_NEXT is a valid pseudo-handle inside a shared object and `name` is
+    // NUL-terminated. dlsym may allocate; it is only called from the constructor (or, in the
+    // rare early case, from a hook before the constructor ran).
+    let addr = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+    slot.store(addr, Ordering::Release);
+    addr
+}
+
+macro_rules! originals {
+    ($($slot:ident, $getter:ident, $sym:literal, $ty:ty;)*) => {
+        $(
+            static $slot: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
+
+            /// The original function, or None if no later object defines it.
+            #[inline]
+            pub fn $getter() -> Option<$ty> {
+                let mut addr = $slot.load(Ordering::Acquire);
+                if addr.is_null() {
+                    addr = resolve(&$slot, $sym);
+                }
+                if addr.is_null() {
+                    return None;
+                }
+                // SAFETY: `addr` is libc's function of this name, whose C signature `$ty`
+                // spells out; data and function pointers have the same representation on
+                // Linux.
+                Some(unsafe { std::mem::transmute::<*mut c_void, $ty>(addr) })
+            }
+        )*
+
+        /// Resolves every original (the constructor's only work).
+        pub fn resolve_all() {
+            $( resolve(&$slot, $sym); )*
+        }
+    };
+}
+
+originals! {
+    SOCKET, socket, c"socket", SocketFn;
+    CONNECT, connect, c"connect", ConnectFn;
+    LISTEN, listen, c"listen", ListenFn;
+    ACCEPT, accept, c"accept", AcceptFn;
+    ACCEPT4, accept4, c"accept4", Accept4Fn;
+    CLOSE, close, c"close", CloseFn;
+}

@@ -1,0 +1,180 @@
+//! The few raw libc calls the shim's safe logic needs, each behind a safe function.
+
+// `unsafe` here: errno access, write(2), getrlimit, getsockname/getpeername into local
+// buffers, reading a caller's `struct sockaddr`, and registering exit/fork callbacks.
+#![allow(unsafe_code)]
+
+use std::mem::{MaybeUninit, size_of};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+use libc::{c_int, sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t};
+
+/// This thread's errno.
+#[inline]
+pub fn errno() -> c_int {
+    // SAFETY: __errno_location always returns this thread's valid errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Sets this thread's errno.
+#[inline]
+pub fn set_errno(e: c_int) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// Writes `bytes` to fd 2 with write(2) (not hooked, no allocation, no lock), retrying on
+/// EINTR and short writes; errors are ignored (there is nowhere to report them).
+pub fn write_stderr(mut bytes: &[u8]) {
+    let saved = errno();
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length describe the live slice `bytes`.
+        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        match usize::try_from(n) {
+            Ok(0) => break,
+            Ok(n) => bytes = bytes.get(n..).unwrap_or_default(),
+            Err(_) if errno() == libc::EINTR => {}
+            Err(_) => break,
+        }
+    }
+    set_errno(saved);
+}
+
+/// The soft RLIMIT_MEMLOCK in bytes (`u64::MAX` for unlimited), or None if unknown.
+pub fn memlock_limit() -> Option<u64> {
+    let mut lim = MaybeUninit::<libc::rlimit>::uninit();
+    // SAFETY: getrlimit writes a whole `rlimit` to the pointer on success.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, lim.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: initialised by the successful call.
+    let lim = unsafe { lim.assume_init() };
+    Some(if lim.rlim_cur == libc::RLIM_INFINITY {
+        u64::MAX
+    } else {
+        lim.rlim_cur
+    })
+}
+
+/// Reads an INET socket address from a caller's buffer; None for other families, a null
+/// pointer or a short length.
+///
+/// # Safety
+/// `addr`, if not null, must point to at least `len` readable bytes.
+pub unsafe fn sockaddr_from_raw(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
+    if addr.is_null() {
+        return None;
+    }
+    let len = usize::try_from(len).ok()?;
+    if len < size_of::<libc::sa_family_t>() {
+        return None;
+    }
+    // SAFETY: at least the family field is readable (checked above); unaligned reads because
+    // the caller's buffer need not be aligned.
+    let family = c_int::from(unsafe { std::ptr::addr_of!((*addr).sa_family).read_unaligned() });
+    match family {
+        libc::AF_INET if len >= size_of::<sockaddr_in>() => {
+            // SAFETY: `len` bytes are readable and cover a sockaddr_in.
+            let sin = unsafe { addr.cast::<sockaddr_in>().read_unaligned() };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len >= size_of::<sockaddr_in6>() => {
+            // SAFETY: `len` bytes are readable and cover a sockaddr_in6.
+            let sin6 = unsafe { addr.cast::<sockaddr_in6>().read_unaligned() };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+type NameFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+
+fn sock_name(fd: c_int, f: NameFn) -> Option<SocketAddr> {
+    let mut ss = MaybeUninit::<sockaddr_storage>::zeroed();
+    let mut len = socklen_t::try_from(size_of::<sockaddr_storage>()).ok()?;
+    // SAFETY: `ss` is a zeroed sockaddr_storage of `len` bytes; the call writes at most that.
+    let rc = unsafe { f(fd, ss.as_mut_ptr().cast(), &mut len) };
+    if rc != 0 {
+        return None;
+    }
+    let len = len.min(socklen_t::try_from(size_of::<sockaddr_storage>()).ok()?);
+    // SAFETY: `ss` is initialised (zeroed, then filled) and `len` bytes of it are readable.
+    unsafe { sockaddr_from_raw(ss.as_ptr().cast(), len) }
+}
+
+/// The socket's local address (getsockname; one syscall).
+pub fn local_addr(fd: c_int) -> Option<SocketAddr> {
+    sock_name(fd, libc::getsockname)
+}
+
+/// The socket's peer address (getpeername; one syscall).
+pub fn peer_addr(fd: c_int) -> Option<SocketAddr> {
+    sock_name(fd, libc::getpeername)
+}
+
+/// Registers `f` to run at `exit()`; false if registration failed.
+pub fn at_exit(f: extern "C" fn()) -> bool {
+    // SAFETY: `f` is a plain function of this never-unloaded library.
+    unsafe { libc::atexit(f) == 0 }
+}
+
+/// Registers `f` to run in the child after `fork()`; false if registration failed.
+pub fn at_fork_child(f: unsafe extern "C" fn()) -> bool {
+    // SAFETY: `f` is a plain function of this never-unloaded library; no prepare/parent hooks.
+    unsafe { libc::pthread_atfork(None, None, Some(f)) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockaddr_parsing() {
+        let sin = sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 5201u16.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(Ipv4Addr::new(198, 18, 0, 2)).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let len = socklen_t::try_from(size_of::<sockaddr_in>()).unwrap_or(0);
+        let p = std::ptr::addr_of!(sin).cast::<sockaddr>();
+        // SAFETY: `p` points to a whole sockaddr_in of `len` bytes.
+        let a = unsafe { sockaddr_from_raw(p, len) };
+        assert_eq!(
+            a,
+            Some("198.18.0.2:5201".parse().unwrap_or_else(|_| unreachable!()))
+        );
+        // SAFETY: fewer bytes than the pointer holds.
+        assert_eq!(
+            unsafe { sockaddr_from_raw(p, len - 1) },
+            None,
+            "short length"
+        );
+        // SAFETY: a null pointer is accepted.
+        assert_eq!(unsafe { sockaddr_from_raw(std::ptr::null(), len) }, None);
+        let un = libc::sockaddr_un {
+            sun_family: libc::AF_UNIX as libc::sa_family_t,
+            sun_path: [0; 108],
+        };
+        let ulen = socklen_t::try_from(size_of::<libc::sockaddr_un>()).unwrap_or(0);
+        // SAFETY: points to a whole sockaddr_un of `ulen` bytes.
+        let u = unsafe { sockaddr_from_raw(std::ptr::addr_of!(un).cast(), ulen) };
+        assert_eq!(u, None, "not INET");
+    }
+
+    #[test]
+    fn memlock_limit_is_known() {
+        assert!(memlock_limit().is_some());
+    }
+}

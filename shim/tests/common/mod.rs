@@ -1,0 +1,233 @@
+//! Test harness: finds `libstreamshim.so` and the fake provider, runs shell scripts in their
+//! own network namespace under a hard timeout, and reads `STREAMSHIM_STATS` files.
+//!
+//! - The shim: `STREAMSHIM_LIB` if set, else the cdylib Cargo built for this test run
+//!   (`<target>/<profile>/libstreamshim.so` or `.../deps/libstreamshim.so`, the newer one).
+//! - The fake provider `libfakersocket.so`: `rdma_streams_testkit::fake_rsocket::library`
+//!   (`FAKE_RSOCKET_LIB`, else next to the test binary's profile dir, built with
+//!   `cargo build -p fake-rsocket` when missing or older than its sources).
+// Not every test binary uses every helper.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+/// The hooks `libstreamshim.so` exports, and nothing else.
+pub const HOOKS: [&str; 6] = ["accept", "accept4", "close", "connect", "listen", "socket"];
+
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // <target>/<profile>/deps/<test binary>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test binary is not in <target>/<profile>/deps")
+        .to_path_buf()
+}
+
+fn mtime(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The shim library under test.
+pub fn shim_lib() -> PathBuf {
+    if let Some(p) = std::env::var_os("STREAMSHIM_LIB") {
+        return PathBuf::from(p);
+    }
+    let dir = profile_dir();
+    let candidates = [
+        dir.join("libstreamshim.so"),
+        dir.join("deps/libstreamshim.so"),
+    ];
+    candidates
+        .iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| mtime(p))
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "libstreamshim.so not found in {} (run through `cargo test -p rdma-streams-shim`)",
+                dir.display()
+            )
+        })
+}
+
+/// The fake rsocket provider, built if needed.
+pub fn fake_lib() -> PathBuf {
+    rdma_streams_testkit::fake_rsocket::library()
+}
+
+/// The real Python interpreter (not a pyenv shell shim), so the shim lands in Python itself.
+pub fn python() -> PathBuf {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 is needed by the shim tests");
+        assert!(out.status.success(), "python3 failed: {out:?}");
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}
+
+/// What a script printed.
+#[derive(Debug)]
+pub struct Run {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `script` with bash (`set -eu`, job control on so background jobs get SIGINT) with
+/// `SHIM`, `FAKE`, `PY` and `env` in the environment, killed after `limit`.
+pub fn run_script(script: &str, env: &[(&str, OsString)], limit: Duration, netns: bool) -> Run {
+    let full = format!(
+        "set -eu\nset -m\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n{}{script}\n",
+        if netns { "ip link set lo up\n" } else { "" }
+    );
+    let mut cmd = if netns {
+        let mut c = Command::new("unshare");
+        c.args(["-n", "bash", "-c", &full]);
+        c
+    } else {
+        let mut c = Command::new("bash");
+        c.args(["-c", &full]);
+        c
+    };
+    cmd.env("SHIM", shim_lib())
+        .env("PY", python())
+        .env_remove("LD_PRELOAD")
+        .env_remove("STREAMSHIM_DISABLE")
+        .env_remove("STREAMSHIM_POLICY")
+        .env_remove("STREAMSHIM_PROVIDER")
+        .env_remove("STREAMSHIM_STATS")
+        .env_remove("STREAMSHIM_LOG")
+        .env_remove("FAKE_RSOCKET_FAULTS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn bash/unshare");
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "script timed out after {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    Run {
+        success: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Fails the test unless `unshare -n` works here (root or CAP_SYS_ADMIN is required; the
+/// network cases never skip).
+pub fn require_netns() {
+    static OK: OnceLock<Result<(), String>> = OnceLock::new();
+    let r = OK.get_or_init(|| {
+        match Command::new("unshare")
+            .args(["-n", "sh", "-c", "ip link set lo up"])
+            .output()
+        {
+            Ok(o) if o.status.success() => Ok(()),
+            Ok(o) => Err(format!(
+                "`unshare -n` failed ({}): {} -- the shim's network tests need a new network \
+                 namespace (run as root or with CAP_SYS_ADMIN)",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => Err(format!("cannot run unshare: {e}")),
+        }
+    });
+    if let Err(msg) = r {
+        panic!("{msg}");
+    }
+}
+
+/// Runs `script` in a fresh network namespace (lo up), asserting it exits 0.
+pub fn netns(script: &str, env: &[(&str, OsString)], limit: Duration) -> Run {
+    require_netns();
+    let run = run_script(script, env, limit, true);
+    assert!(
+        run.success,
+        "script failed\nstdout:\n{}\nstderr:\n{}",
+        run.stdout, run.stderr
+    );
+    run
+}
+
+/// Parsed stats files in `dir` whose names start with `prefix`, by file name.
+pub fn stats_files(dir: &Path, prefix: &str) -> BTreeMap<String, serde_json::Value> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("read stats dir").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix) && name.ends_with(".json") {
+            let text = std::fs::read_to_string(entry.path()).expect("read stats");
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("stats file {name} is not JSON ({e}): {text}"));
+            out.insert(name, v);
+        }
+    }
+    out
+}
+
+/// The single stats file with this prefix.
+pub fn one_stats(dir: &Path, prefix: &str) -> serde_json::Value {
+    let files = stats_files(dir, prefix);
+    assert_eq!(
+        files.len(),
+        1,
+        "expected one stats file {prefix}*.json in {}, found {:?}",
+        dir.display(),
+        files.keys().collect::<Vec<_>>()
+    );
+    files.into_values().next().unwrap_or_default()
+}
+
+/// Asserts that `role` counted exactly `{reason: n}` on tcp and nothing on rdma.
+pub fn assert_counts(stats: &serde_json::Value, role: &str, reason: &str, n: u64) {
+    let tcp = &stats[role]["tcp"];
+    let want = serde_json::json!({ reason: n });
+    assert_eq!(tcp, &want, "{role} tcp counters in {stats}");
+    assert_eq!(stats[role]["total"]["rdma"], 0, "{role} rdma in {stats}");
+    assert_eq!(
+        stats[role]["total"]["tcp"], n,
+        "{role} tcp total in {stats}"
+    );
+}
+
+/// Asserts that `role` counted nothing at all.
+pub fn assert_no_counts(stats: &serde_json::Value, role: &str) {
+    assert_eq!(stats[role]["total"]["tcp"], 0, "{role} in {stats}");
+    assert_eq!(stats[role]["total"]["rdma"], 0, "{role} in {stats}");
+}
+
+/// Wait-for-listener snippet for scripts: `wait_port 5201`.
+pub const WAIT_PORT: &str = r#"
+wait_port() {
+  for _ in $(seq 1 200); do
+    ss -ltnH | grep -q ":$1 " && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on port $1" >&2; return 1
+}
+"#;

@@ -1,0 +1,213 @@
+//! iperf3 client and server (2 s, one stream: a control and a data connection each) under the
+//! shim in a network namespace, for every per-process decision: the test always completes
+//! and both sides count both connections with the expected reason.
+
+mod common;
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+struct Outcome {
+    client: serde_json::Value,
+    server: serde_json::Value,
+    client_err: String,
+    server_err: String,
+}
+
+/// Runs one iperf3 test with `env` exported to both sides, `wrap` in front of both commands.
+fn iperf(env: &[(&str, &str)], wrap: &str) -> Outcome {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let w = dir.path();
+    let exports: String = env
+        .iter()
+        .map(|(k, v)| format!("export {k}='{v}'\n"))
+        .collect();
+    let script = format!(
+        "{WAIT_PORT}
+{exports}
+{wrap} env LD_PRELOAD=\"$SHIM\" STREAMSHIM_STATS=\"$W/srv-%p.json\" iperf3 -s -1 -p 5201 \
+  >\"$W/srv.out\" 2>\"$W/srv.err\" &
+srv=$!
+wait_port 5201
+{wrap} env LD_PRELOAD=\"$SHIM\" STREAMSHIM_STATS=\"$W/cli-%p.json\" iperf3 -c 127.0.0.1 -p 5201 -t 2 \
+  >\"$W/cli.out\" 2>\"$W/cli.err\"
+wait $srv
+"
+    );
+    netns(
+        &script,
+        &[("W", OsString::from(w))],
+        Duration::from_secs(60),
+    );
+    let read = |name: &str| std::fs::read_to_string(w.join(name)).unwrap_or_default();
+    let cli_out = read("cli.out");
+    assert!(
+        cli_out.contains("iperf Done."),
+        "iperf3 client did not complete:\n{cli_out}\n{}",
+        read("cli.err")
+    );
+    Outcome {
+        client: one_stats(w, "cli-"),
+        server: one_stats(w, "srv-"),
+        client_err: read("cli.err"),
+        server_err: read("srv.err"),
+    }
+}
+
+fn expect(o: &Outcome, reason: &str) {
+    assert_counts(&o.client, "client", reason, 2);
+    assert_no_counts(&o.client, "server");
+    assert_counts(&o.server, "server", reason, 2);
+    assert_no_counts(&o.server, "client");
+}
+
+fn expect_silent(o: &Outcome) {
+    assert_eq!(o.client_err, "", "client stderr");
+    assert_eq!(o.server_err, "", "server stderr");
+}
+
+fn fake() -> String {
+    fake_lib().to_string_lossy().into_owned()
+}
+
+fn policy_file(dir: &Path, text: &str) -> String {
+    let p = dir.join("policy.yaml");
+    std::fs::write(&p, text).expect("write policy");
+    p.to_string_lossy().into_owned()
+}
+
+#[test]
+fn default_provider_without_device_is_no_device() {
+    let o = iperf(&[], "");
+    expect(&o, "NO_DEVICE");
+    expect_silent(&o);
+}
+
+#[test]
+fn kill_switch_is_disabled() {
+    let o = iperf(&[("STREAMSHIM_DISABLE", "1")], "");
+    expect(&o, "DISABLED");
+    expect_silent(&o);
+}
+
+#[test]
+fn missing_provider_is_no_provider() {
+    let o = iperf(
+        &[("STREAMSHIM_PROVIDER", "/nonexistent/librdmacm.so.1")],
+        "",
+    );
+    expect(&o, "NO_PROVIDER");
+    expect_silent(&o);
+}
+
+#[test]
+fn fake_provider_without_device_is_no_device() {
+    let f = fake();
+    let o = iperf(
+        &[
+            ("STREAMSHIM_PROVIDER", &f),
+            ("FAKE_RSOCKET_FAULTS", "nodev"),
+        ],
+        "",
+    );
+    expect(&o, "NO_DEVICE");
+    expect_silent(&o);
+}
+
+#[test]
+fn capable_process_is_unsupported_in_phase_1() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pol = policy_file(dir.path(), "version: 1\nloopback: true\n");
+    let f = fake();
+    let o = iperf(
+        &[("STREAMSHIM_PROVIDER", &f), ("STREAMSHIM_POLICY", &pol)],
+        "",
+    );
+    expect(&o, "UNSUPPORTED");
+    expect_silent(&o);
+}
+
+#[test]
+fn capable_process_counts_loopback_peers_as_policy_by_default() {
+    // Without a policy file loopback peers may not upgrade (rdma_cm has no loopback device on
+    // most HCAs): per-connection POLICY.
+    let f = fake();
+    let o = iperf(&[("STREAMSHIM_PROVIDER", &f)], "");
+    expect(&o, "POLICY");
+    expect_silent(&o);
+}
+
+#[test]
+fn excluded_program_is_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pol = policy_file(
+        dir.path(),
+        "loopback: true\nexclude_programs: [\"iperf*\"]\n",
+    );
+    let f = fake();
+    let o = iperf(
+        &[("STREAMSHIM_PROVIDER", &f), ("STREAMSHIM_POLICY", &pol)],
+        "",
+    );
+    expect(&o, "POLICY");
+    expect_silent(&o);
+}
+
+#[test]
+fn bad_policy_prints_one_line_and_passes_through() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pol = policy_file(dir.path(), "client: {allow: [{cidr: not-an-ip}]}\n");
+    let f = fake();
+    let o = iperf(
+        &[("STREAMSHIM_PROVIDER", &f), ("STREAMSHIM_POLICY", &pol)],
+        "",
+    );
+    expect(&o, "POLICY");
+    for err in [&o.client_err, &o.server_err] {
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "exactly one stderr line expected:\n{err}");
+        let line = lines.first().copied().unwrap_or_default();
+        assert!(
+            line.starts_with("streamshim: policy ") && line.ends_with("; passing through"),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn unreadable_policy_prints_one_line_and_passes_through() {
+    let o = iperf(&[("STREAMSHIM_POLICY", "/nonexistent/policy.yaml")], "");
+    expect(&o, "POLICY");
+    for err in [&o.client_err, &o.server_err] {
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("/nonexistent/policy.yaml"), "{err}");
+    }
+}
+
+#[test]
+fn low_memlock_without_cap_ipc_lock_is_memlock() {
+    let f = fake();
+    let o = iperf(
+        &[("STREAMSHIM_PROVIDER", &f)],
+        "prlimit --memlock=65536:65536 setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock --",
+    );
+    expect(&o, "MEMLOCK");
+    expect_silent(&o);
+}
+
+#[test]
+fn debug_log_reports_decision_and_connections() {
+    let o = iperf(&[("STREAMSHIM_LOG", "debug")], "");
+    expect(&o, "NO_DEVICE");
+    for (err, role) in [(&o.client_err, "client"), (&o.server_err, "server")] {
+        assert!(err.contains("passing through (NO_DEVICE)"), "{err}");
+        assert_eq!(
+            err.matches(&format!("]: {role} fd ")).count(),
+            2,
+            "one line per connection:\n{err}"
+        );
+    }
+}
