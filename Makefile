@@ -51,8 +51,11 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-# Every test, then one closing line with the totals over all test binaries.
+# Every test, then one closing line with the totals over all test binaries. The build first:
+# `cargo test` does not produce cdylibs (libstreamshim.so, libfakersocket.so) that the
+# real-process tests load with LD_PRELOAD and dlopen.
 unit:
+	$(CARGO) build --workspace
 	@log=$$(mktemp); set -o pipefail; \
 	RDMA_REQUIRE_KUBERNETES_VALIDATE=1 KUBERNETES_VALIDATE=$(KUBERNETES_VALIDATE) \
 	$(CARGO) test --workspace 2>&1 | tee $$log; rc=$$?; \
