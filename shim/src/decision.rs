@@ -92,8 +92,7 @@ pub fn policy() -> Option<&'static Policy> {
     POLICY.get()
 }
 
-/// The capable process's provider (phase 2).
-#[allow(dead_code)]
+/// The capable process's provider.
 pub fn provider() -> Option<&'static Provider> {
     PROVIDER.get()
 }

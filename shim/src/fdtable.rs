@@ -3,8 +3,8 @@
 //! One `AtomicU8` per fd below [`MAX_FDS`]; larger fds are "unknown" and always pass through
 //! uncounted. `socket()` and `accept()` set an entry, `close()` clears it (before the real
 //! close, so a number reused by another thread's `socket()` right after is not wiped). Fds made
-//! by calls not hooked in phase 1 (dup, dup2, dup3, fcntl(F_DUPFD), SCM_RIGHTS) are unknown;
-//! phase 2 hooks them and adds its states (connecting, upgraded, ...) as new bits.
+//! by calls not hooked yet (dup, dup2, dup3, fcntl(F_DUPFD), SCM_RIGHTS) are unknown.
+//! Phase 2 added the `SWAPPED` and `SIDE` bits.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -19,6 +19,11 @@ pub const TCP: u8 = 2;
 pub const COUNTED: u8 = 4;
 /// ... and `listen()` succeeded on it.
 pub const LISTENING: u8 = 8;
+/// ... and it was upgraded: the fd is now one end of the pump's socketpair, its kernel TCP
+/// socket is kept by the shim (phase 2).
+pub const SWAPPED: u8 = 16;
+/// ... and it is a listener with a side-channel rsocket listener (phase 2).
+pub const SIDE: u8 = 32;
 
 static TABLE: [AtomicU8; MAX_FDS] = [const { AtomicU8::new(0) }; MAX_FDS];
 

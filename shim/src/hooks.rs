@@ -7,8 +7,9 @@
 //! straight to it; op panicked before calling it -> called afterwards; op panicked after ->
 //! its result is returned. errno is the original call's errno on return.
 //!
-//! Phase 2 adds read/write/recvmsg/dup3/fcntl/getpeername/... detours here, each with a
-//! `real.rs` entry, an op, and a line in `streamshim.map`.
+//! Phase 2 added getpeername/getsockname/getsockopt/setsockopt (answered from the kept TCP
+//! socket for upgraded fds; one atomic load otherwise). A new detour needs a `real.rs` entry,
+//! an op, a line in `streamshim.map` and the `HOOKS` list of the tests.
 
 // `unsafe` here: `#[unsafe(no_mangle)]` exports, `.init_array`/`.fini_array` entries, calls of
 // the original libc functions through raw pointers, and reading the caller's address buffers.
@@ -225,6 +226,103 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return real();
     }
     detour(&real, |real| ops::close(fd, real))
+}
+
+/// `int getpeername(int fd, struct sockaddr *addr, socklen_t *len)`: for an upgraded fd,
+/// answered from the kept TCP socket.
+///
+/// # Safety
+/// The C contract of `getpeername(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    let Some(orig) = real::getpeername() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged (to the fd or the kept socket).
+    let call = move |f: c_int| unsafe { orig(f, addr, len) };
+    if fdtable::get(fd) & fdtable::SWAPPED == 0 {
+        return call(fd);
+    }
+    detour(&|| call(fd), |real| {
+        ops::redirect(fd, real, &mut |k| call(k))
+    })
+}
+
+/// `int getsockname(int fd, struct sockaddr *addr, socklen_t *len)`: for an upgraded fd,
+/// answered from the kept TCP socket.
+///
+/// # Safety
+/// The C contract of `getsockname(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    let Some(orig) = real::getsockname() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged (to the fd or the kept socket).
+    let call = move |f: c_int| unsafe { orig(f, addr, len) };
+    if fdtable::get(fd) & fdtable::SWAPPED == 0 {
+        return call(fd);
+    }
+    detour(&|| call(fd), |real| {
+        ops::redirect(fd, real, &mut |k| call(k))
+    })
+}
+
+/// Whether a socket option of an upgraded fd belongs to the kept TCP socket: every level but
+/// SOL_SOCKET (TCP_NODELAY, TCP_INFO, IP_TOS, ...), and the SOL_SOCKET options that describe
+/// the socket's kind. Buffer sizes, timeouts, SO_ERROR and the like stay on the app's end.
+fn option_on_kept(level: c_int, name: c_int) -> bool {
+    level != libc::SOL_SOCKET || matches!(name, libc::SO_DOMAIN | libc::SO_PROTOCOL)
+}
+
+/// `int getsockopt(int fd, int level, int name, void *val, socklen_t *len)`.
+///
+/// # Safety
+/// The C contract of `getsockopt(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut libc::c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    let Some(orig) = real::getsockopt() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged (to the fd or the kept socket).
+    let call = move |f: c_int| unsafe { orig(f, level, name, val, len) };
+    if fdtable::get(fd) & fdtable::SWAPPED == 0 || !option_on_kept(level, name) {
+        return call(fd);
+    }
+    detour(&|| call(fd), |real| {
+        ops::redirect(fd, real, &mut |k| call(k))
+    })
+}
+
+/// `int setsockopt(int fd, int level, int name, const void *val, socklen_t len)`.
+///
+/// # Safety
+/// The C contract of `setsockopt(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const libc::c_void,
+    len: socklen_t,
+) -> c_int {
+    let Some(orig) = real::setsockopt() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged (to the fd or the kept socket).
+    let call = move |f: c_int| unsafe { orig(f, level, name, val, len) };
+    if fdtable::get(fd) & fdtable::SWAPPED == 0 || !option_on_kept(level, name) {
+        return call(fd);
+    }
+    detour(&|| call(fd), |real| {
+        ops::redirect(fd, real, &mut |k| call(k))
+    })
 }
 
 /// The `atexit` handler: writes the stats file.

@@ -1,8 +1,10 @@
 //! `libstreamshim.so`: the LD_PRELOAD stream shim of rdma-streams.
 //!
-//! **Phase 1** (this build): loaded into arbitrary programs, it always keeps plain kernel TCP,
-//! but decides, counts and reports exactly like the upgrading shim will, so that phase 2 only
-//! adds the upgrade path (docs/shim-protocol.md).
+//! **Phase 2** (this build): loaded into arbitrary programs, it decides once per process
+//! whether it may upgrade at all, and in a capable process negotiates each TCP connection with
+//! the peer's shim on the rsocket side channel and, when both agree, moves its bytes to an
+//! rsocket stream in proxy mode ([`upgrade`], docs/shim-protocol.md); everything else stays the
+//! plain kernel TCP connection, counted and reported with its reason.
 //!
 //! One call, step by step (`connect(fd, addr, len)` from a program):
 //! 1. [`hooks`]: the exported `connect` detour finds libc's original in [`real`]'s table
@@ -28,3 +30,4 @@ mod log;
 mod ops;
 mod real;
 mod sys;
+mod upgrade;

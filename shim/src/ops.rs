@@ -2,10 +2,9 @@
 //!
 //! Each op gets the arguments it needs (already converted from C) and `real`, a closure that
 //! performs the original call exactly once and returns its result (the hook layer saves errno
-//! right after it and restores it on the way out, so nothing here can clobber it). In phase 1
-//! every op calls `real` on every path: the shim decides, counts and reports, and the
-//! connection stays the kernel TCP connection. Phase 2 puts the upgrade between the decision and
-//! the return (connect: negotiate before `real`; accept: look up the pending upgrade after it).
+//! right after it and restores it on the way out, so nothing here can clobber it). Phase 2
+//! puts the upgrade between the decision and the return (connect: negotiate before `real` and
+//! swap after it; accept: look up the pending upgrade after it and swap; see [`upgrade`]).
 
 use std::net::SocketAddr;
 
@@ -14,9 +13,9 @@ use rdma_streams_transport::reason::{Path, Reason, Role};
 use rdma_streams_transport::stats::Stats;
 
 use crate::decision::{self, State};
-use crate::fdtable::{self, COUNTED, INET_STREAM, LISTENING, TCP};
+use crate::fdtable::{self, COUNTED, INET_STREAM, LISTENING, SIDE, SWAPPED, TCP};
 use crate::log::{Level, log_at};
-use crate::sys;
+use crate::{sys, upgrade};
 
 /// The socket type without SOCK_NONBLOCK / SOCK_CLOEXEC.
 fn base_type(ty: c_int) -> c_int {
@@ -60,13 +59,12 @@ fn tcp_reason(flags: u8, per_connection: impl FnOnce() -> bool) -> Option<Reason
     match decision::current() {
         State::Undecided | State::Deciding => None,
         State::PassThrough(r) => Some(r),
-        // Phase 1: a capable process still keeps TCP. The connection is counted as the final
-        // shim would count it when the policy refuses it (POLICY); otherwise as UNSUPPORTED
-        // ("a socket use the shim does not upgrade": this build upgrades nothing). Phase 2
-        // replaces UNSUPPORTED by the negotiation's outcome (UPGRADED, PEER_NOT_SHIMMED,
-        // PEER_REFUSED, TIMEOUT, NEGATIVE_CACHE, RDMA_ERROR).
+        // A capable process: connections the policy refuses are POLICY. An allowed client
+        // connect never gets here (it negotiates, see `upgrade::connect`); an allowed accepted
+        // connection that found no registered upgrade had a client that did not negotiate:
+        // PEER_NOT_SHIMMED.
         State::Capable => Some(if per_connection() {
-            Reason::Unsupported
+            Reason::PeerNotShimmed
         } else {
             Reason::Policy
         }),
@@ -95,18 +93,32 @@ impl std::fmt::Display for DisplayPeer {
 
 /// `connect()`: an INET stream socket's first connect that succeeds or is in progress counts
 /// once (client role); failures, retries (EALREADY, EISCONN) and AF_UNSPEC disconnects do not.
+/// In a capable process whose policy allows the peer, the connection is negotiated first and
+/// upgraded when the peer's shim accepts ([`upgrade::connect`]).
 pub fn connect(
     fd: c_int,
     peer: Option<SocketAddr>,
     real: &mut dyn FnMut() -> (c_int, c_int),
 ) -> c_int {
     let flags = fdtable::get(fd);
+    if flags & SWAPPED != 0 {
+        // Already connected (upgraded): what a connected TCP socket answers.
+        sys::set_errno(libc::EISCONN);
+        return -1;
+    }
     if flags & INET_STREAM == 0 || flags & COUNTED != 0 {
         return real().0;
     }
     let Some(peer) = peer else {
         return real().0;
     };
+    if flags & TCP != 0
+        && decision::current() == State::Capable
+        && decision::policy().is_some_and(|p| p.client_allows(peer))
+        && let Some(provider) = decision::provider()
+    {
+        return upgrade::connect(fd, peer, provider, real);
+    }
     let (rc, err) = real();
     if (rc == 0 || err == libc::EINPROGRESS)
         && let Some(reason) = tcp_reason(flags, || {
@@ -119,17 +131,28 @@ pub fn connect(
     rc
 }
 
-/// `listen()`: only noted (phase 2 opens the side-channel rsocket listener here).
+/// `listen()`: noted; in a capable process a TCP listener also gets its side-channel rsocket
+/// listener on the same address and port in the rsocket port space.
 pub fn listen(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
     let rc = real();
-    if rc == 0 && fdtable::get(fd) & INET_STREAM != 0 {
+    let flags = fdtable::get(fd);
+    if rc == 0 && flags & INET_STREAM != 0 {
         fdtable::add(fd, LISTENING);
+        if flags & (TCP | SIDE) == TCP
+            && decision::current() == State::Capable
+            && let Some(provider) = decision::provider()
+            && upgrade::open_side_listener(fd, provider)
+        {
+            fdtable::add(fd, SIDE);
+        }
     }
     rc
 }
 
 /// `accept()`/`accept4()`: every connection accepted on a tracked listener is tracked and
 /// counted (server role). `peer` is the address the call returned, if the caller asked for it.
+/// On a listener with a side channel, a connection whose client registered an upgrade is
+/// swapped onto the pump before the fd is returned.
 pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAddr>)) -> c_int {
     let flags = fdtable::get(listener);
     let (fd, peer) = real();
@@ -140,9 +163,25 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
         return fd;
     }
     fdtable::set(fd, (flags & (INET_STREAM | TCP)) | COUNTED);
-    // The policy check needs the peer address and the local port: in a capable process only
-    // (two syscalls there; phase 2 needs both anyway), never on the pass-through path.
     let mut peer = peer;
+    if flags & SIDE != 0
+        && let Some(p) = peer.or_else(|| sys::peer_addr(fd))
+    {
+        peer = Some(p);
+        if let Some(rs) = upgrade::take_pending(p) {
+            match upgrade::swap(fd, rs) {
+                Ok(()) => upgrade::record(Role::Server, fd, peer, Path::Rdma, Reason::Upgraded),
+                Err(e) => {
+                    log_at!(Level::Info, "server fd {fd}: swap failed ({e}): resetting");
+                    sys::shutdown_both(fd);
+                    count(Role::Server, fd, peer, Reason::RdmaError);
+                }
+            }
+            return fd;
+        }
+    }
+    // The policy check needs the peer address and the local port: in a capable process only
+    // (two syscalls there), never on the pass-through path.
     let reason = tcp_reason(flags, || {
         let Some(p) = peer.or_else(|| sys::peer_addr(fd)) else {
             return false;
@@ -157,10 +196,38 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
     fd
 }
 
-/// `close()`: the fd number is forgotten before the real close (see [`fdtable`]).
+/// `close()`: the fd number is forgotten before the real close (see [`fdtable`]); a swapped fd
+/// drops its kept TCP socket reference (the pump sees EOF and finishes), a side-listening fd
+/// closes its side-channel listener.
 pub fn close(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
+    let flags = fdtable::get(fd);
     fdtable::clear(fd);
+    if flags & SWAPPED != 0 {
+        upgrade::forget_swapped(fd);
+    }
+    if flags & SIDE != 0 {
+        upgrade::close_side_listener(fd);
+    }
     real()
+}
+
+/// Runs `other` on the kept TCP socket of a swapped fd (getpeername, getsockname, TCP
+/// options), else `real` on the fd itself.
+pub fn redirect(
+    fd: c_int,
+    real: &mut dyn FnMut() -> c_int,
+    other: &mut dyn FnMut(c_int) -> c_int,
+) -> c_int {
+    match upgrade::kept(fd) {
+        Some(kept) => {
+            let rc = other(std::os::fd::AsRawFd::as_raw_fd(&*kept));
+            let errno = sys::errno();
+            drop(kept);
+            sys::set_errno(errno);
+            rc
+        }
+        None => real(),
+    }
 }
 
 /// At exit (atexit handler or the destructor fallback).
@@ -171,4 +238,5 @@ pub fn at_exit() {
 /// In the child after fork.
 pub fn at_fork_child() {
     decision::after_fork_child();
+    upgrade::after_fork_child();
 }

@@ -5,7 +5,7 @@
 //! preloads (dlsym -> calloc -> allocator init lock). A hook that runs earlier still (another
 //! preloaded library's constructor calling `socket()`) resolves its one entry on the spot.
 //!
-//! Phase 2 adds one `original!` line per new hook (read, write, recvmsg, dup3, fcntl, ...).
+//! Every hook has one `originals!` line here.
 
 // `unsafe` here: `dlsym` and the conversion of its address to a typed function pointer; the
 // rest of the shim calls the originals through the typed getters below.
@@ -29,6 +29,14 @@ pub type AcceptFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -
 pub type Accept4Fn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int;
 /// `int close(int)`.
 pub type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
+/// `int getpeername(int, struct sockaddr *, socklen_t *)` (and getsockname).
+pub type NameFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+/// `int getsockopt(int, int, int, void *, socklen_t *)`.
+pub type GetsockoptFn =
+    unsafe extern "C" fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int;
+/// `int setsockopt(int, int, int, const void *, socklen_t)`.
+pub type SetsockoptFn =
+    unsafe extern "C" fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int;
 
 /// Looks `name` up in the objects after this one and caches the address in `slot`.
 fn resolve(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
@@ -76,4 +84,8 @@ originals! {
     ACCEPT, accept, c"accept", AcceptFn;
     ACCEPT4, accept4, c"accept4", Accept4Fn;
     CLOSE, close, c"close", CloseFn;
+    GETPEERNAME, getpeername, c"getpeername", NameFn;
+    GETSOCKNAME, getsockname, c"getsockname", NameFn;
+    GETSOCKOPT, getsockopt, c"getsockopt", GetsockoptFn;
+    SETSOCKOPT, setsockopt, c"setsockopt", SetsockoptFn;
 }

@@ -7,6 +7,8 @@
 use std::mem::{MaybeUninit, size_of};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
 use libc::{c_int, sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t};
 
 /// This thread's errno.
@@ -131,6 +133,148 @@ pub fn at_exit(f: extern "C" fn()) -> bool {
 pub fn at_fork_child(f: unsafe extern "C" fn()) -> bool {
     // SAFETY: `f` is a plain function of this never-unloaded library; no prepare/parent hooks.
     unsafe { libc::pthread_atfork(None, None, Some(f)) == 0 }
+}
+
+fn last_error() -> std::io::Error {
+    std::io::Error::from_raw_os_error(errno())
+}
+
+/// The fd's status flags (F_GETFL) and descriptor flags (F_GETFD).
+pub fn fd_flags(fd: c_int) -> std::io::Result<(c_int, c_int)> {
+    // SAFETY: fcntl with F_GETFL/F_GETFD takes no pointer argument.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: as above.
+    let fdfl = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if fdfl < 0 {
+        return Err(last_error());
+    }
+    Ok((fl, fdfl))
+}
+
+/// Adds O_NONBLOCK to the fd's status flags.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: fcntl with F_GETFL/F_SETFL takes an int argument at most.
+    let fl = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(raw, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+        return Err(last_error());
+    }
+    Ok(())
+}
+
+/// A new fd number (close-on-exec) for the open file description behind `fd`.
+pub fn dup_cloexec(fd: c_int) -> std::io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes an int argument and returns a new fd we then own.
+    let n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if n < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: `n` is a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// A connected `AF_UNIX` stream socket pair, both ends close-on-exec.
+pub fn socketpair_stream() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as c_int; 2];
+    // SAFETY: `fds` has room for the two fds socketpair writes.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(last_error());
+    }
+    // SAFETY: both are fresh fds owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `dup3(src, dst, flags)`: `dst` now names `src`'s open file description (atomically
+/// replacing whatever `dst` named).
+pub fn dup3(src: BorrowedFd<'_>, dst: c_int, cloexec: bool) -> std::io::Result<()> {
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    loop {
+        // SAFETY: plain integer arguments; `dst` is the caller's fd being replaced on purpose.
+        let rc = unsafe { libc::dup3(src.as_raw_fd(), dst, flags) };
+        if rc >= 0 {
+            return Ok(());
+        }
+        if errno() != libc::EINTR && errno() != libc::EBUSY {
+            return Err(last_error());
+        }
+    }
+}
+
+/// `shutdown(fd, SHUT_RDWR)`, errors ignored.
+pub fn shutdown_both(fd: c_int) {
+    // SAFETY: plain integer arguments.
+    let _ = unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+}
+
+/// SO_LINGER {on, 0}: the next close sends an RST. Errors ignored.
+pub fn set_linger_zero(fd: BorrowedFd<'_>) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let len = socklen_t::try_from(size_of::<libc::linger>()).unwrap_or(0);
+    // SAFETY: `l` is a whole `linger` of `len` bytes.
+    let _ = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(l).cast(),
+            len,
+        )
+    };
+}
+
+/// Binds `fd` to `addr` (the real bind; bind is not hooked).
+pub fn bind(fd: c_int, addr: SocketAddr) -> std::io::Result<()> {
+    let rc = match addr {
+        SocketAddr::V4(a) => {
+            let sin = sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*a.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let len = socklen_t::try_from(size_of::<sockaddr_in>()).unwrap_or(0);
+            // SAFETY: `sin` is a whole sockaddr_in of `len` bytes.
+            unsafe { libc::bind(fd, std::ptr::addr_of!(sin).cast(), len) }
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            let len = socklen_t::try_from(size_of::<sockaddr_in6>()).unwrap_or(0);
+            // SAFETY: `sin6` is a whole sockaddr_in6 of `len` bytes.
+            unsafe { libc::bind(fd, std::ptr::addr_of!(sin6).cast(), len) }
+        }
+    };
+    if rc != 0 {
+        return Err(last_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -118,16 +118,30 @@ fn fake_provider_without_device_is_no_device() {
 }
 
 #[test]
-fn capable_process_is_unsupported_in_phase_1() {
+fn both_shimmed_capable_processes_upgrade_both_connections() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pol = policy_file(dir.path(), "version: 1\nloopback: true\n");
+    let fk = dir.path().join("fk");
+    std::fs::create_dir(&fk).expect("mkdir fk");
+    let fk_s = fk.to_string_lossy().into_owned();
     let f = fake();
     let o = iperf(
-        &[("STREAMSHIM_PROVIDER", &f), ("STREAMSHIM_POLICY", &pol)],
+        &[
+            ("STREAMSHIM_PROVIDER", &f),
+            ("STREAMSHIM_POLICY", &pol),
+            ("FAKE_RSOCKET_STATS_DIR", &fk_s),
+        ],
         "",
     );
-    expect(&o, "UNSUPPORTED");
+    // Control and data connection.
+    assert_upgraded(&o.client, "client", 2);
+    assert_no_counts(&o.client, "server");
+    assert_upgraded(&o.server, "server", 2);
+    assert_no_counts(&o.server, "client");
     expect_silent(&o);
+    let (sent, received, files) = fake_bytes(&fk);
+    assert_eq!(files, 2, "one fake stats file per process");
+    assert!(sent > 0 && received > 0, "fake carried {sent}/{received}");
 }
 
 #[test]

@@ -18,7 +18,18 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The hooks `libstreamshim.so` exports, and nothing else.
-pub const HOOKS: [&str; 6] = ["accept", "accept4", "close", "connect", "listen", "socket"];
+pub const HOOKS: [&str; 10] = [
+    "accept",
+    "accept4",
+    "close",
+    "connect",
+    "getpeername",
+    "getsockname",
+    "getsockopt",
+    "listen",
+    "setsockopt",
+    "socket",
+];
 
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
@@ -231,3 +242,36 @@ wait_port() {
   echo "nothing listens on port $1" >&2; return 1
 }
 "#;
+
+/// Asserts that `role` counted exactly `n` upgraded (rdma UPGRADED) connections and no tcp.
+pub fn assert_upgraded(stats: &serde_json::Value, role: &str, n: u64) {
+    assert_eq!(
+        stats[role]["rdma"],
+        serde_json::json!({ "UPGRADED": n }),
+        "{role} rdma counters in {stats}"
+    );
+    assert_eq!(stats[role]["total"]["tcp"], 0, "{role} tcp in {stats}");
+}
+
+/// The fake provider's per-process counters (`FAKE_RSOCKET_STATS_DIR`): the largest
+/// `bytes_sent` and `bytes_received` of any process, and the number of files.
+pub fn fake_bytes(dir: &Path) -> (u64, u64, usize) {
+    let mut sent = 0;
+    let mut received = 0;
+    let mut files = 0;
+    for entry in std::fs::read_dir(dir)
+        .expect("read fake stats dir")
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !name.ends_with(".json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).expect("read fake stats");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("fake stats JSON");
+        sent = sent.max(v["bytes_sent"].as_u64().unwrap_or(0));
+        received = received.max(v["bytes_received"].as_u64().unwrap_or(0));
+        files += 1;
+    }
+    (sent, received, files)
+}
