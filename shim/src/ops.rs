@@ -3,8 +3,8 @@
 //! Each op gets the arguments it needs (already converted from C) and `real`, a closure that
 //! performs the original call exactly once and returns its result (the hook layer saves errno
 //! right after it and restores it on the way out, so nothing here can clobber it). Phase 2
-//! puts the upgrade between the decision and the return (connect: negotiate before `real` and
-//! swap after it; accept: look up the pending upgrade after it and swap; see [`upgrade`]).
+//! puts the upgrade between the decision and the return (connect: negotiate before `real`, ACCEPT/CONFIRM and
+//! swap after it; accept: claim the pending upgrade after it, ACCEPT/CONFIRM and swap; see [`upgrade`]).
 
 use std::net::SocketAddr;
 
@@ -168,14 +168,20 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
         && let Some(p) = peer.or_else(|| sys::peer_addr(fd))
     {
         peer = Some(p);
-        if let Some(rs) = upgrade::take_pending(p) {
-            match upgrade::swap(fd, rs) {
-                Ok(()) => upgrade::record(Role::Server, fd, peer, Path::Rdma, Reason::Upgraded),
-                Err(e) => {
-                    log_at!(Level::Info, "server fd {fd}: swap failed ({e}): resetting");
-                    sys::shutdown_both(fd);
-                    count(Role::Server, fd, peer, Reason::RdmaError);
-                }
+        if let Some(claimed) = upgrade::claim(p) {
+            // ACCEPT, then CONFIRM; without CONFIRM the client did not swap: plain TCP.
+            match upgrade::server_handshake(claimed) {
+                Ok(rs) => match upgrade::swap(fd, rs) {
+                    Ok(()) => {
+                        upgrade::record(Role::Server, fd, peer, Path::Rdma, Reason::Upgraded);
+                    }
+                    Err(e) => {
+                        log_at!(Level::Info, "server fd {fd}: swap failed ({e}): resetting");
+                        sys::shutdown_both(fd);
+                        count(Role::Server, fd, peer, Reason::RdmaError);
+                    }
+                },
+                Err(reason) => count(Role::Server, fd, peer, reason),
             }
             return fd;
         }

@@ -322,3 +322,49 @@ mod tests {
         assert!(memlock_limit().is_some());
     }
 }
+
+/// What a bounded wait for a non-blocking connect's TCP handshake saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Established {
+    /// Writable with no error or hang-up: the handshake completed.
+    Yes,
+    /// Error or hang-up: the connect failed (the error stays pending for the app's SO_ERROR).
+    Failed,
+    /// Neither within the bound.
+    Pending,
+}
+
+/// Waits (real `poll`, at most `timeout`) for a connecting TCP socket to become writable.
+/// Does not read `SO_ERROR`, so a failure is still reported to the app.
+pub fn wait_established(fd: c_int, timeout: std::time::Duration) -> Established {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = c_int::try_from(left.as_millis().saturating_add(1)).unwrap_or(c_int::MAX);
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(&mut p, 1, ms) };
+        if rc < 0 {
+            if errno() == libc::EINTR && !left.is_zero() {
+                continue;
+            }
+            return Established::Failed;
+        }
+        if rc == 0 {
+            return Established::Pending;
+        }
+        if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            return Established::Failed;
+        }
+        if p.revents & libc::POLLOUT != 0 {
+            return Established::Yes;
+        }
+        if left.is_zero() {
+            return Established::Pending;
+        }
+    }
+}

@@ -1,13 +1,16 @@
 //! Phase 2: the upgrade itself (docs/shim-protocol.md).
 //!
-//! - Client ([`connect`]): negotiate on the side channel (rconnect to the same address and port
-//!   in the rsocket port space, HELLO, ACCEPT within `STREAMSHIM_NEGOTIATE_MS`) *before* the
-//!   real kernel connect; on success, after the real connect, [`swap`] the app's fd onto one
-//!   end of a socketpair whose other end a pump thread moves to and from the rsocket.
+//! - Client ([`connect`]): open the side channel (rconnect to the same address and port in the
+//!   rsocket port space, HELLO, within `STREAMSHIM_NEGOTIATE_MS`) *before* the real kernel
+//!   connect; after the real connect wait (same bound) for the ACCEPT that only the process
+//!   whose `accept()` claimed the connection sends, answer CONFIRM and [`swap`] the app's fd onto
+//!   one end of a socketpair whose other end a pump thread moves to and from the rsocket. No
+//!   ACCEPT in time: close the rsocket, stay TCP.
 //! - Server: `listen()` opens a side-channel rsocket listener ([`open_side_listener`]); one
-//!   side-channel thread per process accepts rsockets on all of them, reads HELLO, applies the
-//!   server policy, registers `pending[client addr:port]` and answers ACCEPT (or REFUSE).
-//!   `accept()` takes the pending entry of the accepted peer ([`take_pending`]) and swaps.
+//!   side-channel thread per process accepts rsockets on all of them, reads HELLOs without ever
+//!   waiting on one client, applies the server policy and registers `pending[client addr:port]`
+//!   (or answers REFUSE). `accept()` claims the pending entry of the accepted peer
+//!   ([`claim`]), sends ACCEPT, waits for CONFIRM and only then swaps ([`server_handshake`]).
 //!
 //! Nothing here runs on the pass-through path: every entry point is reached only for a capable
 //! process's INET TCP socket (or an fd the fd table marks as swapped / side-listening). The
@@ -19,13 +22,13 @@ use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use libc::c_int;
 use rdma_streams_transport::handshake::{
-    self, Accept, DecodeError, Hello, MAX_MESSAGE_LEN, Message, PENDING_TIMEOUT, Refuse,
+    self, Accept, Confirm, DecodeError, Hello, MAX_MESSAGE_LEN, Message, PENDING_TIMEOUT, Refuse,
 };
 use rdma_streams_transport::negative_cache::NegativeCache;
 use rdma_streams_transport::policy::canonical_ip;
@@ -50,8 +53,17 @@ const SIDE_TICK: Duration = Duration::from_millis(20);
 static SWAPPED_FDS: Mutex<BTreeMap<c_int, Arc<OwnedFd>>> = Mutex::new(BTreeMap::new());
 /// App listening fd -> its side-channel rsocket listener.
 static LISTENERS: Mutex<BTreeMap<c_int, Arc<RSocket>>> = Mutex::new(BTreeMap::new());
-/// Registered upgrades no TCP connection claimed yet: client TCP address -> rsocket.
-static PENDING: Mutex<BTreeMap<SocketAddr, (RSocket, Instant)>> = Mutex::new(BTreeMap::new());
+/// Registered upgrades no TCP connection claimed yet: client TCP address -> (rsocket, HELLO
+/// nonce, registration time).
+static PENDING: Mutex<BTreeMap<SocketAddr, Pending>> = Mutex::new(BTreeMap::new());
+/// What the side-channel thread publishes after each service pass (held during the pass, never
+/// during its wait): lets `accept()` tell "no HELLO for this peer" from "HELLO not read yet".
+static SIDE_STATE: Mutex<SideState> = Mutex::new(SideState {
+    generation: 0,
+    in_flight: 0,
+});
+/// Signalled after each service pass.
+static SIDE_PASS: Condvar = Condvar::new();
 /// Destinations that could not upgrade recently.
 static NEGATIVE: NegativeCache = NegativeCache::new(
     rdma_streams_transport::negative_cache::DEFAULT_TTL,
@@ -68,6 +80,28 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn negotiate_timeout() -> Duration {
     static T: OnceLock<Duration> = OnceLock::new();
     *T.get_or_init(handshake::negotiate_timeout_from_env)
+}
+
+/// A registered upgrade.
+struct Pending {
+    rs: RSocket,
+    nonce: u64,
+    at: Instant,
+}
+
+/// See [`SIDE_STATE`].
+struct SideState {
+    /// Completed service passes.
+    generation: u64,
+    /// Side-channel connections accepted whose HELLO is not complete yet.
+    in_flight: usize,
+}
+
+/// A pending upgrade claimed by `accept()`: the server half of the handshake still has to run
+/// ([`server_handshake`]).
+pub struct Claimed {
+    rs: RSocket,
+    nonce: u64,
 }
 
 /// The key of a connection in `pending`: v4-mapped addresses as IPv4, no flow info or scope.
@@ -110,18 +144,50 @@ pub fn connect(
     };
     let (rc, err) = real();
     if rc != 0 && err != libc::EINPROGRESS {
-        // The kernel connect failed: the app sees exactly that error; the server drops its
-        // pending entry after 10 s.
+        // The kernel connect failed: the app sees exactly that error; the rsocket closes here
+        // and the server drops its pending entry after 10 s (nobody accepts it).
+        return rc;
+    }
+    // Wait for the accepting process's ACCEPT (after the TCP handshake, for a non-blocking
+    // connect), one bound for both.
+    let deadline = Instant::now() + negotiate_timeout();
+    if rc != 0 {
+        match sys::wait_established(fd, negotiate_timeout()) {
+            sys::Established::Yes => {}
+            sys::Established::Failed => {
+                // The app learns the failure from SO_ERROR as without the shim; not counted
+                // (a failed connect never is). The rsocket closes: the server's claim, if any,
+                // finds EOF and stays TCP.
+                return rc;
+            }
+            sys::Established::Pending => {
+                let _ = NEGATIVE.insert(peer, Reason::Timeout, Instant::now());
+                if fdtable::add(fd, COUNTED) & COUNTED == 0 {
+                    record(Role::Client, fd, Some(peer), Path::Tcp, Reason::Timeout);
+                }
+                return rc;
+            }
+        }
+    }
+    if let Err(reason) = client_confirm(&rs, peer, deadline) {
+        // No ACCEPT in time (another process accepted the connection, or the app accepts
+        // late) or a refusal: close the rsocket without CONFIRM, so a late claim reads EOF and
+        // the server stays TCP too.
+        drop(rs);
+        let _ = NEGATIVE.insert(peer, reason, Instant::now());
+        if fdtable::add(fd, COUNTED) & COUNTED == 0 {
+            record(Role::Client, fd, Some(peer), Path::Tcp, reason);
+        }
         return rc;
     }
     if fdtable::add(fd, COUNTED) & COUNTED != 0 {
         return rc;
     }
-    match swap(fd, rs) {
+    match swap(fd, rs.0) {
         Ok(()) => record(Role::Client, fd, Some(peer), Path::Rdma, Reason::Upgraded),
         Err(e) => {
-            // The server already moved its side to the rsocket: a TCP connection here would
-            // carry bytes nobody reads. Fail it like a reset instead.
+            // CONFIRM is out, so the server moves its side to the rsocket: a TCP connection
+            // here would carry bytes nobody reads. Fail it like a reset instead.
             log_at!(Level::Info, "client fd {fd}: swap failed ({e}): resetting");
             sys::shutdown_both(fd);
             record(Role::Client, fd, Some(peer), Path::Tcp, Reason::RdmaError);
@@ -130,8 +196,9 @@ pub fn connect(
     rc
 }
 
-/// Steps 2-4 of the sequence: bind if needed, rconnect, HELLO, ACCEPT.
-fn negotiate(fd: c_int, peer: SocketAddr, provider: &Provider) -> Result<RSocket, Reason> {
+/// Steps 2-4 of the sequence: bind if needed, rconnect, HELLO (no reply is awaited here: the
+/// server answers from the process that accepts the TCP connection).
+fn negotiate(fd: c_int, peer: SocketAddr, provider: &Provider) -> Result<(RSocket, u64), Reason> {
     let client = ensure_bound(fd, peer).ok_or(Reason::Unsupported)?;
     let timeout = negotiate_timeout();
     let deadline = Instant::now() + timeout;
@@ -155,10 +222,27 @@ fn negotiate(fd: c_int, peer: SocketAddr, provider: &Provider) -> Result<RSocket
     });
     rs.write_all(&hello.to_bytes())
         .map_err(|_| Reason::RdmaError)?;
-    match read_message(&rs, deadline)? {
+    if Instant::now() > deadline {
+        return Err(Reason::Timeout);
+    }
+    Ok((rs, nonce))
+}
+
+/// After the kernel connect: ACCEPT with our nonce by `deadline`, then CONFIRM. On success the
+/// rsocket is blocking again and carries the stream.
+fn client_confirm(
+    (rs, nonce): &(RSocket, u64),
+    peer: SocketAddr,
+    deadline: Instant,
+) -> Result<(), Reason> {
+    let nonce = *nonce;
+    match read_message(rs, deadline)? {
         Message::Accept(Accept { nonce: n, .. }) if n == nonce => {
             rs.set_nonblocking(false).map_err(|_| Reason::RdmaError)?;
-            Ok(rs)
+            let confirm = Message::Confirm(Confirm { nonce });
+            rs.write_all(&confirm.to_bytes())
+                .map_err(|_| Reason::RdmaError)?;
+            Ok(())
         }
         Message::Refuse(r) => {
             log_at!(
@@ -346,86 +430,228 @@ pub fn close_side_listener(fd: c_int) {
 }
 
 /// The pending upgrade registered for this accepted peer, if any.
-pub fn take_pending(peer: SocketAddr) -> Option<RSocket> {
-    lock(&PENDING).remove(&key(peer)).map(|(rs, _)| rs)
+fn take_pending(peer: SocketAddr) -> Option<Claimed> {
+    lock(&PENDING).remove(&key(peer)).map(|p| Claimed {
+        rs: p.rs,
+        nonce: p.nonce,
+    })
 }
 
-/// In a fork child: no side-channel thread there.
+/// `accept()` on a side-listening fd returned a connection from `peer`: claim its pending
+/// upgrade. When this process runs the side-channel thread and that thread has side-channel
+/// work not yet done (an rsocket waiting on a listener, or a HELLO not completely read), waits
+/// for its passes (at most `STREAMSHIM_NEGOTIATE_MS`) so a HELLO that arrived before the SYN is
+/// found; with no such work (a plain client) it returns at once.
+pub fn claim(peer: SocketAddr) -> Option<Claimed> {
+    // Only the process running the side-channel thread holds pending upgrades (a fork child
+    // forgot its parent's; and a lock the parent's thread held at fork would never be
+    // released in the child).
+    if !SIDE_THREAD.load(Ordering::Acquire) {
+        return None;
+    }
+    if let Some(c) = take_pending(peer) {
+        return Some(c);
+    }
+    let deadline = Instant::now() + negotiate_timeout();
+    let mut state = lock(&SIDE_STATE);
+    loop {
+        if let Some(c) = take_pending(peer) {
+            return Some(c);
+        }
+        if state.in_flight == 0 && !side_listeners_readable() {
+            return None;
+        }
+        let generation = state.generation;
+        while state.generation == generation {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            state = SIDE_PASS
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// Whether any side-channel listener has a connection waiting (no wait).
+fn side_listeners_readable() -> bool {
+    let listeners: Vec<Arc<RSocket>> = lock(&LISTENERS).values().cloned().collect();
+    let Some(first) = listeners.first() else {
+        return false;
+    };
+    let mut fds: Vec<PollFd<'_>> = listeners
+        .iter()
+        .map(|l| PollFd::rsocket(l, Events::READABLE))
+        .collect();
+    match poll(first.provider(), &mut fds, Some(Duration::ZERO)) {
+        Ok(_) => fds.iter().any(|f| !f.revents().is_empty()),
+        Err(_) => false,
+    }
+}
+
+/// The server half after a claim: ACCEPT, then CONFIRM within `STREAMSHIM_NEGOTIATE_MS`. Ok: the
+/// rsocket (blocking) carries the stream and the caller swaps. Err: the rsocket is closed and
+/// the accepted fd stays plain TCP (the client did not swap: it gave up before ACCEPT, and it
+/// only swaps after sending CONFIRM).
+pub fn server_handshake(claimed: Claimed) -> Result<RSocket, Reason> {
+    let Claimed { rs, nonce } = claimed;
+    rs.set_nonblocking(false).map_err(|_| Reason::RdmaError)?;
+    let accept = Message::Accept(Accept { nonce, limits: 0 });
+    // A client that gave up closed its rsocket: the write fails or the read below sees EOF.
+    rs.write_all(&accept.to_bytes())
+        .map_err(|_| Reason::Timeout)?;
+    let deadline = Instant::now() + negotiate_timeout();
+    match read_message(&rs, deadline) {
+        Ok(Message::Confirm(Confirm { nonce: n })) if n == nonce => {
+            rs.set_nonblocking(false).map_err(|_| Reason::RdmaError)?;
+            Ok(rs)
+        }
+        // EOF (the client gave up) or no CONFIRM in time.
+        Err(Reason::PeerRefused | Reason::Timeout) => Err(Reason::Timeout),
+        Ok(_) | Err(_) => Err(Reason::RdmaError),
+    }
+}
+
+/// In a fork child: no side-channel thread there, and the parent's pending upgrades are not
+/// the child's to claim (their rsockets are forgotten, not closed: the parent still owns them).
 pub fn after_fork_child() {
     SIDE_THREAD.store(false, Ordering::Release);
+    if let Ok(mut pending) = PENDING.try_lock() {
+        std::mem::forget(std::mem::take(&mut *pending));
+    }
+    if let Ok(mut state) = SIDE_STATE.try_lock() {
+        state.in_flight = 0;
+    }
+}
+
+/// A side-channel connection whose HELLO is being read.
+struct Incoming {
+    conn: RSocket,
+    from: SocketAddr,
+    buf: [u8; MAX_MESSAGE_LEN],
+    have: usize,
+    deadline: Instant,
+}
+
+/// What one non-blocking read step on an [`Incoming`] gave.
+enum Step {
+    More,
+    Hello(Hello),
+    Drop,
+}
+
+impl Incoming {
+    fn step(&mut self) -> Step {
+        loop {
+            let want = match handshake::decode(self.buf.get(..self.have).unwrap_or_default()) {
+                Ok((Message::Hello(h), _)) => return Step::Hello(h),
+                Ok(_) | Err(DecodeError::Invalid(_)) => return Step::Drop,
+                Err(DecodeError::Incomplete { needed }) => needed.min(MAX_MESSAGE_LEN),
+            };
+            let Some(dst) = self.buf.get_mut(self.have..want) else {
+                return Step::Drop;
+            };
+            match self.conn.read(dst) {
+                Ok(0) => return Step::Drop,
+                Ok(n) => self.have += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::More,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Step::Drop,
+            }
+        }
+    }
 }
 
 fn side_thread(provider: &'static Provider) {
     let _guard = Guard::enter();
+    let mut incoming: Vec<Incoming> = Vec::new();
     loop {
         let listeners: Vec<Arc<RSocket>> = lock(&LISTENERS).values().cloned().collect();
+        if listeners.is_empty() && incoming.is_empty() {
+            thread::sleep(SIDE_TICK);
+        } else {
+            // Wait (not holding SIDE_STATE) for a listener or a HELLO being read.
+            let mut fds: Vec<PollFd<'_>> = listeners
+                .iter()
+                .map(|l| PollFd::rsocket(l, Events::READABLE))
+                .chain(
+                    incoming
+                        .iter()
+                        .map(|i| PollFd::rsocket(&i.conn, Events::READABLE)),
+                )
+                .collect();
+            if poll(provider, &mut fds, Some(SIDE_TICK)).is_err() {
+                thread::sleep(SIDE_TICK);
+            }
+        }
+        // One non-blocking pass, published to `claim` as a whole.
+        let mut state = lock(&SIDE_STATE);
         let now = Instant::now();
-        lock(&PENDING).retain(|_, (_, at)| now.saturating_duration_since(*at) < PENDING_TIMEOUT);
-        if listeners.is_empty() {
-            thread::sleep(SIDE_TICK);
-            continue;
-        }
-        let mut fds: Vec<PollFd<'_>> = listeners
-            .iter()
-            .map(|l| PollFd::rsocket(l, Events::READABLE))
-            .collect();
-        if poll(provider, &mut fds, Some(SIDE_TICK)).is_err() {
-            thread::sleep(SIDE_TICK);
-        }
-        let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
-        drop(fds);
-        for (listener, ready) in listeners.iter().zip(ready) {
-            if !ready {
-                continue;
-            }
+        lock(&PENDING).retain(|_, p| now.saturating_duration_since(p.at) < PENDING_TIMEOUT);
+        for listener in &listeners {
             while let Ok((conn, from)) = listener.accept() {
-                serve(conn, from);
+                if conn.set_nonblocking(true).is_ok() {
+                    incoming.push(Incoming {
+                        conn,
+                        from,
+                        buf: [0u8; MAX_MESSAGE_LEN],
+                        have: 0,
+                        deadline: now + negotiate_timeout(),
+                    });
+                }
             }
         }
+        let mut i = 0;
+        while let Some(inc) = incoming.get_mut(i) {
+            match inc.step() {
+                Step::More if Instant::now() < inc.deadline => i += 1,
+                Step::More | Step::Drop => {
+                    let gone = incoming.swap_remove(i);
+                    log_at!(
+                        Level::Debug,
+                        "side channel from {}: no valid HELLO",
+                        gone.from
+                    );
+                }
+                Step::Hello(hello) => {
+                    let gone = incoming.swap_remove(i);
+                    register(gone.conn, hello);
+                }
+            }
+        }
+        state.in_flight = incoming.len();
+        state.generation = state.generation.wrapping_add(1);
+        drop(state);
+        SIDE_PASS.notify_all();
     }
 }
 
-/// One side-channel connection: HELLO -> policy -> pending -> ACCEPT, or REFUSE / close.
-fn serve(conn: RSocket, from: SocketAddr) {
-    let deadline = Instant::now() + negotiate_timeout();
-    let hello = match read_message(&conn, deadline) {
-        Ok(Message::Hello(h)) => h,
-        Ok(_) | Err(_) => {
-            log_at!(Level::Debug, "side channel from {from}: no valid HELLO");
-            return;
-        }
-    };
-    if conn.set_nonblocking(false).is_err() {
-        return;
-    }
+/// A complete HELLO: policy -> pending (no answer: ACCEPT comes from the process that accepts
+/// the TCP connection), or REFUSE.
+fn register(conn: RSocket, hello: Hello) {
     let allowed =
         decision::policy().is_some_and(|p| p.server_allows(hello.server.port(), hello.client.ip()));
     if !allowed {
         let refuse = Message::Refuse(Refuse::new(hello.nonce, Reason::Policy));
-        let _ = conn.write_all(&refuse.to_bytes());
+        // 16 bytes on a fresh connection: never blocks; a failure just closes.
+        let _ = conn.write(&refuse.to_bytes());
         return;
     }
-    let accept = Message::Accept(Accept {
-        nonce: hello.nonce,
-        limits: 0,
-    });
-    let k = key(hello.client);
-    // Registered before ACCEPT leaves: the client's SYN follows ACCEPT, so accept() finds it.
-    let mut pending = lock(&PENDING);
-    pending.insert(k, (conn, Instant::now()));
-    let sent = pending
-        .get(&k)
-        .is_some_and(|(rs, _)| rs.write_all(&accept.to_bytes()).is_ok());
-    if !sent {
-        pending.remove(&k);
-    }
-    drop(pending);
+    lock(&PENDING).insert(
+        key(hello.client),
+        Pending {
+            rs: conn,
+            nonce: hello.nonce,
+            at: Instant::now(),
+        },
+    );
     log_at!(
         Level::Debug,
-        "side channel: HELLO from {} for {}: {}",
+        "side channel: HELLO from {} for {}: pending",
         hello.client,
-        hello.server,
-        if sent { "ACCEPT" } else { "send failed" }
+        hello.server
     );
 }
 

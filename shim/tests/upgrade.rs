@@ -297,3 +297,193 @@ wait $srv
         "fake carried {sent}/{received}"
     );
 }
+
+/// A pre-fork server: socket/bind/listen in the parent, two forked children that each accept
+/// and echo until no connection comes for 3 s; the parent only waits. Its side-channel thread
+/// (the parent's) holds every pending upgrade, but the children accept: no ACCEPT ever reaches
+/// a client, so every client falls back to TCP (`TIMEOUT`) and no server side swaps.
+const PREFORK: &str = r#"
+import os, socket, sys
+
+PORT = 9100
+ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", PORT))
+ls.listen(64)
+ls.settimeout(3.0)
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        served = 0
+        while True:
+            try:
+                c, _ = ls.accept()
+            except socket.timeout:
+                break
+            c.settimeout(None)
+            with c:
+                while True:
+                    b = c.recv(65536)
+                    if not b:
+                        break
+                    c.sendall(b)
+            served += 1
+        print("child served", served, flush=True)
+        sys.exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+print("parent done", flush=True)
+"#;
+
+/// One connection: 64 KiB out, the same 64 KiB back, byte-exact.
+const ECHO_CLIENT: &str = r#"
+import os, socket, sys
+data = os.urandom(64 << 10)
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(data)
+s.shutdown(socket.SHUT_WR)
+got = bytearray()
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    got += b
+s.close()
+assert bytes(got) == data, (len(got), len(data))
+print("echo ok")
+"#;
+
+/// Sums `role`'s tcp and rdma counters over every stats file with `prefix`.
+fn sum_counts(
+    w: &Path,
+    prefix: &str,
+    role: &str,
+) -> (serde_json::Map<String, serde_json::Value>, u64) {
+    let mut tcp = serde_json::Map::new();
+    let mut rdma = 0;
+    for v in stats_files(w, prefix).values() {
+        if let Some(m) = v[role]["tcp"].as_object() {
+            for (k, n) in m {
+                let old = tcp.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+                tcp.insert(k.clone(), (old + n.as_u64().unwrap_or(0)).into());
+            }
+        }
+        rdma += v[role]["total"]["rdma"].as_u64().unwrap_or(0);
+    }
+    (tcp, rdma)
+}
+
+#[test]
+fn prefork_server_never_hangs_and_stays_tcp() {
+    let (dir, _) = setup();
+    let w = dir.path();
+    std::fs::write(w.join("prefork.py"), PREFORK).expect("write prefork.py");
+    std::fs::write(w.join("client.py"), ECHO_CLIENT).expect("write client.py");
+    let srv = shimmed("srv");
+    let cli = shimmed("cli");
+    // 20 client processes (each its own negative cache, so each one negotiates), 10 at a time.
+    let script = format!(
+        "{WAIT_PORT}
+{srv} \"$PY\" \"$W/prefork.py\" >\"$W/srv.out\" 2>\"$W/srv.err\" &
+srv=$!
+wait_port 9100
+for batch in 0 1; do
+  pids=\"\"
+  for i in 0 1 2 3 4 5 6 7 8 9; do
+    {cli} \"$PY\" \"$W/client.py\" 9100 >\"$W/cli$batch$i.out\" 2>\"$W/cli$batch$i.err\" &
+    pids=\"$pids $!\"
+  done
+  for p in $pids; do wait $p; done
+done
+wait $srv
+cat \"$W\"/cli*.out
+cat \"$W/srv.out\"
+"
+    );
+    let run = netns(&script, &env(w), Duration::from_secs(60));
+    assert_eq!(run.stdout.matches("echo ok").count(), 20, "{run:?}");
+    assert!(run.stdout.contains("parent done"), "{run:?}");
+    let served: u64 = run
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("child served "))
+        .map(|n| n.trim().parse::<u64>().expect("served count"))
+        .sum();
+    assert_eq!(served, 20, "{run:?}");
+    let err = std::fs::read_to_string(w.join("srv.err")).expect("srv.err");
+    assert_eq!(err, "", "server stderr");
+    let (cli_tcp, cli_rdma) = sum_counts(w, "cli-", "client");
+    assert_eq!(
+        serde_json::Value::Object(cli_tcp),
+        serde_json::json!({"TIMEOUT": 20}),
+        "client tcp counters"
+    );
+    assert_eq!(cli_rdma, 0, "no client upgraded");
+    let (srv_tcp, srv_rdma) = sum_counts(w, "srv-", "server");
+    assert_eq!(
+        serde_json::Value::Object(srv_tcp),
+        serde_json::json!({"PEER_NOT_SHIMMED": 20}),
+        "server tcp counters (the children found no pending upgrade of their own)"
+    );
+    assert_eq!(srv_rdma, 0, "no server connection upgraded");
+    let (sent, received, _) = fake_bytes(&w.join("fk"));
+    assert!(
+        sent < 4096 && received < 4096,
+        "only side-channel HELLOs went through the fake provider: {sent}/{received}"
+    );
+}
+
+/// Listens, sleeps 1 s, then accepts one connection and echoes it.
+const LATE: &str = r#"
+import socket, time
+ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 9200))
+ls.listen(8)
+open(__import__("sys").argv[1], "w").close()
+time.sleep(1.0)
+c, _ = ls.accept()
+with c:
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+print("late done", flush=True)
+"#;
+
+#[test]
+fn late_accept_falls_back_to_tcp_without_hanging() {
+    let (dir, _) = setup();
+    let w = dir.path();
+    std::fs::write(w.join("late.py"), LATE).expect("write late.py");
+    std::fs::write(w.join("client.py"), ECHO_CLIENT).expect("write client.py");
+    let srv = shimmed("srv");
+    let cli = shimmed("cli");
+    let script = format!(
+        "{srv} \"$PY\" \"$W/late.py\" \"$W/ready\" >\"$W/srv.out\" 2>\"$W/srv.err\" &
+srv=$!
+for _ in $(seq 1 200); do [ -e \"$W/ready\" ] && break; sleep 0.01; done
+{cli} \"$PY\" \"$W/client.py\" 9200 2>\"$W/cli.err\"
+wait $srv
+cat \"$W/srv.out\"
+"
+    );
+    let run = netns(&script, &env(w), Duration::from_secs(30));
+    assert!(run.stdout.contains("echo ok"), "{run:?}");
+    assert!(run.stdout.contains("late done"), "{run:?}");
+    for f in ["cli.err", "srv.err"] {
+        let err = std::fs::read_to_string(w.join(f)).expect("stderr file");
+        assert_eq!(err, "", "{f}");
+    }
+    // The client gave up waiting for ACCEPT; the server's late claim found its rsocket closed.
+    assert_counts(&one_stats(w, "cli-"), "client", "TIMEOUT", 1);
+    assert_counts(&one_stats(w, "srv-"), "server", "TIMEOUT", 1);
+    let (sent, received, _) = fake_bytes(&w.join("fk"));
+    assert!(
+        sent < 1024 && received < 1024,
+        "only the side channel went through the fake provider: {sent}/{received}"
+    );
+}

@@ -9,6 +9,11 @@
 //! | HELLO  | `1`, flags u8, nonce u64, client address, server address | 29 (v4+v4) .. 53 (v6+v6) |
 //! | ACCEPT | `2`, nonce u64, limits u32 (reserved, 0) | 18 |
 //! | REFUSE | `3`, nonce u64, reason code u16 ([`crate::reason::Reason::code`]) | 16 |
+//! | CONFIRM | `4`, nonce u64 | 14 |
+//!
+//! HELLO and CONFIRM are sent by the client, ACCEPT and REFUSE by the server. The server sends
+//! ACCEPT only from the process whose `accept()` claimed the connection, and swaps only after
+//! the client's CONFIRM (docs/shim-protocol.md, "Sequence").
 //!
 //! [`encode`] writes into a caller's fixed buffer ([`MAX_MESSAGE_LEN`] bytes) and never
 //! allocates. [`decode`] reads one message from the front of a buffer and returns how many bytes
@@ -37,10 +42,14 @@ pub const TYPE_HELLO: u8 = 1;
 pub const TYPE_ACCEPT: u8 = 2;
 /// Type byte of REFUSE.
 pub const TYPE_REFUSE: u8 = 3;
+/// Type byte of CONFIRM.
+pub const TYPE_CONFIRM: u8 = 4;
 /// Length of an ACCEPT message.
 pub const ACCEPT_LEN: usize = HEADER_LEN + 8 + 4;
 /// Length of a REFUSE message.
 pub const REFUSE_LEN: usize = HEADER_LEN + 8 + 2;
+/// Length of a CONFIRM message.
+pub const CONFIRM_LEN: usize = HEADER_LEN + 8;
 /// Length of a HELLO with two IPv4 addresses (the shortest).
 pub const HELLO_MIN_LEN: usize = HEADER_LEN + 1 + 8 + 2 * (1 + 4 + 2);
 /// Length of a HELLO with two IPv6 addresses (the longest message).
@@ -53,7 +62,9 @@ pub const FAMILY_V4: u8 = 4;
 /// Family byte of an IPv6 address.
 pub const FAMILY_V6: u8 = 6;
 
-/// Environment variable bounding the negotiation (rconnect + HELLO/ACCEPT), in milliseconds.
+/// Environment variable bounding each negotiation step, in milliseconds: rconnect + HELLO; the
+/// client's wait after its kernel connect (TCP establishment of a non-blocking connect, then
+/// ACCEPT); the server's wait for CONFIRM after ACCEPT.
 pub const NEGOTIATE_ENV: &str = "STREAMSHIM_NEGOTIATE_MS";
 /// Default negotiation bound.
 pub const DEFAULT_NEGOTIATE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -108,6 +119,13 @@ impl Refuse {
     }
 }
 
+/// The client got ACCEPT in time and swaps now; the server swaps when it reads this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Confirm {
+    /// The HELLO's (and ACCEPT's) nonce.
+    pub nonce: u64,
+}
+
 /// One side-channel message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Message {
@@ -117,6 +135,8 @@ pub enum Message {
     Accept(Accept),
     /// Server -> client.
     Refuse(Refuse),
+    /// Client -> server, after ACCEPT.
+    Confirm(Confirm),
 }
 
 impl Message {
@@ -126,6 +146,7 @@ impl Message {
             Message::Hello(h) => h.nonce,
             Message::Accept(a) => a.nonce,
             Message::Refuse(r) => r.nonce,
+            Message::Confirm(c) => c.nonce,
         }
     }
 
@@ -135,6 +156,7 @@ impl Message {
             Message::Hello(_) => TYPE_HELLO,
             Message::Accept(_) => TYPE_ACCEPT,
             Message::Refuse(_) => TYPE_REFUSE,
+            Message::Confirm(_) => TYPE_CONFIRM,
         }
     }
 
@@ -146,6 +168,7 @@ impl Message {
             }
             Message::Accept(_) => ACCEPT_LEN,
             Message::Refuse(_) => REFUSE_LEN,
+            Message::Confirm(_) => CONFIRM_LEN,
         }
     }
 
@@ -212,6 +235,7 @@ pub fn encode(msg: &Message, buf: &mut [u8; MAX_MESSAGE_LEN]) -> usize {
             w.put(&r.nonce.to_be_bytes());
             w.put(&r.code.to_be_bytes());
         }
+        Message::Confirm(c) => w.put(&c.nonce.to_be_bytes()),
     }
     w.pos
 }
@@ -280,7 +304,7 @@ pub enum Invalid {
     /// The version byte is not [`VERSION`].
     #[error("unsupported version {0}")]
     UnsupportedVersion(u8),
-    /// The type byte is not HELLO, ACCEPT or REFUSE.
+    /// The type byte is not HELLO, ACCEPT, REFUSE or CONFIRM.
     #[error("unknown message type {0}")]
     UnknownType(u8),
     /// An address family byte is not 4 or 6.
@@ -312,6 +336,7 @@ pub fn decode(buf: &[u8]) -> Result<(Message, usize), DecodeError> {
     let total = match ty {
         TYPE_ACCEPT => ACCEPT_LEN,
         TYPE_REFUSE => REFUSE_LEN,
+        TYPE_CONFIRM => CONFIRM_LEN,
         TYPE_HELLO => {
             // flags(1) nonce(8), then the client family byte.
             let cfam_at = HEADER_LEN + 1 + 8;
@@ -343,6 +368,7 @@ pub fn decode(buf: &[u8]) -> Result<(Message, usize), DecodeError> {
             nonce: r.u64(),
             limits: r.u32(),
         }),
+        TYPE_CONFIRM => Message::Confirm(Confirm { nonce: r.u64() }),
         _ => Message::Refuse(Refuse {
             nonce: r.u64(),
             code: r.u16(),
@@ -527,6 +553,37 @@ mod tests {
     }
 
     #[test]
+    fn confirm_exact_bytes() {
+        let c = Message::Confirm(Confirm {
+            nonce: 0x0102_0304_0506_0708,
+        });
+        let expected: &[u8] = &[b'R', b'D', b'S', b'S', 1, 4, 1, 2, 3, 4, 5, 6, 7, 8];
+        assert_eq!(c.to_bytes().as_bytes(), expected);
+        assert_eq!(c.encoded_len(), CONFIRM_LEN);
+        assert_eq!(CONFIRM_LEN, 14);
+        assert_eq!(c.nonce(), 0x0102_0304_0506_0708);
+        assert_eq!(c.type_byte(), TYPE_CONFIRM);
+        assert_eq!(decode(expected), Ok((c, CONFIRM_LEN)));
+        // Bytes after it belong to the stream.
+        let mut buf = expected.to_vec();
+        buf.extend_from_slice(b"app");
+        assert_eq!(decode(&buf), Ok((c, CONFIRM_LEN)));
+        assert_eq!(
+            decode(b"RDSS\x01\x04"),
+            Err(DecodeError::Incomplete {
+                needed: CONFIRM_LEN
+            })
+        );
+        assert_eq!(
+            decode(&expected[..13]),
+            Err(DecodeError::Incomplete {
+                needed: CONFIRM_LEN
+            })
+        );
+        assert_eq!(decode(b"RDSS\x01\x05"), Err(Invalid::UnknownType(5).into()));
+    }
+
+    #[test]
     fn trailing_bytes_are_not_consumed() {
         let m = Message::Accept(Accept {
             nonce: 1,
@@ -670,6 +727,7 @@ mod tests {
                 .prop_map(|(nonce, limits)| Message::Accept(Accept { nonce, limits })),
             (any::<u64>(), any::<u16>())
                 .prop_map(|(nonce, code)| Message::Refuse(Refuse { nonce, code })),
+            any::<u64>().prop_map(|nonce| Message::Confirm(Confirm { nonce })),
         ]
     }
 
@@ -730,7 +788,7 @@ mod tests {
         }
 
         #[test]
-        fn framed_bytes_never_panic(ty in 0u8..5, body in proptest::collection::vec(any::<u8>(), 0..60)) {
+        fn framed_bytes_never_panic(ty in 0u8..6, body in proptest::collection::vec(any::<u8>(), 0..60)) {
             // Valid header, arbitrary body: exercises the deeper branches.
             let mut bytes = b"RDSS\x01".to_vec();
             bytes.push(ty);
