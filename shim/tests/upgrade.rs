@@ -329,7 +329,8 @@ for _ in range(2):
                         break
                     c.sendall(b)
             served += 1
-        print("child served", served, flush=True)
+        # One write(2) per line: the children share stdout.
+        os.write(1, ("child served %d\n" % served).encode())
         sys.exit(0)
     kids.append(pid)
 for pid in kids:
@@ -405,11 +406,16 @@ cat \"$W/srv.out\"
     let run = netns(&script, &env(w), Duration::from_secs(60));
     assert_eq!(run.stdout.matches("echo ok").count(), 20, "{run:?}");
     assert!(run.stdout.contains("parent done"), "{run:?}");
+    // The two children share stdout: their lines may interleave, so take every
+    // "child served N" wherever it starts.
     let served: u64 = run
         .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("child served "))
-        .map(|n| n.trim().parse::<u64>().expect("served count"))
+        .split("child served ")
+        .skip(1)
+        .map(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u64>().expect("served count")
+        })
         .sum();
     assert_eq!(served, 20, "{run:?}");
     let err = std::fs::read_to_string(w.join("srv.err")).expect("srv.err");
