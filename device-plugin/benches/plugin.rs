@@ -19,7 +19,7 @@
 mod common;
 
 use std::{
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -59,16 +59,9 @@ struct Row {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let mut h = Harness::new(Harness::two_hcas()).await;
-    let mut child = Command::new(BIN)
-        .arg("--sysfs-root")
-        .arg(h.tree.sys_root())
-        .arg("--dev-root")
-        .arg(h.tree.dev_root())
-        .arg("--kubelet-root-dir")
-        .arg(h.kubelet_root())
+    let mut child = h
+        .plugin_command(BIN)
         .args(["--log-level", "warn"])
-        .env_remove("RDMA_DP_CONFIG")
-        .stdout(Stdio::null())
         .spawn()
         .expect("spawn the plugin");
     let pid = child.id();

@@ -133,16 +133,9 @@ async fn serves_admin_endpoint_and_drains_on_sigterm() {
     within(60, async {
         let h = Harness::new(Harness::two_hcas()).await;
         let addr = format!("127.0.0.1:{}", free_port());
-        let child = Command::new(BIN)
-            .arg("--sysfs-root")
-            .arg(h.tree.sys_root())
-            .arg("--dev-root")
-            .arg(h.tree.dev_root())
-            .arg("--kubelet-root-dir")
-            .arg(h.kubelet_root())
+        let child = h
+            .plugin_command(BIN)
             .args(["--admin-listen", &addr, "--log-format", "json"])
-            .env_remove("RDMA_DP_CONFIG")
-            .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn plugin");
@@ -248,16 +241,9 @@ fn bad_flag_value_is_a_clear_error() {
 async fn a_closed_log_pipe_does_not_kill_the_plugin() {
     within(60, async {
         let h = Harness::new(Harness::two_hcas()).await;
-        let mut child = Command::new(BIN)
-            .arg("--sysfs-root")
-            .arg(h.tree.sys_root())
-            .arg("--dev-root")
-            .arg(h.tree.dev_root())
-            .arg("--kubelet-root-dir")
-            .arg(h.kubelet_root())
+        let mut child = h
+            .plugin_command(BIN)
             .args(["--log-level", "debug"])
-            .env_remove("RDMA_DP_CONFIG")
-            .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn plugin");

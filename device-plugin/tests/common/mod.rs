@@ -110,6 +110,21 @@ impl Harness {
         Args::try_parse_from(argv).expect("args")
     }
 
+    /// The real plugin binary `bin` pointed at this node and kubelet (stdout discarded, no
+    /// config from the environment); callers add flags and stderr handling.
+    pub fn plugin_command(&self, bin: &str) -> std::process::Command {
+        let mut cmd = std::process::Command::new(bin);
+        cmd.arg("--sysfs-root")
+            .arg(self.tree.sys_root())
+            .arg("--dev-root")
+            .arg(self.tree.dev_root())
+            .arg("--kubelet-root-dir")
+            .arg(self.kubelet_root())
+            .env_remove("RDMA_DP_CONFIG")
+            .stdout(std::process::Stdio::null());
+        cmd
+    }
+
     pub fn start_plugin(&mut self, extra: &[&str]) {
         let args = self.args(extra);
         self.plugin = Some(tokio::spawn(run_plugin(args, self.shutdown.clone())));
