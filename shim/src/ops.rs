@@ -224,7 +224,13 @@ pub fn redirect(
     real: &mut dyn FnMut() -> c_int,
     other: &mut dyn FnMut(c_int) -> c_int,
 ) -> c_int {
-    match upgrade::kept(fd) {
+    // Pass-through path: one atomic load; the swapped-fd map is only consulted for swapped fds.
+    let kept = if fdtable::get(fd) & SWAPPED != 0 {
+        upgrade::kept(fd)
+    } else {
+        None
+    };
+    match kept {
         Some(kept) => {
             let rc = other(std::os::fd::AsRawFd::as_raw_fd(&*kept));
             let errno = sys::errno();
