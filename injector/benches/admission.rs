@@ -9,7 +9,6 @@
 
 use std::{
     net::TcpListener,
-    path::Path,
     process::{Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
@@ -21,6 +20,9 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use serde_json::json;
 
+#[path = "../tests/support/test_pki.rs"]
+mod test_pki;
+
 const BIN: &str = env!("CARGO_BIN_EXE_rdma-stream-injector");
 const LEVELS: [(usize, usize); 3] = [(1, 2000), (16, 8000), (64, 12800)];
 
@@ -30,27 +32,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn write_certs(dir: &Path) -> Vec<u8> {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "rdma-streams test CA");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "localhost");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let leaf = params.signed_by(&key, &issuer).unwrap();
-    std::fs::write(dir.join("tls.crt"), leaf.pem()).unwrap();
-    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
-    ca.der().to_vec()
 }
 
 fn review_body() -> Bytes {
@@ -140,7 +121,7 @@ impl Drop for Server {
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
-    let ca_der = write_certs(dir.path());
+    let ca_der = test_pki::write_certs(dir.path());
     let port = free_port();
     let child = Command::new(BIN)
         .arg("serve")

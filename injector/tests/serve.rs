@@ -3,12 +3,14 @@
 
 use std::{
     net::TcpListener,
-    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use serde_json::{Value, json};
+
+#[path = "support/test_pki.rs"]
+mod test_pki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_rdma-stream-injector");
 
@@ -27,26 +29,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// A CA and a serving certificate for 127.0.0.1 and localhost.
-fn write_certs(dir: &Path) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "rdma-streams test CA");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let params =
-        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let leaf = params.signed_by(&key, &issuer).unwrap();
-    std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
-    std::fs::write(dir.join("tls.crt"), leaf.pem()).unwrap();
-    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
 }
 
 fn curl(args: &[&str]) -> (u16, String) {
@@ -103,7 +85,7 @@ fn base64_decode(s: &str) -> Vec<u8> {
 #[test]
 fn serves_admission_reviews_over_https_and_drains() {
     let dir = tempfile::tempdir().unwrap();
-    write_certs(dir.path());
+    test_pki::write_certs(dir.path());
     let port = free_port();
     let admin = free_port();
     let child = Command::new(BIN)
