@@ -7,15 +7,18 @@
 //! Order (first match wins; the reason is what every connection of the process is counted
 //! with):
 //! 1. `STREAMSHIM_DISABLE=1` -> `DISABLED`;
-//! 2. `STREAMSHIM_POLICY` unreadable or invalid -> one stderr line
+//! 2. `STREAMSHIM_MODE` neither empty, `proxy` nor `direct` -> one stderr line and
+//!    `UNSUPPORTED`; `direct` (not in this version) -> one stderr line, then proxy mode;
+//! 3. `STREAMSHIM_POLICY` unreadable or invalid -> one stderr line
 //!    `streamshim: <error>; passing through` and `POLICY` (the reason points the operator at
 //!    the policy, which is what must be fixed; `DISABLED` stays reserved for the kill switch);
-//! 3. the program (basename of /proc/self/exe or argv[0]) not allowed by the policy -> `POLICY`;
-//! 4. the provider (`STREAMSHIM_PROVIDER`, default librdmacm.so.1) not loadable -> `NO_PROVIDER`;
-//! 5. its probe (one rsocket, closed at once) fails -> `NO_DEVICE`;
-//! 6. RLIMIT_MEMLOCK below [`MIN_MEMLOCK`] without CAP_IPC_LOCK -> `MEMLOCK`;
-//! 7. otherwise the process is *capable*: connections are decided one by one (policy per peer,
-//!    and in phase 2 the negotiation with the peer).
+//! 4. the program (basename of /proc/self/exe or argv[0]) not allowed by the policy -> `POLICY`;
+//! 5. the provider (`STREAMSHIM_PROVIDER`, default librdmacm.so.1) not loadable -> `NO_PROVIDER`;
+//! 6. its probe (one rsocket, closed at once) fails -> `NO_DEVICE` (`MEMLOCK` for `ENOMEM`:
+//!    rsockets could not register their buffers);
+//! 7. RLIMIT_MEMLOCK below [`MIN_MEMLOCK`] without CAP_IPC_LOCK -> `MEMLOCK`;
+//! 8. otherwise the process is *capable*: connections are decided one by one (policy per peer,
+//!    and the negotiation with the peer).
 //!
 //! The result lives in one atomic byte ([`STATE`]): after the decision a hook costs one
 //! atomic load. Races: the thread that moves the state from UNDECIDED to DECIDING decides (with
@@ -38,6 +41,8 @@ use crate::sys;
 
 /// Env var: the kill switch.
 pub const DISABLE_ENV: &str = "STREAMSHIM_DISABLE";
+/// Env var: the data mode (`proxy`, the default; `direct` is reserved for a later version).
+pub const MODE_ENV: &str = "STREAMSHIM_MODE";
 /// Smallest RLIMIT_MEMLOCK (bytes) with which rsockets are usable without CAP_IPC_LOCK.
 pub const MIN_MEMLOCK: u64 = 8 << 20;
 /// Bit of CAP_IPC_LOCK in the capability sets.
@@ -130,6 +135,23 @@ fn evaluate() -> State {
         log_at!(Level::Info, "disabled by {DISABLE_ENV}: passing through");
         return State::PassThrough(Reason::Disabled);
     }
+    match std::env::var(MODE_ENV)
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "" | "proxy" => {}
+        "direct" => log::plain_line(format_args!(
+            "streamshim: {MODE_ENV}=direct is not available in this version; using proxy"
+        )),
+        other => {
+            log::plain_line(format_args!(
+                "streamshim: {MODE_ENV}={other:?} is not a mode (proxy, direct); passing through"
+            ));
+            return State::PassThrough(Reason::Unsupported);
+        }
+    }
     let policy = match Policy::from_env() {
         Ok(p) => p,
         Err(e) => {
@@ -154,6 +176,15 @@ fn evaluate() -> State {
         }
     };
     if let Err(e) = provider.probe() {
+        if e.source.raw_os_error() == Some(libc::ENOMEM) {
+            // rsocket() cannot register its buffers: the memlock limit, whatever it reads.
+            log_at!(
+                Level::Info,
+                "provider {}: {e} (ENOMEM): passing through (MEMLOCK)",
+                provider.name()
+            );
+            return State::PassThrough(Reason::Memlock);
+        }
         log_at!(
             Level::Info,
             "provider {}: {e}: passing through (NO_DEVICE)",

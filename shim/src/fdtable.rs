@@ -2,9 +2,9 @@
 //!
 //! One `AtomicU8` per fd below [`MAX_FDS`]; larger fds are "unknown" and always pass through
 //! uncounted. `socket()` and `accept()` set an entry, `close()` clears it (before the real
-//! close, so a number reused by another thread's `socket()` right after is not wiped). Fds made
-//! by calls not hooked yet (dup, dup2, dup3, fcntl(F_DUPFD), SCM_RIGHTS) are unknown.
-//! Phase 2 added the `SWAPPED` and `SIDE` bits.
+//! close, so a number reused by another thread's `socket()` right after is not wiped), `dup`,
+//! `dup2`, `dup3` and `fcntl(F_DUPFD*)` copy it to the new number. Fds received with
+//! SCM_RIGHTS or inherited across exec are unknown (they pass through; data works natively).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -24,6 +24,9 @@ pub const LISTENING: u8 = 8;
 pub const SWAPPED: u8 = 16;
 /// ... and it is a listener with a side-channel rsocket listener (phase 2).
 pub const SIDE: u8 = 32;
+/// ... and it was registered with `epoll_ctl` before it was connected: its swap would leave
+/// the registration on the old (TCP) description, so it is never upgraded (`UNSUPPORTED`).
+pub const POLLED: u8 = 64;
 
 static TABLE: [AtomicU8; MAX_FDS] = [const { AtomicU8::new(0) }; MAX_FDS];
 

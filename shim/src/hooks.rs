@@ -8,7 +8,9 @@
 //! its result is returned. errno is the original call's errno on return.
 //!
 //! Phase 2 added getpeername/getsockname/getsockopt/setsockopt (answered from the kept TCP
-//! socket for upgraded fds; one atomic load otherwise). A new detour needs a `real.rs` entry,
+//! socket for upgraded fds; one atomic load otherwise), dup/dup2/dup3/fcntl(F_DUPFD*) (copies
+//! keep what the shim knows of the fd) and epoll_ctl (sockets registered before connect stay
+//! TCP). A new detour needs a `real.rs` entry,
 //! an op, a line in `streamshim.map` and the `HOOKS` list of the tests.
 
 // `unsafe` here: `#[unsafe(no_mangle)]` exports, `.init_array`/`.fini_array` entries, calls of
@@ -226,6 +228,119 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return real();
     }
     detour(&real, |real| ops::close(fd, real))
+}
+
+/// `int dup(int fd)`: the copy inherits what the shim knows of `fd`.
+///
+/// # Safety
+/// The C contract of `dup(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    let Some(orig) = real::dup() else {
+        return no_original();
+    };
+    // SAFETY: the caller's argument, passed on unchanged to libc's dup.
+    let real = || unsafe { orig(fd) };
+    detour(&real, |real| ops::dup(fd, None, real))
+}
+
+/// `int dup2(int old, int new)`: `new` forgets what it was and inherits what `old` is.
+///
+/// # Safety
+/// The C contract of `dup2(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    let Some(orig) = real::dup2() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged to libc's dup2.
+    let real = || unsafe { orig(old, new) };
+    detour(&real, |real| ops::dup(old, Some(new), real))
+}
+
+/// `int dup3(int old, int new, int flags)`: as dup2.
+///
+/// # Safety
+/// The C contract of `dup3(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    let Some(orig) = real::dup3() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged to libc's dup3.
+    let real = || unsafe { orig(old, new, flags) };
+    detour(&real, |real| ops::dup(old, Some(new), real))
+}
+
+/// `fcntl`/`fcntl64`: F_DUPFD and F_DUPFD_CLOEXEC are dups; every other command goes straight
+/// to the original with no shim work at all.
+fn fcntl_detour(orig: real::FcntlFn, fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged to libc's variadic fcntl: the third
+    // argument is read and passed on as the full register the caller filled (an int, a long
+    // or a pointer, depending on `cmd`), exactly as glibc's own fcntl reads it with va_arg.
+    let real = || unsafe { orig(fd, cmd, arg) };
+    if cmd != libc::F_DUPFD && cmd != libc::F_DUPFD_CLOEXEC {
+        return real();
+    }
+    detour(&real, |real| ops::dup(fd, None, real))
+}
+
+/// `int fcntl(int fd, int cmd, ...)`. Defined with a fixed third argument (Rust cannot define
+/// C-variadic functions on stable): on x86-64 and aarch64 Linux a variadic integer or pointer
+/// argument travels in the same register as a fixed one, and commands without an argument
+/// leave an unused value there, which the original ignores.
+///
+/// # Safety
+/// The C contract of `fcntl(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
+    let Some(orig) = real::fcntl() else {
+        return no_original();
+    };
+    fcntl_detour(orig, fd, cmd, arg)
+}
+
+/// `int fcntl64(int fd, int cmd, ...)`: what programs built with `_FILE_OFFSET_BITS=64` call
+/// (glibc >= 2.28). As [`fcntl`].
+///
+/// # Safety
+/// The C contract of `fcntl(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
+    let Some(orig) = real::fcntl64() else {
+        return no_original();
+    };
+    fcntl_detour(orig, fd, cmd, arg)
+}
+
+/// `int epoll_ctl(int epfd, int op, int fd, struct epoll_event *event)`: notes INET stream
+/// sockets registered before they are connected (they stay TCP). One atomic load for every
+/// other fd.
+///
+/// # Safety
+/// The C contract of `epoll_ctl(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    event: *mut libc::epoll_event,
+) -> c_int {
+    let Some(orig) = real::epoll_ctl() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged to libc's epoll_ctl.
+    let real = || unsafe { orig(epfd, op, fd, event) };
+    if fdtable::get(fd) & fdtable::INET_STREAM == 0 {
+        return real();
+    }
+    detour(&real, |real| {
+        let rc = real();
+        if rc == 0 {
+            ops::epoll_ctl(op, fd);
+        }
+        rc
+    })
 }
 
 /// `int getpeername(int fd, struct sockaddr *addr, socklen_t *len)`: for an upgraded fd,

@@ -13,7 +13,7 @@ use rdma_streams_transport::reason::{Path, Reason, Role};
 use rdma_streams_transport::stats::Stats;
 
 use crate::decision::{self, State};
-use crate::fdtable::{self, COUNTED, INET_STREAM, LISTENING, SIDE, SWAPPED, TCP};
+use crate::fdtable::{self, COUNTED, INET_STREAM, LISTENING, POLLED, SIDE, SWAPPED, TCP};
 use crate::log::{Level, log_at};
 use crate::{sys, upgrade};
 
@@ -112,23 +112,77 @@ pub fn connect(
     let Some(peer) = peer else {
         return real().0;
     };
-    if flags & TCP != 0
+    let allowed = flags & TCP != 0
         && decision::current() == State::Capable
-        && decision::policy().is_some_and(|p| p.client_allows(peer))
+        && decision::policy().is_some_and(|p| p.client_allows(peer));
+    if allowed
+        && flags & POLLED == 0
         && let Some(provider) = decision::provider()
     {
         return upgrade::connect(fd, peer, provider, real);
     }
     let (rc, err) = real();
     if (rc == 0 || err == libc::EINPROGRESS)
-        && let Some(reason) = tcp_reason(flags, || {
-            decision::policy().is_some_and(|p| p.client_allows(peer))
-        })
+        && let Some(reason) = if allowed {
+            // Registered with epoll before connect: a swap would strand that registration.
+            Some(Reason::Unsupported)
+        } else {
+            tcp_reason(flags, || false)
+        }
         && fdtable::add(fd, COUNTED) & COUNTED == 0
     {
         count(Role::Client, fd, Some(peer), reason);
     }
     rc
+}
+
+/// `dup`/`dup2`/`dup3`/`fcntl(F_DUPFD*)`: `real` makes `new` a copy of `old` (`target`: the
+/// number dup2/dup3 asked for, whose previous file is closed by the call). The copy inherits
+/// what the shim knows of `old` (a swapped fd's kept TCP socket, a listener's side channel);
+/// the replaced number forgets what it was. Untracked fds: two atomic loads and, if the new
+/// number had stale flags, one store.
+pub fn dup(old: c_int, target: Option<c_int>, real: &mut dyn FnMut() -> c_int) -> c_int {
+    if target == Some(old) {
+        // dup2(fd, fd) / an error for dup3(fd, fd): nothing changes hands.
+        return real();
+    }
+    let flags = fdtable::get(old);
+    let replaced = target.map_or(0, fdtable::get);
+    let new = real();
+    if new < 0 {
+        return new;
+    }
+    if replaced & SWAPPED != 0 {
+        upgrade::forget_swapped(new);
+    }
+    if replaced & SIDE != 0 {
+        upgrade::close_side_listener(new);
+    }
+    let mut copied = flags;
+    if flags & SWAPPED != 0 && !upgrade::copy_swapped(old, new) {
+        copied &= !SWAPPED;
+    }
+    if flags & SIDE != 0 && !upgrade::copy_side_listener(old, new) {
+        copied &= !SIDE;
+    }
+    if copied == 0 {
+        fdtable::clear(new);
+    } else {
+        fdtable::set(new, copied);
+    }
+    new
+}
+
+/// `epoll_ctl(ADD|MOD)` on an INET stream socket that is not connected, accepted or
+/// listening yet marks it [`POLLED`]: it will stay TCP (see [`connect`]).
+pub fn epoll_ctl(op: c_int, fd: c_int) {
+    if op == libc::EPOLL_CTL_DEL {
+        return;
+    }
+    let flags = fdtable::get(fd);
+    if flags & (INET_STREAM | COUNTED | LISTENING | SWAPPED | POLLED) == INET_STREAM {
+        fdtable::add(fd, POLLED);
+    }
 }
 
 /// `listen()`: noted; in a capable process a TCP listener also gets its side-channel rsocket

@@ -38,6 +38,17 @@ pub type GetsockoptFn =
 pub type SetsockoptFn =
     unsafe extern "C" fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int;
 
+/// `int dup(int)`.
+pub type DupFn = unsafe extern "C" fn(c_int) -> c_int;
+/// `int dup2(int, int)`.
+pub type Dup2Fn = unsafe extern "C" fn(c_int, c_int) -> c_int;
+/// `int dup3(int, int, int)`.
+pub type Dup3Fn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
+/// `int fcntl(int, int, ...)` (and fcntl64): called variadically, as C callers do.
+pub type FcntlFn = unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
+/// `int epoll_ctl(int, int, int, struct epoll_event *)`.
+pub type EpollCtlFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
+
 /// Looks `name` up in the objects after this one and caches the address in `slot`.
 fn resolve(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
     // SAFETY: RTLD_NEXT is a valid pseudo-handle inside a shared object and `name` is
@@ -88,4 +99,10 @@ originals! {
     GETSOCKNAME, getsockname, c"getsockname", NameFn;
     GETSOCKOPT, getsockopt, c"getsockopt", GetsockoptFn;
     SETSOCKOPT, setsockopt, c"setsockopt", SetsockoptFn;
+    DUP, dup, c"dup", DupFn;
+    DUP2, dup2, c"dup2", Dup2Fn;
+    DUP3, dup3, c"dup3", Dup3Fn;
+    FCNTL, fcntl, c"fcntl", FcntlFn;
+    FCNTL64, fcntl64, c"fcntl64", FcntlFn;
+    EPOLL_CTL, epoll_ctl, c"epoll_ctl", EpollCtlFn;
 }

@@ -356,7 +356,12 @@ pub fn swap(fd: c_int, rs: RSocket) -> io::Result<()> {
 
 fn run_pump(local: OwnedFd, rs: RSocket, kept: Arc<OwnedFd>) {
     let _guard = Guard::enter();
-    let report = pump(local, rs, PumpOptions::default());
+    // The kept TCP socket is watched: a reset of the peer's kernel connection ends the pump.
+    let opts = PumpOptions {
+        watch: Some(Arc::clone(&kept)),
+        ..PumpOptions::default()
+    };
+    let report = pump(local, rs, opts);
     let stats = Stats::global();
     stats.add_rdma_bytes_sent(report.to_remote);
     stats.add_rdma_bytes_received(report.to_local);
@@ -383,6 +388,28 @@ pub fn kept(fd: c_int) -> Option<Arc<OwnedFd>> {
 }
 
 /// The app closes a swapped fd: forget its kept socket (the pump keeps its own reference).
+/// `new` is a copy (dup) of the swapped fd `old`: it answers from the same kept TCP socket.
+/// False if `old` is not in the table (closed meanwhile by another thread).
+pub fn copy_swapped(old: c_int, new: c_int) -> bool {
+    let mut map = lock(&SWAPPED_FDS);
+    let Some(kept) = map.get(&old).cloned() else {
+        return false;
+    };
+    map.insert(new, kept);
+    true
+}
+
+/// `new` is a copy (dup) of the side-listening fd `old`: the side channel stays open until
+/// the last copy is closed. False if `old` has no side listener (closed meanwhile).
+pub fn copy_side_listener(old: c_int, new: c_int) -> bool {
+    let mut map = lock(&LISTENERS);
+    let Some(rs) = map.get(&old).cloned() else {
+        return false;
+    };
+    map.insert(new, rs);
+    true
+}
+
 pub fn forget_swapped(fd: c_int) {
     let old = lock(&SWAPPED_FDS).remove(&fd);
     drop(old);
@@ -475,9 +502,20 @@ pub fn claim(peer: SocketAddr) -> Option<Claimed> {
     }
 }
 
+/// The open side-channel listeners, each once (dup'd listening fds share one).
+fn side_listeners() -> Vec<Arc<RSocket>> {
+    let mut out: Vec<Arc<RSocket>> = Vec::new();
+    for l in lock(&LISTENERS).values() {
+        if !out.iter().any(|o| Arc::ptr_eq(o, l)) {
+            out.push(Arc::clone(l));
+        }
+    }
+    out
+}
+
 /// Whether any side-channel listener has a connection waiting (no wait).
 fn side_listeners_readable() -> bool {
-    let listeners: Vec<Arc<RSocket>> = lock(&LISTENERS).values().cloned().collect();
+    let listeners = side_listeners();
     let Some(first) = listeners.first() else {
         return false;
     };
@@ -568,7 +606,7 @@ fn side_thread(provider: &'static Provider) {
     let _guard = Guard::enter();
     let mut incoming: Vec<Incoming> = Vec::new();
     loop {
-        let listeners: Vec<Arc<RSocket>> = lock(&LISTENERS).values().cloned().collect();
+        let listeners = side_listeners();
         if listeners.is_empty() && incoming.is_empty() {
             thread::sleep(SIDE_TICK);
         } else {

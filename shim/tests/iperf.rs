@@ -225,3 +225,45 @@ fn debug_log_reports_decision_and_connections() {
         );
     }
 }
+
+#[test]
+fn unknown_mode_prints_one_line_and_passes_through() {
+    let f = fake();
+    let o = iperf(
+        &[("STREAMSHIM_PROVIDER", &f), ("STREAMSHIM_MODE", "turbo")],
+        "",
+    );
+    expect(&o, "UNSUPPORTED");
+    for err in [&o.client_err, &o.server_err] {
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("STREAMSHIM_MODE=\"turbo\" is not a mode")
+                && err.contains("passing through"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn direct_mode_says_so_once_and_uses_proxy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pol = policy_file(dir.path(), "version: 1\nloopback: true\n");
+    let f = fake();
+    let o = iperf(
+        &[
+            ("STREAMSHIM_PROVIDER", &f),
+            ("STREAMSHIM_POLICY", &pol),
+            ("STREAMSHIM_MODE", "direct"),
+        ],
+        "",
+    );
+    assert_upgraded(&o.client, "client", 2);
+    assert_upgraded(&o.server, "server", 2);
+    for err in [&o.client_err, &o.server_err] {
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("direct is not available in this version; using proxy"),
+            "{err}"
+        );
+    }
+}

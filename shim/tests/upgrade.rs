@@ -356,26 +356,6 @@ assert bytes(got) == data, (len(got), len(data))
 print("echo ok")
 "#;
 
-/// Sums `role`'s tcp and rdma counters over every stats file with `prefix`.
-fn sum_counts(
-    w: &Path,
-    prefix: &str,
-    role: &str,
-) -> (serde_json::Map<String, serde_json::Value>, u64) {
-    let mut tcp = serde_json::Map::new();
-    let mut rdma = 0;
-    for v in stats_files(w, prefix).values() {
-        if let Some(m) = v[role]["tcp"].as_object() {
-            for (k, n) in m {
-                let old = tcp.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-                tcp.insert(k.clone(), (old + n.as_u64().unwrap_or(0)).into());
-            }
-        }
-        rdma += v[role]["total"]["rdma"].as_u64().unwrap_or(0);
-    }
-    (tcp, rdma)
-}
-
 #[test]
 fn prefork_server_never_hangs_and_stays_tcp() {
     let (dir, _) = setup();

@@ -20,10 +20,15 @@
 //!   anyway, so a provider that misses a wake-up slows the pump down but cannot stall it.
 //! - **Stop**: [`PumpOptions::stop`] is checked at least once per tick; raising it ends the
 //!   pump with [`PumpEnd::Stopped`] after the same teardown as an error.
+//! - **Watched socket**: [`PumpOptions::watch`] (the shim's kept kernel TCP socket, which
+//!   carries no bytes after an upgrade) is polled while the pump waits. A reset or error on it
+//!   tears both sides down ([`PumpError::Watched`]), and so do bytes arriving on it (the peer
+//!   is not speaking the protocol); a FIN only ends the watch, because a peer that finished
+//!   cleanly closes its TCP socket while its last bytes may still be in flight on the stream.
 
 use std::io::{self, Read};
 use std::net::Shutdown;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -47,6 +52,8 @@ pub struct PumpOptions {
     pub stop: Arc<AtomicBool>,
     /// Longest single wait in `rpoll` (default and maximum [`MAX_TICK`]).
     pub tick: Duration,
+    /// A kernel socket that must stay silent while the pump runs (see the module docs).
+    pub watch: Option<Arc<OwnedFd>>,
 }
 
 impl Default for PumpOptions {
@@ -55,6 +62,7 @@ impl Default for PumpOptions {
             buffer_size: DEFAULT_BUFFER_SIZE,
             stop: Arc::new(AtomicBool::new(false)),
             tick: MAX_TICK,
+            watch: None,
         }
     }
 }
@@ -73,6 +81,9 @@ pub enum PumpError {
     /// `rpoll` itself failed.
     #[error("rpoll failed")]
     Poll(#[source] PollError),
+    /// The watched kernel socket was reset, failed, or received bytes.
+    #[error("watched socket failed")]
+    Watched(#[source] io::Error),
 }
 
 /// How a pump ended.
@@ -276,6 +287,7 @@ fn run(
     local.set_nonblocking(true).map_err(PumpError::Local)?;
     remote.set_nonblocking(true).map_err(PumpError::Remote)?;
     let tick = opts.tick.min(MAX_TICK);
+    let mut watch = opts.watch.as_deref().map(AsFd::as_fd);
     loop {
         if opts.stop.load(Ordering::Acquire) {
             return Ok(PumpEnd::Stopped);
@@ -296,7 +308,28 @@ fn run(
             // Still moving data: skip the wait, but look at the stop flag first.
             continue;
         }
-        wait(local, remote, up, down, tick)?;
+        if wait(local, remote, up, down, watch, tick)?
+            && let Some(fd) = watch
+            && !still_silent(fd)?
+        {
+            watch = None;
+        }
+    }
+}
+
+/// Looks at the watched socket after `rpoll` flagged it: true while it is open and silent,
+/// false after a FIN (stop watching), an error for a reset, an error or stray bytes.
+fn still_silent(fd: BorrowedFd<'_>) -> Result<bool, PumpError> {
+    let sock = socket2::SockRef::from(&fd);
+    let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    match sock.recv_with_flags(&mut probe, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(0) => Ok(false),
+        Ok(_) => Err(PumpError::Watched(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bytes arrived on the kept TCP connection",
+        ))),
+        Err(e) if transient(&e) => Ok(true),
+        Err(e) => Err(PumpError::Watched(e)),
     }
 }
 
@@ -307,8 +340,9 @@ fn wait(
     remote: &RSocket,
     up: &Direction,
     down: &Direction,
+    watch: Option<BorrowedFd<'_>>,
     tick: Duration,
-) -> Result<(), PumpError> {
+) -> Result<bool, PumpError> {
     let mut local_events = Events::NONE;
     let mut remote_events = Events::NONE;
     if up.wants_read() {
@@ -323,7 +357,10 @@ fn wait(
     if down.pending() {
         local_events |= Events::WRITABLE;
     }
-    let mut entries = Vec::with_capacity(2);
+    let mut entries = Vec::with_capacity(3);
+    if let Some(fd) = watch {
+        entries.push(PollFd::fd(fd, Events::READABLE));
+    }
     if !local_events.is_empty() {
         entries.push(PollFd::fd(local.as_fd(), local_events));
     }
@@ -331,5 +368,5 @@ fn wait(
         entries.push(PollFd::rsocket(remote, remote_events));
     }
     poll(remote.provider(), &mut entries, Some(tick)).map_err(PumpError::Poll)?;
-    Ok(())
+    Ok(watch.is_some() && !entries[0].revents().is_empty())
 }

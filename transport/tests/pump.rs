@@ -295,3 +295,85 @@ fn case_poll_never_wakes() {
     let report = pump_thread.join().unwrap();
     assert!(report.end.is_clean(), "{report:?}");
 }
+
+/// A connected kernel TCP pair on loopback: (the socket the pump watches, its peer).
+fn tcp_pair() -> (TcpStream, TcpStream) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (b, _) = l.accept().unwrap();
+    (a, b)
+}
+
+fn watching(kept: TcpStream) -> PumpOptions {
+    PumpOptions {
+        watch: Some(Arc::new(OwnedFd::from(kept))),
+        ..PumpOptions::default()
+    }
+}
+
+#[test]
+fn reset_of_the_watched_socket_tears_both_sides_down() {
+    within(Duration::from_secs(30), || {
+        let p = fake();
+        let (client, peer) = rpair(&p);
+        let (kept, kept_peer) = tcp_pair();
+        let (mut app, pump_thread) = start_pump(client, watching(kept));
+        app.write_all(b"before").unwrap();
+        let mut b = [0u8; 6];
+        (&peer).read_exact(&mut b).unwrap();
+        // An RST: SO_LINGER 0, then close.
+        socket2::SockRef::from(&kept_peer)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(kept_peer);
+        let report = pump_thread.join().unwrap();
+        match &report.end {
+            PumpEnd::Failed(PumpError::Watched(e)) => {
+                assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e:?}");
+            }
+            other => panic!("expected a watched-socket failure, got {other:?}"),
+        }
+        app.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (got, _) = read_to_end(&app);
+        assert!(got.is_empty());
+    });
+}
+
+#[test]
+fn fin_on_the_watched_socket_only_ends_the_watch() {
+    within(Duration::from_secs(30), || {
+        let p = fake();
+        let (client, peer) = rpair(&p);
+        let (kept, kept_peer) = tcp_pair();
+        let (app, pump_thread) = start_pump(client, watching(kept));
+        drop(kept_peer);
+        // The FIN is seen, then the pump idles: it must neither end nor spin.
+        thread::sleep(Duration::from_millis(300));
+        assert!(!pump_thread.is_finished());
+        let a = random_bytes(3 << 20, 7);
+        let b = random_bytes(2 << 20, 8);
+        let (at_app, at_peer) = exchange(&app, &peer, &a, &b);
+        assert_eq!(sha(&at_peer), sha(&a));
+        assert_eq!(sha(&at_app), sha(&b));
+        let report = pump_thread.join().unwrap();
+        assert!(report.end.is_clean(), "{report:?}");
+    });
+}
+
+#[test]
+fn bytes_on_the_watched_socket_tear_down() {
+    within(Duration::from_secs(30), || {
+        let p = fake();
+        let (client, _peer) = rpair(&p);
+        let (kept, mut kept_peer) = tcp_pair();
+        let (_app, pump_thread) = start_pump(client, watching(kept));
+        kept_peer.write_all(b"stray").unwrap();
+        let report = pump_thread.join().unwrap();
+        match &report.end {
+            PumpEnd::Failed(PumpError::Watched(e)) => {
+                assert_eq!(e.kind(), ErrorKind::InvalidData, "{e:?}");
+            }
+            other => panic!("expected a watched-socket failure, got {other:?}"),
+        }
+    });
+}

@@ -18,11 +18,17 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The hooks `libstreamshim.so` exports, and nothing else.
-pub const HOOKS: [&str; 10] = [
+pub const HOOKS: [&str; 16] = [
     "accept",
     "accept4",
     "close",
     "connect",
+    "dup",
+    "dup2",
+    "dup3",
+    "epoll_ctl",
+    "fcntl",
+    "fcntl64",
     "getpeername",
     "getsockname",
     "getsockopt",
@@ -95,15 +101,19 @@ pub struct Run {
 }
 
 /// Runs `script` with bash (`set -eu`, job control on so background jobs get SIGINT) with
-/// `SHIM`, `FAKE`, `PY` and `env` in the environment, killed after `limit`.
+/// `SHIM`, `FAKE`, `PY` and `env` in the environment, killed after `limit` (with `netns`:
+/// every process it started, through its PID namespace).
 pub fn run_script(script: &str, env: &[(&str, OsString)], limit: Duration, netns: bool) -> Run {
     let full = format!(
         "set -eu\nset -m\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n{}{script}\n",
         if netns { "ip link set lo up\n" } else { "" }
     );
     let mut cmd = if netns {
+        // A PID namespace too, with bash as its init: when the timeout kills unshare, the
+        // kernel kills bash (--kill-child) and with it every process the script started, so
+        // no orphan keeps the output pipes open.
         let mut c = Command::new("unshare");
-        c.args(["-n", "bash", "-c", &full]);
+        c.args(["-n", "-p", "-f", "--kill-child", "bash", "-c", &full]);
         c
     } else {
         let mut c = Command::new("bash");
@@ -275,3 +285,64 @@ pub fn fake_bytes(dir: &Path) -> (u64, u64, usize) {
     }
     (sent, received, files)
 }
+
+/// Sums `role`'s tcp counters (by reason) and its rdma total over every stats file with
+/// `prefix` (a forking program writes one file per process).
+pub fn sum_counts(
+    w: &Path,
+    prefix: &str,
+    role: &str,
+) -> (serde_json::Map<String, serde_json::Value>, u64) {
+    let mut tcp = serde_json::Map::new();
+    let mut rdma = 0;
+    for v in stats_files(w, prefix).values() {
+        if let Some(m) = v[role]["tcp"].as_object() {
+            for (k, n) in m {
+                let old = tcp.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+                tcp.insert(k.clone(), (old + n.as_u64().unwrap_or(0)).into());
+            }
+        }
+        rdma += v[role]["total"]["rdma"].as_u64().unwrap_or(0);
+    }
+    (tcp, rdma)
+}
+
+/// Script snippet: two hosts, network namespaces `$NSA` (198.18.0.1, `$A`) and `$NSB`
+/// (198.18.0.2, `$B`) joined by a veth pair, deleted on exit with every background job;
+/// `on_a`/`on_b` run a command on a host, `wait_port_on NS PORT` waits for a listener there.
+pub const TWO_HOSTS: &str = r#"
+R=$(head -c4 /dev/urandom | od -An -tx1 | tr -d ' \n')
+NSA=rs${R}a
+NSB=rs${R}b
+A=198.18.0.1
+B=198.18.0.2
+cleanup() {
+  kill $(jobs -p) 2>/dev/null || true
+  wait 2>/dev/null || true
+  ip netns del "$NSA" 2>/dev/null || true
+  ip netns del "$NSB" 2>/dev/null || true
+}
+trap cleanup EXIT
+ip netns del "$NSA" 2>/dev/null || true
+ip netns del "$NSB" 2>/dev/null || true
+ip netns add "$NSA"
+ip netns add "$NSB"
+ip link add "${NSA}v" type veth peer name "${NSB}v"
+ip link set "${NSA}v" netns "$NSA"
+ip link set "${NSB}v" netns "$NSB"
+ip -n "$NSA" addr add "$A/24" dev "${NSA}v"
+ip -n "$NSB" addr add "$B/24" dev "${NSB}v"
+for ns in "$NSA" "$NSB"; do
+  ip -n "$ns" link set lo up
+  ip -n "$ns" link set "${ns}v" up
+done
+on_a() { ip netns exec "$NSA" "$@"; }
+on_b() { ip netns exec "$NSB" "$@"; }
+wait_port_on() {
+  for _ in $(seq 1 200); do
+    ip netns exec "$1" ss -ltnH | grep -q ":$2 " && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on port $2 in $1" >&2; return 1
+}
+"#;
