@@ -4,6 +4,8 @@
 #   make test    deps, fmt check, clippy -D warnings, every test
 #   make bench   side-by-side benchmarks (results go to docs/benchmarks.md by hand)
 #   make demo    the newcomer's tour, no cluster needed
+#   make e2e-softroce  the shim over real rsockets on Soft-RoCE (rdma_rxe) between two network
+#                namespaces; prints one SKIP line and exits 0 where the kernel has no rdma_rxe
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -16,7 +18,7 @@ KUBERNETES_VALIDATE_VERSION := 1.37.0
 KV_VENV := $(CURDIR)/.tools/kv
 KUBERNETES_VALIDATE := $(KV_VENV)/bin/kubernetes-validate
 
-.PHONY: all build deps test fmt-check clippy unit bench demo clean
+.PHONY: all build deps test fmt-check clippy unit bench demo e2e-softroce clean
 
 all: build
 
@@ -67,9 +69,16 @@ test: deps fmt-check clippy unit
 bench: deps
 	$(CARGO) bench -p rdma-device-plugin --bench plugin
 	$(CARGO) bench -p rdma-stream-injector --bench admission
+	$(CARGO) bench -p rdma-streams-shim --bench streams
 
 demo: deps
 	@bash scripts/demo.sh
+
+# Needs root and a kernel with rdma_rxe; elsewhere one `SKIP: ...` line and exit 0
+# (SOFTROCE_REQUIRE=1: exit 77 instead). Options: e2e/softroce.sh --help.
+e2e-softroce:
+	$(CARGO) build --release -p rdma-streams-shim
+	bash e2e/softroce.sh --shim target/release/libstreamshim.so
 
 clean:
 	$(CARGO) clean

@@ -13,7 +13,9 @@
 //!    `streamshim: <error>; passing through` and `POLICY` (the reason points the operator at
 //!    the policy, which is what must be fixed; `DISABLED` stays reserved for the kill switch);
 //! 4. the program (basename of /proc/self/exe or argv[0]) not allowed by the policy -> `POLICY`;
-//! 5. the provider (`STREAMSHIM_PROVIDER`, default librdmacm.so.1) not loadable -> `NO_PROVIDER`;
+//! 5. the provider (`STREAMSHIM_PROVIDER`, default librdmacm.so.1) not loadable -> `NO_PROVIDER`
+//!    (for the default provider, an empty or absent `/sys/class/infiniband` is `NO_DEVICE`
+//!    first, without loading anything);
 //! 6. its probe (one rsocket, closed at once) fails -> `NO_DEVICE` (`MEMLOCK` for `ENOMEM`:
 //!    rsockets could not register their buffers);
 //! 7. RLIMIT_MEMLOCK below [`MIN_MEMLOCK`] without CAP_IPC_LOCK -> `MEMLOCK`;
@@ -168,6 +170,15 @@ fn evaluate() -> State {
         );
         return State::PassThrough(Reason::Policy);
     }
+    if sysfs_has_no_rdma_device() {
+        // The default provider could only say the same, after ~1 ms of dlopen (librdmacm,
+        // libibverbs, libnl) and a probe: every short-lived process would pay it.
+        log_at!(
+            Level::Info,
+            "no RDMA device in /sys/class/infiniband: passing through (NO_DEVICE)"
+        );
+        return State::PassThrough(Reason::NoDevice);
+    }
     let provider = match Provider::from_env() {
         Ok(p) => p,
         Err(e) => {
@@ -208,6 +219,26 @@ fn evaluate() -> State {
     let _ = POLICY.set(policy);
     let _ = PROVIDER.set(provider);
     State::Capable
+}
+
+/// True when the provider is the default librdmacm and sysfs says the node (or this
+/// network namespace, in exclusive RDMA mode) has no RDMA device. Unknown (no sysfs, another
+/// provider such as a test's fake): false, and the provider's probe decides.
+fn sysfs_has_no_rdma_device() -> bool {
+    use rdma_streams_transport::provider::{DEFAULT_PROVIDER, ENV_PROVIDER};
+    let provider = std::env::var(ENV_PROVIDER).unwrap_or_default();
+    let provider = provider.trim();
+    if !(provider.is_empty() || provider == DEFAULT_PROVIDER) {
+        return false;
+    }
+    match std::fs::read_dir("/sys/class/infiniband") {
+        Ok(mut entries) => entries.next().is_none(),
+        // sysfs is there but the RDMA class is not: no RDMA core, no device.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::path::Path::new("/sys/class/net").is_dir()
+        }
+        Err(_) => false,
+    }
 }
 
 /// `STREAMSHIM_DISABLE` set to 1/true/yes/on.

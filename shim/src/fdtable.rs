@@ -27,6 +27,11 @@ pub const SIDE: u8 = 32;
 /// ... and it was registered with `epoll_ctl` before it was connected: its swap would leave
 /// the registration on the old (TCP) description, so it is never upgraded (`UNSUPPORTED`).
 pub const POLLED: u8 = 64;
+/// The fd belongs to the shim (a kept TCP socket, a pump's socketpair end, a wake-up pair,
+/// a socket the provider made): the app's `close()` of this number answers `EBADF` without
+/// closing it. Apps that close a number twice (iperf3 does) would otherwise close the shim's
+/// fd that reused it, and the shim would later close whatever reused it next.
+pub const SHIM_OWNED: u8 = 128;
 
 static TABLE: [AtomicU8; MAX_FDS] = [const { AtomicU8::new(0) }; MAX_FDS];
 

@@ -83,9 +83,9 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
     // SAFETY: the caller's arguments, passed on unchanged to libc's socket.
     let real = || unsafe { orig(domain, ty, protocol) };
     if Guard::enter().is_none() {
-        // The shim's own socket (provider probe): never tracked.
+        // The shim's own socket (provider probe, provider internals): the shim's.
         let fd = real();
-        fdtable::set(fd, 0);
+        fdtable::set(fd, fdtable::SHIM_OWNED);
         return fd;
     }
     detour(&real, |real| {
@@ -164,6 +164,12 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
     };
     // SAFETY: the caller's arguments, passed on unchanged to libc's accept.
     let real = || unsafe { orig(fd, addr, len) };
+    if Guard::enter().is_none() {
+        // The provider accepting for the shim: the fd is the shim's.
+        let fd = real();
+        fdtable::set(fd, fdtable::SHIM_OWNED);
+        return fd;
+    }
     detour(&real, |real| {
         ops::accept(fd, &mut || {
             let rc = real();
@@ -198,6 +204,12 @@ pub unsafe extern "C" fn accept4(
     };
     // SAFETY: the caller's arguments, passed on unchanged to libc's accept4.
     let real = || unsafe { orig(fd, addr, len, flags) };
+    if Guard::enter().is_none() {
+        // The provider accepting for the shim: the fd is the shim's.
+        let fd = real();
+        fdtable::set(fd, fdtable::SHIM_OWNED);
+        return fd;
+    }
     detour(&real, |real| {
         ops::accept(fd, &mut || {
             let rc = real();

@@ -13,7 +13,9 @@ use rdma_streams_transport::reason::{Path, Reason, Role};
 use rdma_streams_transport::stats::Stats;
 
 use crate::decision::{self, State};
-use crate::fdtable::{self, COUNTED, INET_STREAM, LISTENING, POLLED, SIDE, SWAPPED, TCP};
+use crate::fdtable::{
+    self, COUNTED, INET_STREAM, LISTENING, POLLED, SHIM_OWNED, SIDE, SWAPPED, TCP,
+};
 use crate::log::{Level, log_at};
 use crate::{sys, upgrade};
 
@@ -158,7 +160,14 @@ pub fn dup(old: c_int, target: Option<c_int>, real: &mut dyn FnMut() -> c_int) -
     if replaced & SIDE != 0 {
         upgrade::close_side_listener(new);
     }
-    let mut copied = flags;
+    if replaced & SHIM_OWNED != 0 {
+        log_at!(
+            Level::Info,
+            "dup onto fd {new}, a shim fd: the connection using it breaks"
+        );
+    }
+    // A copy the app made of a shim fd (a stale number) is the app's.
+    let mut copied = flags & !SHIM_OWNED;
     if flags & SWAPPED != 0 && !upgrade::copy_swapped(old, new) {
         copied &= !SWAPPED;
     }
@@ -261,6 +270,13 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
 /// closes its side-channel listener.
 pub fn close(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
     let flags = fdtable::get(fd);
+    if flags & SHIM_OWNED != 0 {
+        // Not the app's fd: its own was closed before (a double close). What the app would
+        // see without the shim, had the number not been reused.
+        log_at!(Level::Debug, "close({fd}) of a shim fd refused (EBADF)");
+        sys::set_errno(libc::EBADF);
+        return -1;
+    }
     fdtable::clear(fd);
     if flags & SWAPPED != 0 {
         upgrade::forget_swapped(fd);
@@ -298,6 +314,7 @@ pub fn redirect(
 
 /// At exit (atexit handler or the destructor fallback).
 pub fn at_exit() {
+    upgrade::flush_at_exit();
     decision::write_stats_once();
 }
 

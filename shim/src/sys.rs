@@ -180,6 +180,49 @@ pub fn dup_cloexec(fd: c_int) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
+/// A non-blocking, close-on-exec `AF_UNIX` datagram pair: (reader, writer) of a wake-up
+/// channel for a thread that sleeps in poll.
+pub fn wake_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as c_int; 2];
+    // SAFETY: `fds` has room for the two fds socketpair writes.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(last_error());
+    }
+    // SAFETY: both are fresh fds owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends one wake-up byte on the writer of a [`wake_pair`] (never blocks; a full queue already
+/// holds a wake-up, and a closed fd only means nobody sleeps there any more).
+pub fn wake(writer: c_int) {
+    let byte = 1u8;
+    // SAFETY: one readable byte; send on an fd number that may be stale fails harmlessly (the
+    // number is only ever the writer of a wake pair, which is never closed).
+    unsafe {
+        libc::send(
+            writer,
+            (&raw const byte).cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        );
+    }
+}
+
+/// Reads every pending wake-up byte of a [`wake_pair`]'s reader.
+pub fn drain_wakes(reader: BorrowedFd<'_>) {
+    let mut buf = [0u8; 64];
+    // SAFETY: `buf` is writable for its length; the reader is non-blocking.
+    while unsafe { libc::recv(reader.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) } > 0 {}
+}
+
 /// A connected `AF_UNIX` stream socket pair, both ends close-on-exec.
 pub fn socketpair_stream() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1 as c_int; 2];

@@ -20,8 +20,8 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -35,19 +35,63 @@ use rdma_streams_transport::policy::canonical_ip;
 use rdma_streams_transport::reason::{Path, Reason, Role};
 use rdma_streams_transport::stats::Stats;
 use rdma_streams_transport::{
-    Events, PollFd, Provider, PumpOptions, RSocket, RSocketError, poll, pump,
+    Events, PollFd, Provider, PumpControl, PumpOptions, RSocket, RSocketError, poll, pump,
 };
 
 use crate::decision;
-use crate::fdtable::{self, COUNTED, INET_STREAM, SWAPPED, TCP};
+use crate::fdtable::{self, COUNTED, INET_STREAM, SHIM_OWNED, SWAPPED, TCP};
 use crate::guard::Guard;
 use crate::log::{Level, log_at};
 use crate::sys;
 
 /// Backlog of a side-channel listener.
 const SIDE_BACKLOG: i32 = 128;
-/// Longest sleep of the side-channel thread (a listener added meanwhile waits at most this).
+/// Longest sleep of the side-channel thread while a HELLO is being read (its deadline is
+/// checked this often).
 const SIDE_TICK: Duration = Duration::from_millis(20);
+/// Longest sleep of an idle side-channel thread (expired pending entries are dropped this
+/// often). New and closed listeners wake it at once through [`WAKE_WRITER`].
+const SIDE_IDLE_TICK: Duration = Duration::from_secs(1);
+/// The writer of the side-channel thread's wake-up pair (-1: no thread yet). A plain number,
+/// no lock: a fork child that starts its own thread replaces it.
+static WAKE_WRITER: AtomicI32 = AtomicI32::new(-1);
+
+/// The running pumps of this process, flushed at exit ([`flush_at_exit`]).
+static ACTIVE_PUMPS: Mutex<Vec<Arc<PumpControl>>> = Mutex::new(Vec::new());
+/// The longest an exiting process waits for its pumps to deliver what the app wrote.
+const EXIT_FLUSH: Duration = Duration::from_secs(2);
+
+/// At exit: every pump delivers what the app already wrote and half-closes its rsocket, as
+/// the kernel would for a TCP socket after the process is gone; at most [`EXIT_FLUSH`] in all
+/// (a peer that stopped reading cannot hold the exit longer). Never blocks on a lock another
+/// thread holds.
+pub fn flush_at_exit() {
+    let deadline = Instant::now() + EXIT_FLUSH;
+    let pumps: Vec<Arc<PumpControl>> = loop {
+        if let Ok(p) = ACTIVE_PUMPS.try_lock() {
+            break p.clone();
+        }
+        if Instant::now() >= deadline {
+            return;
+        }
+        thread::sleep(Duration::from_millis(1));
+    };
+    if pumps.is_empty() {
+        return;
+    }
+    for p in &pumps {
+        p.drain();
+    }
+    while !pumps.iter().all(|p| p.sent_all()) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(1));
+    }
+    if !pumps.iter().all(|p| p.sent_all()) {
+        log_at!(
+            Level::Info,
+            "exit: some upgraded connections could not deliver everything within {EXIT_FLUSH:?}"
+        );
+    }
+}
 
 /// Swapped app fds -> the kept kernel TCP socket (shared with the connection's pump thread).
 static SWAPPED_FDS: Mutex<BTreeMap<c_int, Arc<OwnedFd>>> = Mutex::new(BTreeMap::new());
@@ -330,13 +374,13 @@ fn read_message(rs: &RSocket, deadline: Instant) -> Result<Message, Reason> {
 pub fn swap(fd: c_int, rs: RSocket) -> io::Result<()> {
     let (fl, fdfl) = sys::fd_flags(fd)?;
     let (a, b) = sys::socketpair_stream()?;
-    fdtable::set(a.as_raw_fd(), 0);
-    fdtable::set(b.as_raw_fd(), 0);
+    fdtable::set(a.as_raw_fd(), SHIM_OWNED);
+    fdtable::set(b.as_raw_fd(), SHIM_OWNED);
     if fl & libc::O_NONBLOCK != 0 {
         sys::set_nonblocking(a.as_fd())?;
     }
     let kept = Arc::new(sys::dup_cloexec(fd)?);
-    fdtable::set(kept.as_raw_fd(), 0);
+    fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
     lock(&SWAPPED_FDS).insert(fd, Arc::clone(&kept));
     if let Err(e) = sys::dup3(a.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {
         lock(&SWAPPED_FDS).remove(&fd);
@@ -357,11 +401,15 @@ pub fn swap(fd: c_int, rs: RSocket) -> io::Result<()> {
 fn run_pump(local: OwnedFd, rs: RSocket, kept: Arc<OwnedFd>) {
     let _guard = Guard::enter();
     // The kept TCP socket is watched: a reset of the peer's kernel connection ends the pump.
+    let control = Arc::new(PumpControl::default());
+    lock(&ACTIVE_PUMPS).push(Arc::clone(&control));
     let opts = PumpOptions {
         watch: Some(Arc::clone(&kept)),
+        control: Arc::clone(&control),
         ..PumpOptions::default()
     };
     let report = pump(local, rs, opts);
+    lock(&ACTIVE_PUMPS).retain(|c| !Arc::ptr_eq(c, &control));
     let stats = Stats::global();
     stats.add_rdma_bytes_sent(report.to_remote);
     stats.add_rdma_bytes_received(report.to_local);
@@ -436,9 +484,15 @@ pub fn open_side_listener(fd: c_int, provider: &'static Provider) -> bool {
     }
     lock(&LISTENERS).insert(fd, Arc::new(rs));
     if !SIDE_THREAD.swap(true, Ordering::AcqRel) {
-        let spawned = thread::Builder::new()
-            .name("streamshim-side".into())
-            .spawn(move || side_thread(provider));
+        let spawned = sys::wake_pair().and_then(|(reader, writer)| {
+            fdtable::set(reader.as_raw_fd(), SHIM_OWNED);
+            fdtable::set(writer.as_raw_fd(), SHIM_OWNED);
+            // The writer stays open for the life of the process (one fd).
+            WAKE_WRITER.store(writer.into_raw_fd(), Ordering::Release);
+            thread::Builder::new()
+                .name("streamshim-side".into())
+                .spawn(move || side_thread(provider, reader))
+        });
         if let Err(e) = spawned {
             log_at!(Level::Info, "cannot start the side-channel thread: {e}");
             SIDE_THREAD.store(false, Ordering::Release);
@@ -446,14 +500,24 @@ pub fn open_side_listener(fd: c_int, provider: &'static Provider) -> bool {
             return false;
         }
     }
+    wake_side_thread();
     log_at!(Level::Debug, "side-channel listener on {local} (fd {fd})");
     true
+}
+
+/// Wakes the side-channel thread so that it polls the current set of listeners.
+fn wake_side_thread() {
+    let writer = WAKE_WRITER.load(Ordering::Acquire);
+    if writer >= 0 {
+        sys::wake(writer);
+    }
 }
 
 /// The app closes a listening fd: close its side-channel listener.
 pub fn close_side_listener(fd: c_int) {
     let old = lock(&LISTENERS).remove(&fd);
     drop(old);
+    wake_side_thread();
 }
 
 /// The pending upgrade registered for this accepted peer, if any.
@@ -556,6 +620,15 @@ pub fn server_handshake(claimed: Claimed) -> Result<RSocket, Reason> {
 /// the child's to claim (their rsockets are forgotten, not closed: the parent still owns them).
 pub fn after_fork_child() {
     SIDE_THREAD.store(false, Ordering::Release);
+    // The side listeners belong to the parent: an rclose here would reach the parent's
+    // listener through the shared RDMA CM file. The child forgets them without closing.
+    if let Ok(mut listeners) = LISTENERS.try_lock() {
+        std::mem::forget(std::mem::take(&mut *listeners));
+    }
+    // The parent's pump threads do not exist here: nothing to flush at this child's exit.
+    if let Ok(mut pumps) = ACTIVE_PUMPS.try_lock() {
+        pumps.clear();
+    }
     if let Ok(mut pending) = PENDING.try_lock() {
         std::mem::forget(std::mem::take(&mut *pending));
     }
@@ -602,28 +675,35 @@ impl Incoming {
     }
 }
 
-fn side_thread(provider: &'static Provider) {
+fn side_thread(provider: &'static Provider, wake: OwnedFd) {
     let _guard = Guard::enter();
     let mut incoming: Vec<Incoming> = Vec::new();
     loop {
         let listeners = side_listeners();
-        if listeners.is_empty() && incoming.is_empty() {
-            thread::sleep(SIDE_TICK);
+        // Wait (not holding SIDE_STATE) for a listener, a HELLO being read, or a wake-up
+        // (a listener opened or closed).
+        let tick = if incoming.is_empty() {
+            SIDE_IDLE_TICK
         } else {
-            // Wait (not holding SIDE_STATE) for a listener or a HELLO being read.
-            let mut fds: Vec<PollFd<'_>> = listeners
-                .iter()
-                .map(|l| PollFd::rsocket(l, Events::READABLE))
-                .chain(
-                    incoming
-                        .iter()
-                        .map(|i| PollFd::rsocket(&i.conn, Events::READABLE)),
-                )
-                .collect();
-            if poll(provider, &mut fds, Some(SIDE_TICK)).is_err() {
-                thread::sleep(SIDE_TICK);
-            }
+            SIDE_TICK
+        };
+        let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::fd(wake.as_fd(), Events::READABLE))
+            .chain(
+                listeners
+                    .iter()
+                    .map(|l| PollFd::rsocket(l, Events::READABLE)),
+            )
+            .chain(
+                incoming
+                    .iter()
+                    .map(|i| PollFd::rsocket(&i.conn, Events::READABLE)),
+            )
+            .collect();
+        if poll(provider, &mut fds, Some(tick)).is_err() {
+            thread::sleep(SIDE_TICK);
         }
+        drop(fds);
+        sys::drain_wakes(wake.as_fd());
         // One non-blocking pass, published to `claim` as a whole.
         let mut state = lock(&SIDE_STATE);
         let now = Instant::now();

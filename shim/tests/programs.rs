@@ -147,6 +147,31 @@ wait $srv
     );
 }
 
+/// A client that writes and exits at once (no close, no shutdown): the kernel would deliver
+/// its bytes after the process is gone; the shim's exit flush must too.
+#[test]
+fn bytes_written_just_before_exit_arrive() {
+    require_netns();
+    let (dir, data) = workdir(8);
+    let w = dir.path();
+    let script = format!(
+        "{TWO_HOSTS}
+on_b {srv} \"$ECHO\" sink 7000 \"$W/out.bin\" &
+srv=$!
+wait_port_on \"$NSB\" 7000
+on_a {cli} \"$ECHO\" client \"$B\" 7000 \"$W/in.bin\" /dev/null blast
+wait $srv
+",
+        srv = shimmed("srv", ""),
+        // No stats file for the client: writing it at exit would give the pump time to
+        // finish anyway.
+        cli = "env LD_PRELOAD=\"$SHIM\" STREAMSHIM_PROVIDER=\"$FAKE\""
+    );
+    netns(&script, &env(w), Duration::from_secs(60));
+    assert_same(w, "out.bin", &data);
+    assert_upgraded(&one_stats(w, "srv-"), "server", 1);
+}
+
 /// A socket registered with epoll before connect() is never swapped (the registration would
 /// stay on the TCP description): it stays TCP, `UNSUPPORTED`, and the echo works.
 #[test]
@@ -212,8 +237,9 @@ fn iperf3_over_veth_is_upgraded() {
 on_b {srv} iperf3 -s -1 -p 5201 >\"$W/srv.out\" 2>&1 &
 srv=$!
 wait_port_on \"$NSB\" 5201
-on_a {cli} iperf3 -c \"$B\" -p 5201 -P 2 -n 64M >\"$W/cli.out\" 2>&1
-wait $srv
+on_a {cli} iperf3 -c \"$B\" -p 5201 -P 2 -n 64M >\"$W/cli.out\" 2>&1 ||
+  {{ echo client failed; cat \"$W/cli.out\" \"$W/srv.out\"; exit 1; }} >&2
+wait $srv || {{ echo server failed; cat \"$W/srv.out\"; exit 1; }} >&2
 ",
         srv = shimmed("srv", ""),
         cli = shimmed("cli", "")

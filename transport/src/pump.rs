@@ -54,6 +54,31 @@ pub struct PumpOptions {
     pub tick: Duration,
     /// A kernel socket that must stay silent while the pump runs (see the module docs).
     pub watch: Option<Arc<OwnedFd>>,
+    /// Flush-at-exit control shared with the pump's owner (see [`PumpControl`]).
+    pub control: Arc<PumpControl>,
+}
+
+/// Lets the owner of a running pump flush it when the process exits: the app will write no
+/// more, but what it wrote must still reach the peer (a kernel TCP socket would deliver it
+/// after the process is gone; the pump dies with the process).
+#[derive(Debug, Default)]
+pub struct PumpControl {
+    drain: AtomicBool,
+    sent_all: AtomicBool,
+}
+
+impl PumpControl {
+    /// Asks the pump to treat "nothing more to read from the app right now" as the app's
+    /// EOF: it delivers what it has, half-closes the rsocket, and reports [`Self::sent_all`].
+    pub fn drain(&self) {
+        self.drain.store(true, Ordering::Release);
+    }
+
+    /// True once everything the app wrote was written to the rsocket and its write side
+    /// half-closed (or the pump ended).
+    pub fn sent_all(&self) -> bool {
+        self.sent_all.load(Ordering::Acquire)
+    }
 }
 
 impl Default for PumpOptions {
@@ -63,6 +88,7 @@ impl Default for PumpOptions {
             stop: Arc::new(AtomicBool::new(false)),
             tick: MAX_TICK,
             watch: None,
+            control: Arc::new(PumpControl::default()),
         }
     }
 }
@@ -270,6 +296,7 @@ pub fn pump(local: OwnedFd, remote: RSocket, opts: PumpOptions) -> PumpReport {
         let _ = local.shutdown(Shutdown::Both);
         let _ = remote.shutdown(Shutdown::Both);
     }
+    opts.control.sent_all.store(true, Ordering::Release);
     PumpReport {
         to_remote: up.moved,
         to_local: down.moved,
@@ -293,8 +320,19 @@ fn run(
             return Ok(PumpEnd::Stopped);
         }
         let mut busy = false;
+        if opts.control.drain.load(Ordering::Acquire) && !up.eof && !up.pending() {
+            // The process is exiting: what the app wrote is in the socketpair now or never.
+            let mut probe = [std::mem::MaybeUninit::new(0u8); 1];
+            let waiting = local.peek(&mut probe).is_ok_and(|n| n > 0);
+            if !waiting {
+                up.eof = true;
+            }
+        }
         for _ in 0..ROUNDS_PER_CHECK {
             let moved_up = up.step(local, remote)?;
+            if up.done {
+                opts.control.sent_all.store(true, Ordering::Release);
+            }
             let moved_down = down.step(remote, local)?;
             if up.done && down.done {
                 return Ok(PumpEnd::Closed);

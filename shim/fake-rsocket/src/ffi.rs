@@ -746,3 +746,31 @@ pub unsafe extern "C" fn fake_rsocket_stats_json(buf: *mut c_char, len: usize) -
         isize::try_from(json.len()).map_err(|_| Errno(libc::EOVERFLOW))
     })
 }
+
+/// Lowest number [`high_fd`] moves a file to.
+const HIGH_FD: c_int = 512;
+
+/// The same open file on a number at or above [`HIGH_FD`] (the low one closed), or the file
+/// as it was if that is not possible (a low RLIMIT_NOFILE).
+pub(crate) fn high_fd(file: std::fs::File) -> std::fs::File {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: F_DUPFD_CLOEXEC on an open fd of ours; the result, when valid, is a new fd that
+    // nothing else owns.
+    let high = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, HIGH_FD) };
+    if high < 0 {
+        return file;
+    }
+    // SAFETY: `high` was just created and is owned by nobody else.
+    unsafe { std::fs::File::from_raw_fd(high) }
+}
+
+/// Closes `file` ignoring errors (a number the program closed under us is not a reason to
+/// abort it).
+pub(crate) fn close_quietly(file: std::fs::File) {
+    use std::os::fd::IntoRawFd;
+    let fd = file.into_raw_fd();
+    // SAFETY: `fd` was ours; the result does not matter.
+    unsafe {
+        libc::close(fd);
+    }
+}

@@ -69,11 +69,16 @@ fn persist(dir: &Path) -> io::Result<PathBuf> {
     let pid = std::process::id();
     let target = dir.join(format!("{pid}.json"));
     let temp = dir.join(format!(".{pid}.json.tmp"));
-    let mut file = fs::File::create(&temp)?;
-    file.write_all(json().as_bytes())?;
-    file.write_all(b"\n")?;
-    file.sync_data()?;
-    drop(file);
+    // The program under test may close a number twice (iperf3 does, at the end of a test)
+    // while another thread writes this file: write through a high, rarely reused number, and
+    // close it without the debug-build abort of a std close that fails with EBADF.
+    let mut file = crate::ffi::high_fd(fs::File::create(&temp)?);
+    let written = file
+        .write_all(json().as_bytes())
+        .and_then(|()| file.write_all(b"\n"))
+        .and_then(|()| file.sync_data());
+    crate::ffi::close_quietly(file);
+    written?;
     fs::rename(&temp, &target)?;
     Ok(target)
 }

@@ -17,6 +17,8 @@
  *                    which echoes ("echo run FD IN OUT")
  *             epoll  the socket is registered with epoll before connect() and the echo is
  *                    driven by epoll_wait
+ *             blast  writes IN (OUT unused) and calls exit(0) at once: no close, no shutdown
+ *   echo sink PORT OUT              accept one connection, write what it carries to OUT
  * Exit status 0 only if every byte came back in order and every check held; one line on
  * stderr says what failed.
  */
@@ -279,6 +281,23 @@ static int client(const char *host, int port, const char *in, const char *out, c
         return close(fd) < 0 ? 2 : 0;
     }
     int fd = connect_to(host, port, -1);
+    if (strcmp(mode, "blast") == 0) {
+        int ifd = open(in, O_RDONLY);
+        if (ifd < 0) die("open IN");
+        char buf[65536];
+        for (;;) {
+            ssize_t n = read(ifd, buf, sizeof buf);
+            if (n < 0) die("read IN");
+            if (n == 0) break;
+            for (ssize_t off = 0; off < n;) {
+                ssize_t w = write(fd, buf + off, (size_t)(n - off));
+                if (w < 0) die("write");
+                off += w;
+            }
+        }
+        /* What the kernel would deliver after the process is gone must arrive. */
+        exit(0);
+    }
     if (strcmp(mode, "plain") == 0) {
         run_echo(fd, fd, in, out, 0);
     } else if (strcmp(mode, "peek") == 0) {
@@ -386,6 +405,31 @@ static int server(int port, int count) {
     return rc;
 }
 
+static int sink(int port, const char *out) {
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (l < 0) die("socket");
+    int one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((unsigned short)port);
+    if (bind(l, (struct sockaddr *)&sa, sizeof sa) < 0) die("bind");
+    if (listen(l, 4) < 0) die("listen");
+    int c = accept(l, NULL, NULL);
+    if (c < 0) die("accept");
+    int ofd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (ofd < 0) die("open OUT");
+    char buf[65536];
+    for (;;) {
+        ssize_t n = read(c, buf, sizeof buf);
+        if (n < 0) die("read");
+        if (n == 0) break;
+        if (write(ofd, buf, (size_t)n) != n) die("write OUT");
+    }
+    return close(ofd) < 0 ? 2 : 0;
+}
+
 int main(int argc, char **argv) {
     self_path = argv[0];
     /* As network programs do: a write to a reset connection is an EPIPE error, not a death. */
@@ -393,6 +437,7 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "server") == 0) return server(atoi(argv[2]), atoi(argv[3]));
     if (argc == 7 && strcmp(argv[1], "client") == 0)
         return client(argv[2], atoi(argv[3]), argv[4], argv[5], argv[6]);
+    if (argc == 4 && strcmp(argv[1], "sink") == 0) return sink(atoi(argv[2]), argv[3]);
     if (argc == 5 && strcmp(argv[1], "run") == 0) {
         int fd = atoi(argv[2]);
         run_echo(fd, fd, argv[3], argv[4], 0);
