@@ -9,9 +9,10 @@
 
 SHELL := /bin/bash
 CARGO ?= cargo
-# Debian packages: rdma-sys (bindgen + pkg-config + rdma-core headers) and the tools tests use.
+# Debian packages: rdma-sys (bindgen + pkg-config + rdma-core headers) and the tools tests use
+# (qemu-system-x86: the QEMU live-migration tests and benchmark of the shim).
 APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev curl iperf3 util-linux \
-	ibverbs-providers rdma-core iproute2 procps binutils
+	ibverbs-providers rdma-core iproute2 procps binutils qemu-system-x86 socat
 
 # Official Kubernetes schemas (PyPI), for validating every pod the injector patches.
 KUBERNETES_VALIDATE_VERSION := 1.37.0
@@ -70,6 +71,7 @@ bench: deps
 	$(CARGO) bench -p rdma-device-plugin --bench plugin
 	$(CARGO) bench -p rdma-stream-injector --bench admission
 	$(CARGO) bench -p rdma-streams-shim --bench streams
+	$(CARGO) bench -p rdma-streams-shim --bench qemu_migration
 
 demo: deps
 	@bash scripts/demo.sh

@@ -411,3 +411,20 @@ pub fn wait_established(fd: c_int, timeout: std::time::Duration) -> Established 
         }
     }
 }
+
+/// The `IPV6_V6ONLY` setting of a socket (None: not IPv6, or unreadable).
+pub fn only_v6(fd: c_int) -> Option<bool> {
+    let mut v: c_int = 0;
+    let mut len = size_of::<c_int>() as socklen_t;
+    // SAFETY: `v` and `len` are valid for getsockopt to write an int option into.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            (&raw mut v).cast(),
+            &raw mut len,
+        )
+    };
+    (rc == 0).then_some(v != 0)
+}

@@ -472,13 +472,26 @@ pub fn open_side_listener(fd: c_int, provider: &'static Provider) -> bool {
     let Some(local) = sys::local_addr(fd) else {
         return false;
     };
-    let rs = match RSocket::listen_on(provider, local, SIDE_BACKLOG) {
-        Ok(rs) => rs,
-        Err(e) => {
-            log_at!(Level::Info, "side-channel listener on {local}: {e}");
-            return false;
-        }
-    };
+    // A `[::]` listener keeps the app's IPV6_V6ONLY: an app that also listens on 0.0.0.0
+    // (QEMU's `-incoming tcp::PORT`) has an IPv6-only one, whose side listener must not
+    // collide with the IPv4 side listener.
+    let only_v6 = local.is_ipv6().then(|| sys::only_v6(fd)).flatten();
+    let rs =
+        match RSocket::new(provider, rdma_streams_transport::Family::of(&local)).and_then(|rs| {
+            if let Some(on) = only_v6 {
+                // A provider without the option: bind decides, as before.
+                let _ = rs.set_only_v6(on);
+            }
+            rs.bind(local)?;
+            rs.listen(SIDE_BACKLOG)?;
+            Ok(rs)
+        }) {
+            Ok(rs) => rs,
+            Err(e) => {
+                log_at!(Level::Info, "side-channel listener on {local}: {e}");
+                return false;
+            }
+        };
     if rs.set_nonblocking(true).is_err() {
         return false;
     }

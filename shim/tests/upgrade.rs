@@ -473,3 +473,70 @@ cat \"$W/srv.out\"
         "only the side channel went through the fake provider: {sent}/{received}"
     );
 }
+
+/// Two listeners on one port, `0.0.0.0` and an IPv6-only `[::]` (QEMU's `-incoming tcp::P`):
+/// both side listeners open (the `[::]` one keeps IPV6_V6ONLY), so IPv4 and IPv6 clients both
+/// upgrade.
+const DUAL: &str = r#"
+import hashlib, select, socket, sys
+
+PORT = 9200
+if sys.argv[1] == "server":
+    l4 = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    l4.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l4.bind(("0.0.0.0", PORT)); l4.listen(4)
+    l6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    l6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    l6.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l6.bind(("::", PORT)); l6.listen(4)
+    for _ in range(2):
+        ready, _, _ = select.select([l4, l6], [], [], 20)
+        c, _ = ready[0].accept()
+        h = hashlib.sha256()
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            h.update(b)
+        c.sendall(h.hexdigest().encode())
+        c.close()
+else:
+    host = sys.argv[2]
+    data = bytes(range(256)) * 8192
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.connect((host, PORT))
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+    got = b""
+    while True:
+        b = s.recv(100)
+        if not b:
+            break
+        got += b
+    print("digest ok", got.decode() == hashlib.sha256(data).hexdigest())
+"#;
+
+#[test]
+fn dual_stack_listeners_upgrade_ipv4_and_ipv6_clients() {
+    let (dir, _) = setup();
+    let w = dir.path();
+    std::fs::write(w.join("dual.py"), DUAL).expect("write dual.py");
+    let srv = shimmed("srv");
+    let cli = shimmed("cli");
+    let script = format!(
+        "{WAIT_PORT}
+{srv} \"$PY\" \"$W/dual.py\" server 2>\"$W/srv.err\" &
+srv=$!
+wait_port 9200
+{cli} \"$PY\" \"$W/dual.py\" client 127.0.0.1
+{cli} \"$PY\" \"$W/dual.py\" client ::1
+wait $srv
+"
+    );
+    let run = netns(&script, &env(w), Duration::from_secs(60));
+    assert_eq!(run.stdout.matches("digest ok True").count(), 2, "{run:?}");
+    let (tcp, rdma) = sum_counts(w, "cli-", "client");
+    assert_eq!((tcp.len(), rdma), (0, 2), "client counters {tcp:?}");
+    assert_upgraded(&one_stats(w, "srv-"), "server", 2);
+}

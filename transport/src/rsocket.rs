@@ -400,6 +400,16 @@ impl RSocket {
         self.provider.peername(self.fd)?.to_addr()
     }
 
+    /// `IPV6_V6ONLY` (rsockets map it to RDMA CM's AFONLY option); set it before binding.
+    pub fn set_only_v6(&self, on: bool) -> io::Result<()> {
+        self.provider.set_int_opt(
+            self.fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            c_int::from(on),
+        )
+    }
+
     /// `TCP_NODELAY` (accepted by rsockets).
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         self.provider.set_int_opt(

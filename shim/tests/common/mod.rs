@@ -111,9 +111,10 @@ pub fn run_script(script: &str, env: &[(&str, OsString)], limit: Duration, netns
     let mut cmd = if netns {
         // A PID namespace too, with bash as its init: when the timeout kills unshare, the
         // kernel kills bash (--kill-child) and with it every process the script started, so
-        // no orphan keeps the output pipes open.
+        // no orphan keeps the output pipes open. Its own /proc (and so a mount namespace),
+        // so that the pids the script sees are the ones /proc/PID knows.
         let mut c = Command::new("unshare");
-        c.args(["-n", "-p", "-f", "--kill-child", "bash", "-c", &full]);
+        c.args(["-n", "-p", "-f", "--mount-proc", "--kill-child", "bash", "-c", &full]);
         c
     } else {
         let mut c = Command::new("bash");
