@@ -114,7 +114,16 @@ pub fn run_script(script: &str, env: &[(&str, OsString)], limit: Duration, netns
         // no orphan keeps the output pipes open. Its own /proc (and so a mount namespace),
         // so that the pids the script sees are the ones /proc/PID knows.
         let mut c = Command::new("unshare");
-        c.args(["-n", "-p", "-f", "--mount-proc", "--kill-child", "bash", "-c", &full]);
+        c.args([
+            "-n",
+            "-p",
+            "-f",
+            "--mount-proc",
+            "--kill-child",
+            "bash",
+            "-c",
+            &full,
+        ]);
         c
     } else {
         let mut c = Command::new("bash");
