@@ -47,5 +47,8 @@ RDMA_INJECTOR_LOG_LEVEL=warn "$INJECTOR" inject --diff -f examples/manifests/ipe
 echo "  And a KubeVirt VM opted in to RDMA migrations (only its template label; KubeVirt makes the pod):"
 RDMA_INJECTOR_LOG_LEVEL=warn "$INJECTOR" inject --diff -f examples/manifests/migratable-vm.yaml | sed 's/^/    /'
 
+bash scripts/demo-streams.sh
+
 step "Done"
-echo "  Next: 'make test' runs every test; docs/device-plugin.md and docs/injector.md explain operations."
+echo "  Next: 'make test' runs every test; docs/device-plugin.md, docs/injector.md and docs/shim.md"
+echo "  explain operations, docs/benchmarks.md has the measured figures."
