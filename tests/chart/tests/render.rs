@@ -1188,3 +1188,38 @@ fn availability_knobs_render_as_asked() {
         );
     });
 }
+
+#[test]
+fn the_bundled_provider_is_used_unless_turned_off() {
+    within(LIMIT, || {
+        let Some(r) = rendered("default", &[]) else {
+            return;
+        };
+        let profiles: Value =
+            serde_yaml::from_str(r.configmap_data(&named("injector"), "profiles.yaml")).unwrap();
+        let env = &profiles["profiles"]["default"]["env"];
+        assert_eq!(
+            env["STREAMSHIM_PROVIDER"],
+            "/opt/rdma-streams/lib/librdmacm.so.1"
+        );
+        let drivers = env["RDMAV_DRIVERS"].as_str().unwrap();
+        assert!(
+            drivers
+                .split(':')
+                .all(|d| d.starts_with("/opt/rdma-streams/lib/libibverbs/lib")),
+            "{drivers}"
+        );
+        assert!(
+            drivers.contains("/libmlx5") && drivers.contains("/librxe"),
+            "{drivers}"
+        );
+        let Some(off) = rendered("default", &["--set", "shim.bundledProvider=false"]) else {
+            return;
+        };
+        let profiles: Value =
+            serde_yaml::from_str(off.configmap_data(&named("injector"), "profiles.yaml")).unwrap();
+        let env = &profiles["profiles"]["default"]["env"];
+        assert!(env.get("STREAMSHIM_PROVIDER").is_none(), "{env}");
+        assert!(env.get("RDMAV_DRIVERS").is_none(), "{env}");
+    });
+}
