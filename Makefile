@@ -14,9 +14,10 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 # Debian packages: rdma-sys (bindgen + pkg-config + rdma-core headers) and the tools tests use
-# (qemu-system-x86: the QEMU live-migration tests and benchmark of the shim).
+# (qemu-system-x86: the QEMU live-migration tests and benchmarks of the shim and the gateway;
+# nftables: the gateway's capture rules).
 APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev curl iperf3 util-linux \
-	ibverbs-providers rdma-core iproute2 procps binutils qemu-system-x86 socat
+	ibverbs-providers rdma-core iproute2 procps binutils qemu-system-x86 socat nftables
 
 # Official Kubernetes schemas (PyPI), for validating every pod the injector patches.
 KUBERNETES_VALIDATE_VERSION := 1.37.0
@@ -112,6 +113,7 @@ bench: deps
 	$(CARGO) bench -p rdma-stream-injector --bench admission
 	$(CARGO) bench -p rdma-streams-shim --bench streams
 	$(CARGO) bench -p rdma-streams-shim --bench qemu_migration
+	$(CARGO) bench -p rdma-migration-gateway --bench chain
 
 demo: deps
 	@bash scripts/demo.sh

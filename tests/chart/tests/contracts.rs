@@ -14,12 +14,13 @@ use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(240);
 
-/// The env variables the chart passes to `rdma-migration-gateway`, which is not written yet:
-/// its contract (design.md names the binary; the flags follow the `RDMA_DP_`/`RDMA_INJECTOR_`
-/// convention of one env variable per flag).
-const GATEWAY_ENV: [&str; 6] = [
+/// The env variables the chart passes to `rdma-migration-gateway`: its contract (design.md
+/// names the binary; the flags follow the `RDMA_DP_`/`RDMA_INJECTOR_` convention of one env
+/// variable per flag), also parsed with its command line below.
+const GATEWAY_ENV: [&str; 7] = [
     "RDMA_GW_NODE_NAME",
     "RDMA_GW_LISTEN",
+    "RDMA_GW_ADVERTISE_ADDRESS",
     "RDMA_GW_ADMIN_LISTEN",
     "RDMA_GW_PROVIDER",
     "RDMA_GW_LOG_FORMAT",
@@ -64,7 +65,12 @@ fn flags_from_env(
         let long = format!("--{}", arg.get_long().expect("long flag"));
         // Downward-API values are only known in the pod; use what they would hold.
         let value = if value == "<valueFrom>" {
-            NAMESPACE
+            // status.hostIP/podIP for *_ADDRESS, a name (namespace, node) otherwise.
+            if name.ends_with("_ADDRESS") {
+                "198.18.0.1"
+            } else {
+                NAMESPACE
+            }
         } else {
             value.as_str()
         };
@@ -157,6 +163,29 @@ fn gateway_env_is_the_documented_contract() {
             let mut expected: Vec<String> = GATEWAY_ENV.iter().map(|s| s.to_string()).collect();
             expected.sort();
             assert_eq!(names, expected, "{set}");
+        }
+    });
+}
+
+#[test]
+fn gateway_env_parses_with_its_command_line() {
+    within(LIMIT, || {
+        let Some(sets) = every_set() else { return };
+        for (set, r) in &sets {
+            let Some(c) = container(r, "DaemonSet", &named("gateway")) else {
+                continue;
+            };
+            let cmd = rdma_migration_gateway::cli::Args::command();
+            let flags =
+                flags_from_env(&cmd, None, &env_map(c)).unwrap_or_else(|e| panic!("{set}: {e}"));
+            let mut argv = vec!["rdma-migration-gateway".to_string()];
+            argv.extend(flags);
+            let args = rdma_migration_gateway::cli::Args::try_parse_from(&argv)
+                .unwrap_or_else(|e| panic!("{set}: {argv:?}: {e}"));
+            assert_eq!(
+                args.capture_process, "virt-handler",
+                "{set}: capture finds virt-handler by default"
+            );
         }
     });
 }

@@ -1,0 +1,201 @@
+//! The capture listener in virt-handler's namespace and the source side of each captured
+//! connection: an RDMA stream to the peer gateway, or the TCP fallback.
+
+use std::{
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::fd::OwnedFd,
+    path::Path,
+    sync::Arc,
+};
+
+use rdma_streams_transport::{PumpOptions, pump};
+use socket2::SockRef;
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::{
+    core::{Handles, Shared},
+    fallback::Fallback,
+    frame::Open,
+    metrics::PathKind,
+    netns::{self, NetnsError},
+    nft::NftError,
+    outbound, relay,
+};
+
+/// Why a capture could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureError {
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error(transparent)]
+    Nft(#[from] NftError),
+    #[error("capture listener: {0}")]
+    Listen(#[source] io::Error),
+    #[error("blocking task failed: {0}")]
+    Task(String),
+}
+
+/// Opens a listener on an ephemeral port of the namespace at `ns` (all addresses of the
+/// target's family: `redirect` of locally generated connections lands on loopback).
+pub async fn listen_in(ns: &Path, target: IpAddr) -> Result<TcpListener, CaptureError> {
+    let ns = ns.to_owned();
+    let bind: SocketAddr = match target {
+        IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let std_listener = tokio::task::spawn_blocking(move || {
+        netns::run_in(&ns, move || {
+            let l = std::net::TcpListener::bind(bind)?;
+            l.set_nonblocking(true)?;
+            Ok::<_, io::Error>(l)
+        })
+    })
+    .await
+    .map_err(|e| CaptureError::Task(e.to_string()))??
+    .map_err(CaptureError::Listen)?;
+    TcpListener::from_std(std_listener).map_err(CaptureError::Listen)
+}
+
+/// The destination a redirected connection was going to (`SO_ORIGINAL_DST`).
+pub fn original_destination(stream: &TcpStream, v6: bool) -> io::Result<SocketAddr> {
+    let sock = SockRef::from(stream);
+    let addr = if v6 {
+        sock.original_dst_v6()?
+    } else {
+        sock.original_dst_v4()?
+    };
+    addr.as_socket()
+        .ok_or_else(|| io::Error::other("original destination is not an IP address"))
+}
+
+/// Accepts captured connections until the migration ends; the listener closes on return.
+pub async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, handles: Handles) {
+    let v6 = handles.migration.target.is_ipv6();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = handles.capture_cancel.cancelled() => break,
+        };
+        let (stream, from) = match accepted {
+            Ok(a) => a,
+            Err(error) => {
+                warn!(%error, "accept on the capture listener");
+                continue;
+            }
+        };
+        let dst = match original_destination(&stream, v6) {
+            Ok(dst) if handles.migration.matches(dst) => dst,
+            Ok(dst) => {
+                warn!(%dst, "captured a connection this migration does not name; closing");
+                shared.metrics.unmatched.inc();
+                continue;
+            }
+            Err(error) => {
+                warn!(%error, "no SO_ORIGINAL_DST; closing");
+                shared.metrics.unmatched.inc();
+                continue;
+            }
+        };
+        let span = info_span!("conn", %from, %dst);
+        tokio::spawn(carry(shared.clone(), stream, dst, handles.clone()).instrument(span));
+    }
+    debug!("capture listener closed");
+}
+
+/// Decrements the open-connections gauge when dropped.
+struct OpenGuard(Arc<Shared>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.metrics.connections_active.dec();
+    }
+}
+
+/// Carries one captured connection to `dst`.
+pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, handles: Handles) {
+    shared.metrics.connections_active.inc();
+    let _open = OpenGuard(shared.clone());
+    let _ = client.set_nodelay(true);
+    let attempt = match (&shared.provider, shared.peers.lookup(dst.ip())) {
+        (Err(reason), _) => Err(*reason),
+        (Ok(_), None) => Err(Fallback::NoPeer),
+        (Ok(provider), Some(peer)) => {
+            let provider = provider.clone();
+            let open = Open {
+                destination: dst,
+                uid: handles.migration.uid.clone(),
+            };
+            let timeout = shared.settings.stream_timeout;
+            tokio::task::spawn_blocking(move || {
+                outbound::open_stream(&provider, peer, &open, timeout)
+            })
+            .await
+            .unwrap_or(Err(Fallback::RdmaError))
+        }
+    };
+    match attempt {
+        Ok(stream) => {
+            shared.metrics.connection("source", PathKind::Rdma);
+            info!(path = "rdma", "connection carried over an RDMA stream");
+            let client = match client.into_std().and_then(|c| {
+                c.set_nonblocking(false)?;
+                Ok(c)
+            }) {
+                Ok(c) => c,
+                Err(error) => {
+                    warn!(%error, "handing the connection to the pump");
+                    return;
+                }
+            };
+            let opts = PumpOptions {
+                stop: handles.stop.clone(),
+                buffer_size: shared.settings.pump_buffer,
+                ..PumpOptions::default()
+            };
+            let report =
+                tokio::task::spawn_blocking(move || pump(OwnedFd::from(client), stream, opts))
+                    .await;
+            match report {
+                Ok(report) => {
+                    shared
+                        .metrics
+                        .add_bytes(PathKind::Rdma, report.to_remote, report.to_local);
+                    info!(
+                        to_target = report.to_remote,
+                        to_source = report.to_local,
+                        end = ?report.end,
+                        "stream ended"
+                    );
+                }
+                Err(error) => warn!(%error, "pump task failed"),
+            }
+        }
+        Err(reason) => {
+            shared.metrics.fallback(reason);
+            shared.metrics.connection("source", PathKind::Tcp);
+            info!(path = "tcp", %reason, "connection relayed over TCP");
+            let server =
+                match relay::dial(dst, shared.settings.mark, shared.settings.dial_timeout).await {
+                    Ok(s) => s,
+                    Err(error) => {
+                        // As if virt-handler had dialed and failed: it sees a reset.
+                        warn!(%error, "TCP fallback dial failed");
+                        relay::reset(&client);
+                        return;
+                    }
+                };
+            match relay::relay(client, server, handles.cancel.clone()).await {
+                Ok((to_target, to_source)) => {
+                    shared
+                        .metrics
+                        .add_bytes(PathKind::Tcp, to_target, to_source);
+                    info!(to_target, to_source, "relay ended");
+                }
+                Err(error) => info!(%error, "relay ended with an error"),
+            }
+        }
+    }
+}

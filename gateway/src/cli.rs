@@ -1,0 +1,323 @@
+//! Command line: every flag is also an environment variable `RDMA_GW_<FLAG>` (the chart's
+//! DaemonSet sets `RDMA_GW_NODE_NAME`, `RDMA_GW_LISTEN`, `RDMA_GW_ADMIN_LISTEN`,
+//! `RDMA_GW_PROVIDER`, `RDMA_GW_LOG_FORMAT`, `RDMA_GW_LOG_LEVEL`).
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use clap::Parser;
+use prometheus_client::registry::Registry;
+use rdma_streams_common::{
+    shutdown::spawn_signal_handler,
+    telemetry::{self, LogFormat},
+};
+use rdma_streams_transport::Provider;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{
+    admin::{self, Readiness},
+    core::{DEFAULT_MARK, GatewayCore, ProviderState, Settings, Shared},
+    events::MigrationEvent,
+    fallback::Fallback,
+    inbound,
+    metrics::Metrics,
+    netns::{NetnsLocator, NoNamespace, PathLocator, ProcessLocator},
+    peers::{ChainedPeers, PeerDirectory, PeerEntry, StaticPeers},
+    test_events,
+};
+
+/// Depth of the event channel: events are rare (a few per migration).
+pub const EVENT_QUEUE: usize = 64;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rdma-migration-gateway",
+    version,
+    about = "Carries KubeVirt live migrations over RDMA streams"
+)]
+pub struct Args {
+    /// This node's name (logs; the kube side publishes the gateway's address on it).
+    #[arg(long, env = "RDMA_GW_NODE_NAME", default_value = "")]
+    pub node_name: String,
+
+    /// rsocket address peer gateways open streams to.
+    #[arg(long, env = "RDMA_GW_LISTEN", default_value = "0.0.0.0:7471")]
+    pub listen: SocketAddr,
+
+    /// Admin endpoint (`/live`, `/ready`, `/metrics`).
+    #[arg(long, env = "RDMA_GW_ADMIN_LISTEN", default_value = "0.0.0.0:9103")]
+    pub admin_listen: SocketAddr,
+
+    /// rsocket provider library (dlopen).
+    #[arg(long, env = "RDMA_GW_PROVIDER", default_value = "librdmacm.so.1")]
+    pub provider: String,
+
+    #[arg(long, env = "RDMA_GW_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Log filter (`info`, `rdma_migration_gateway=debug,info`, ...).
+    #[arg(long, env = "RDMA_GW_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// The network namespace to capture in (virt-handler's): `/proc/<pid>/ns/net` or
+    /// `/run/netns/<name>`. Overrides `--capture-process`.
+    #[arg(long, env = "RDMA_GW_CAPTURE_NETNS")]
+    pub capture_netns: Option<PathBuf>,
+
+    /// Find the namespace to capture in as that of the process with this name (hostPID),
+    /// looked up again at every migration start. `--capture-netns` wins; an empty value
+    /// turns capture off (target role only).
+    #[arg(long, env = "RDMA_GW_CAPTURE_PROCESS", default_value = "virt-handler")]
+    pub capture_process: String,
+
+    /// Static peer gateways, `TARGET_IP=GATEWAY_IP:PORT` (repeat, or comma list in the env).
+    #[arg(long = "peer", env = "RDMA_GW_PEERS", value_delimiter = ',')]
+    pub peers: Vec<PeerEntry>,
+
+    /// Bound on opening a stream (rsocket connect plus the peer's answer), in ms.
+    #[arg(long, env = "RDMA_GW_STREAM_TIMEOUT_MS", default_value_t = 2000)]
+    pub stream_timeout_ms: u64,
+
+    /// `SO_MARK` of the gateway's own sockets; capture rules skip it.
+    #[arg(long, env = "RDMA_GW_MARK", default_value_t = DEFAULT_MARK)]
+    pub mark: u32,
+
+    /// TEST HOOK: read migration events from this unix socket (see `test_events`).
+    #[arg(long, env = "RDMA_GW_TEST_EVENTS_SOCKET")]
+    pub test_events_socket: Option<PathBuf>,
+    /// Watch the cluster (VirtualMachineInstances, node annotations): `auto` is on inside a
+    /// pod (KUBERNETES_SERVICE_HOST set) unless the test events socket is given.
+    #[arg(long, env = "RDMA_GW_KUBE", value_enum, default_value = "auto")]
+    pub kube: KubeMode,
+    /// The address peers reach this gateway's stream listener at, published as the node
+    /// annotation `rdma-streams.io/gateway-address` (default: `--listen` when it names an
+    /// address; the chart sets the node's IP).
+    #[arg(long, env = "RDMA_GW_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<std::net::IpAddr>,
+}
+
+/// Whether the gateway talks to the Kubernetes API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KubeMode {
+    Auto,
+    On,
+    Off,
+}
+
+impl Args {
+    pub fn parse_and_run() -> Result<(), RunError> {
+        Args::parse().run()
+    }
+
+    pub fn run(self) -> Result<(), RunError> {
+        let Args {
+            node_name,
+            listen,
+            admin_listen,
+            provider,
+            log_format,
+            log_level,
+            capture_netns,
+            capture_process,
+            peers,
+            stream_timeout_ms,
+            mark,
+            test_events_socket,
+            kube,
+            advertise_address,
+        } = self;
+        let use_kube = match kube {
+            KubeMode::On => true,
+            KubeMode::Off => false,
+            KubeMode::Auto => {
+                test_events_socket.is_none()
+                    && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+            }
+        };
+        telemetry::init(log_format, &log_level);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            // Blocking threads (pumps) leave soon after their connection.
+            .thread_keep_alive(Duration::from_secs(1))
+            .build()
+            .map_err(RunError::Runtime)?;
+        let provider = load_provider(&provider);
+        let settings = Settings {
+            stream_timeout: Duration::from_millis(stream_timeout_ms),
+            mark,
+            ..Settings::default()
+        };
+        runtime.block_on(async move {
+            let mut registry = Registry::default();
+            let metrics = Metrics::register(&mut registry);
+            let registry = Arc::new(registry);
+            let readiness = Readiness::default();
+            let shutdown = CancellationToken::new();
+            spawn_signal_handler(shutdown.clone()).map_err(RunError::Signals)?;
+            let admin = admin::bind(admin_listen).await?;
+            tokio::spawn(admin::serve(
+                admin,
+                registry.clone(),
+                readiness.clone(),
+                shutdown.clone(),
+            ));
+            let capture_process = capture_process.trim().to_owned();
+            let capturing = capture_netns.is_some() || !capture_process.is_empty();
+            let locator: Arc<dyn NetnsLocator> = match capture_netns {
+                Some(path) => Arc::new(PathLocator(path)),
+                None if !capture_process.is_empty() => {
+                    Arc::new(ProcessLocator::new(capture_process))
+                }
+                None => Arc::new(NoNamespace),
+            };
+            let cluster = if use_kube {
+                match ::kube::Client::try_default().await {
+                    Ok(client) => Some(client),
+                    Err(error) => {
+                        warn!(%error, "no Kubernetes client: no VMI watch, no peer directory");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let mut directories: Vec<Arc<dyn PeerDirectory>> =
+                vec![Arc::new(StaticPeers::new(peers))];
+            let cluster_peers = cluster.as_ref().map(|client| {
+                let (directory, _task) =
+                    crate::kube::node::PeerDirectory::spawn(client.clone(), shutdown.clone());
+                directories.push(Arc::new(directory.clone()));
+                directory
+            });
+            let shared = Arc::new(Shared::new(
+                provider,
+                Arc::new(ChainedPeers(directories)),
+                locator,
+                metrics,
+                settings,
+            ));
+            let stop_accept = Arc::new(AtomicBool::new(false));
+            let acceptor = if shared.provider.is_ok() {
+                match inbound::spawn(shared.clone(), listen, stop_accept.clone()) {
+                    Ok(handle) => Some(handle),
+                    Err(error) => {
+                        warn!(%error, %listen, "no stream listener: this node accepts no streams");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let core = GatewayCore::new(shared);
+            if capturing {
+                core.cleanup_stale().await;
+            }
+            let (events_tx, events_rx) = mpsc::channel::<MigrationEvent>(EVENT_QUEUE);
+            if let Some(path) = test_events_socket {
+                let tx = events_tx.clone();
+                let stop = shutdown.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = test_events::serve(&path, tx, stop).await {
+                        warn!(%error, "test events socket failed");
+                    }
+                });
+            }
+            // The cluster: migrations from the VMI watch, this gateway's address on its node.
+            let mut publisher = None;
+            if let Some(client) = cluster {
+                if node_name.is_empty() {
+                    warn!("no --node-name (RDMA_GW_NODE_NAME): no VMI watch, nothing published");
+                } else {
+                    tokio::spawn(crate::kube::vmi::watch_migrations(
+                        client.clone(),
+                        node_name.clone(),
+                        events_tx.clone(),
+                        cluster_peers,
+                        shutdown.clone(),
+                    ));
+                    let ip = advertise_address
+                        .or_else(|| (!listen.ip().is_unspecified()).then(|| listen.ip()));
+                    match ip {
+                        Some(ip) => {
+                            // The virt-handler addresses are not published yet: peers find
+                            // this node through the VMI's targetNode (learned) and the node's
+                            // own addresses.
+                            let (vh_tx, vh_rx) = tokio::sync::watch::channel(Vec::new());
+                            publisher = Some((
+                                vh_tx,
+                                tokio::spawn(crate::kube::node::run_node_publisher(
+                                    client,
+                                    node_name.clone(),
+                                    SocketAddr::new(ip, listen.port()),
+                                    vh_rx,
+                                    shutdown.clone(),
+                                )),
+                            ));
+                        }
+                        None => warn!(
+                            %listen,
+                            "no --advertise-address and --listen has no address: peers cannot find this gateway (their connections go over TCP)"
+                        ),
+                    }
+                }
+            }
+            info!(node = %node_name, kube = use_kube, "gateway running");
+            readiness.set(true);
+            core.run(events_rx, shutdown.clone()).await;
+            drop(events_tx);
+            readiness.set(false);
+            stop_accept.store(true, Ordering::Release);
+            if let Some(handle) = acceptor {
+                let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+            }
+            if let Some((vh_tx, task)) = publisher {
+                // Removes the node annotation (bounded) before the process exits.
+                let _ = task.await;
+                drop(vh_tx);
+            }
+            info!("gateway stopped");
+            Ok(())
+        })
+    }
+}
+
+/// Loads and probes the provider once; the answer holds for the process.
+fn load_provider(name: &str) -> ProviderState {
+    match Provider::load(name) {
+        Err(error) => {
+            warn!(%error, provider = name, "no rsocket provider: every connection goes over TCP");
+            Err(Fallback::NoProvider)
+        }
+        Ok(provider) => match provider.probe() {
+            Ok(()) => {
+                info!(provider = name, "rsocket provider loaded");
+                Ok(provider)
+            }
+            Err(error) => {
+                warn!(%error, provider = name, "no usable RDMA device: every connection goes over TCP");
+                Err(Fallback::NoDevice)
+            }
+        },
+    }
+}
+
+/// Why the gateway could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    #[error("building the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("installing signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error(transparent)]
+    Admin(#[from] crate::admin::BindError),
+}

@@ -1,0 +1,44 @@
+//! The gateway's Kubernetes side: which migrations this node must carry, and where the peer
+//! gateways are.
+//!
+//! ```text
+//!  API server                                   this gateway
+//!  ----------                                   ------------
+//!  VMIs labelled rdma-streams.io/migration=rdma
+//!    status.migrationState ──watch──> vmi::watch_migrations ──MigrationEvent──> data path
+//!                                          │ learns targetNodeAddress -> targetNode
+//!                                          v
+//!  Nodes (our annotations, addresses) ──reflector──> node::PeerDirectory::peer_for(ip)
+//!                                                           ^ data path: "who serves ip?"
+//!  Node <this node> <──merge patch── node::run_node_publisher (gateway ip:port,
+//!                                     local virt-handler addresses; removed on shutdown)
+//!
+//!  virt-handler NodeHook gRPC (alpha, unverified) ──> hooks::event_for_hook ──> MigrationEvent
+//! ```
+//!
+//! - [`vmi`]: the typed view of `kubevirt.io/v1` VirtualMachineInstances (only the fields we
+//!   read), the pure [`vmi::events_for`] and the watch runner.
+//! - [`node`]: the node annotations this gateway publishes and [`node::PeerDirectory`].
+//! - [`hooks`]: an adapter from KubeVirt's Plugin NodeHooks to [`crate::events::MigrationEvent`].
+//!
+//! RBAC actually needed: `kubevirt.io/virtualmachineinstances` list+watch (get is not used),
+//! `nodes` list+watch+patch (get is not used). The chart's `gateway-rbac.yaml` grants a superset.
+
+pub mod hooks;
+pub mod node;
+pub mod vmi;
+
+#[cfg(test)]
+pub(crate) mod mock_api;
+
+/// Field manager of every write this gateway makes.
+pub const FIELD_MANAGER: &str = "rdma-migration-gateway";
+
+pub use node::{
+    GATEWAY_ADDRESS_ANNOTATION, NodeAnnotations, NodePublisher, PeerDirectory,
+    VIRT_HANDLER_ADDRESSES_ANNOTATION, run_node_publisher,
+};
+pub use vmi::{
+    MIGRATION_OPT_IN_LABEL, MIGRATION_OPT_IN_VALUE, VirtualMachineInstance, VmiView, events_for,
+    watch_migrations,
+};

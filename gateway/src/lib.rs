@@ -1,0 +1,39 @@
+//! The migration gateway: KubeVirt live migrations over RDMA streams, KubeVirt unmodified.
+//!
+//! One gateway runs per node (host network, host PID). For a migration this node is the
+//! source of, it enters the local virt-handler's network namespace and redirects (nftables)
+//! only the TCP connections to the target virt-handler's migration address and ports to a
+//! capture listener it opens there. Each captured connection becomes one RDMA stream to the
+//! gateway of the target node; the stream's first frame names the original destination,
+//! which the peer gateway dials over plain TCP. Any failure before the first byte (no peer
+//! gateway, no RDMA, a provider fault, a timeout) relays that same connection over TCP
+//! instead, counted with its reason.
+//!
+//! - [`events`]: what the gateway is told ([`events::MigrationEvent`]), by the kube watchers
+//!   or by the test hook [`test_events`].
+//! - [`core`]: [`core::GatewayCore`] consumes the events and owns every migration's state.
+//! - Capture: [`netns`] (find and enter a network namespace), [`nft`] (per-migration
+//!   tables), [`capture`] (the listener and `SO_ORIGINAL_DST`).
+//! - Transport: [`peers`] (where the peer gateway is), [`frame`] (the first frame and its
+//!   answer), [`outbound`] (source side), [`inbound`] (target side), [`relay`] (TCP
+//!   fallback), [`fallback`] (reasons).
+//! - Kubernetes: [`kube`] (the VirtualMachineInstance watch that produces the events, the node
+//!   annotations that publish this gateway's address, the peer directory, KubeVirt's node hooks).
+//! - Ops: [`metrics`], [`admin`], [`cli`].
+
+pub mod admin;
+pub mod capture;
+pub mod cli;
+pub mod core;
+pub mod events;
+pub mod fallback;
+pub mod frame;
+pub mod inbound;
+pub mod kube;
+pub mod metrics;
+pub mod netns;
+pub mod nft;
+pub mod outbound;
+pub mod peers;
+pub mod relay;
+pub mod test_events;

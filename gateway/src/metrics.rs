@@ -1,0 +1,157 @@
+//! Prometheus metrics (prometheus-client, prefix `rdma_gw`), served on `/metrics`.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use crate::fallback::Fallback;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabels {
+    pub role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndLabels {
+    pub role: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabels {
+    pub role: String,
+    pub path: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BytesLabels {
+    pub path: String,
+    pub direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+/// The data path a connection took (label `path`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    Rdma,
+    Tcp,
+}
+
+impl PathKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PathKind::Rdma => "rdma",
+            PathKind::Tcp => "tcp",
+        }
+    }
+}
+
+/// Every metric the gateway exports.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// Migrations started, by role.
+    pub migrations: Family<RoleLabels, Counter>,
+    /// Migrations ended, by role and outcome (`completed`, `aborted`).
+    pub migrations_ended: Family<EndLabels, Counter>,
+    /// Migrations in progress.
+    pub migrations_active: Gauge,
+    /// Connections carried, by role and path.
+    pub connections: Family<PathLabels, Counter>,
+    /// Connections open now.
+    pub connections_active: Gauge,
+    /// Bytes carried, by path and direction (`to_target`, `to_source`).
+    pub bytes: Family<BytesLabels, Counter>,
+    /// Connections relayed over TCP, by reason.
+    pub fallbacks: Family<ReasonLabels, Counter>,
+    /// Captured connections to a destination no active migration names (closed).
+    pub unmatched: Counter,
+}
+
+impl Metrics {
+    /// New metrics registered under the `rdma_gw` prefix of `registry`.
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let m = Metrics::default();
+        let r = registry.sub_registry_with_prefix("rdma_gw");
+        r.register("migrations", "Migrations started", m.migrations.clone());
+        r.register(
+            "migrations_ended",
+            "Migrations ended, by outcome",
+            m.migrations_ended.clone(),
+        );
+        r.register(
+            "migrations_active",
+            "Migrations in progress",
+            m.migrations_active.clone(),
+        );
+        r.register(
+            "connections",
+            "Migration connections carried, by path",
+            m.connections.clone(),
+        );
+        r.register(
+            "connections_active",
+            "Migration connections open",
+            m.connections_active.clone(),
+        );
+        r.register("bytes", "Bytes carried, by path", m.bytes.clone());
+        r.register(
+            "fallbacks",
+            "Connections relayed over TCP, by reason",
+            m.fallbacks.clone(),
+        );
+        r.register(
+            "unmatched_connections",
+            "Captured connections no migration names",
+            m.unmatched.clone(),
+        );
+        for reason in Fallback::ALL {
+            let _ = m.fallbacks.get_or_create(&ReasonLabels {
+                reason: reason.as_str().into(),
+            });
+        }
+        m
+    }
+
+    pub fn connection(&self, role: &str, path: PathKind) {
+        self.connections
+            .get_or_create(&PathLabels {
+                role: role.into(),
+                path: path.as_str().into(),
+            })
+            .inc();
+    }
+
+    pub fn fallback(&self, reason: Fallback) {
+        self.fallbacks
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str().into(),
+            })
+            .inc();
+    }
+
+    pub fn add_bytes(&self, path: PathKind, to_target: u64, to_source: u64) {
+        for (direction, n) in [("to_target", to_target), ("to_source", to_source)] {
+            self.bytes
+                .get_or_create(&BytesLabels {
+                    path: path.as_str().into(),
+                    direction: direction.into(),
+                })
+                .inc_by(n);
+        }
+    }
+}
+
+/// The registry as OpenMetrics text.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        out.clear();
+    }
+    out
+}

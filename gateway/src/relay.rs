@@ -1,0 +1,54 @@
+//! The TCP fallback: one captured connection relayed to its original destination over
+//! kernel TCP, byte for byte, from the gateway's own network namespace.
+//!
+//! EOF on one side half-closes the other (`copy_bidirectional`); an error or reset on
+//! either side resets the other (`SO_LINGER` 0 then close); cancelling (the migration was
+//! aborted) resets both.
+
+use std::{io, net::SocketAddr, time::Duration};
+
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+/// Dials `dst` with the gateway's mark (so no capture rule catches it), within `timeout`.
+pub async fn dial(dst: SocketAddr, mark: u32, timeout: Duration) -> io::Result<TcpStream> {
+    let socket = Socket::new(Domain::for_address(dst), Type::STREAM, Some(Protocol::TCP))?;
+    if mark != 0
+        && let Err(error) = socket.set_mark(mark)
+    {
+        // Without CAP_NET_ADMIN: only matters when dialing from a captured namespace.
+        debug!(%error, "SO_MARK not set");
+    }
+    socket.set_nonblocking(true)?;
+    let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(socket));
+    let stream = tokio::time::timeout(timeout, socket.connect(dst))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// Resets a connection instead of closing it gracefully.
+pub fn reset(stream: &TcpStream) {
+    let _ = SockRef::from(stream).set_linger(Some(Duration::ZERO));
+}
+
+/// Relays `client` <-> `server` until both directions end, an error, or `cancel`.
+/// Returns the bytes moved (client to server, server to client).
+pub async fn relay(
+    mut client: TcpStream,
+    mut server: TcpStream,
+    cancel: CancellationToken,
+) -> io::Result<(u64, u64)> {
+    let result = tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut client, &mut server) => r,
+        _ = cancel.cancelled() => Err(io::Error::new(io::ErrorKind::ConnectionAborted, "migration ended")),
+    };
+    if result.is_err() {
+        reset(&client);
+        reset(&server);
+    }
+    result
+}

@@ -1,0 +1,134 @@
+//! TEST HOOK, not for production: migration events from a unix socket
+//! (`--test-events-socket PATH`), for the integration tests and benchmarks, which run without
+//! a Kubernetes API. In a cluster the kube watchers feed the same channel.
+//!
+//! One JSON object per line; each gets a line `ok` or `error: ...` back once queued:
+//!
+//! ```text
+//! {"started":{"uid":"u1","vmi":"default/vm1","role":"source","target":"10.2.0.2","ports":[49152]}}
+//! {"ended":{"uid":"u1","aborted":true}}
+//! ```
+
+use std::{net::IpAddr, path::Path};
+
+use serde::Deserialize;
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    net::UnixListener,
+    sync::mpsc,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::events::{Migration, MigrationEvent, Role};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Wire {
+    Started(WireMigration),
+    Ended { uid: String, aborted: bool },
+}
+
+#[derive(Debug, Deserialize)]
+struct WireMigration {
+    uid: String,
+    #[serde(default)]
+    vmi: String,
+    role: WireRole,
+    target: IpAddr,
+    ports: Vec<u16>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum WireRole {
+    Source,
+    Target,
+}
+
+/// Parses one line into an event.
+pub fn parse(line: &str) -> Result<MigrationEvent, serde_json::Error> {
+    Ok(match serde_json::from_str::<Wire>(line)? {
+        Wire::Started(m) => MigrationEvent::Started(Migration {
+            uid: m.uid,
+            vmi: m.vmi,
+            role: match m.role {
+                WireRole::Source => Role::Source,
+                WireRole::Target => Role::Target,
+            },
+            target: m.target,
+            ports: m.ports,
+        }),
+        Wire::Ended { uid, aborted } => MigrationEvent::Ended { uid, aborted },
+    })
+}
+
+/// Serves the socket until `shutdown`.
+pub async fn serve(
+    path: &Path,
+    events: mpsc::Sender<MigrationEvent>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    info!(path = %path.display(), "TEST HOOK: accepting migration events on a unix socket");
+    loop {
+        let (conn, _) = tokio::select! {
+            c = listener.accept() => c?,
+            _ = shutdown.cancelled() => break,
+        };
+        let events = events.clone();
+        tokio::spawn(async move {
+            let (read, mut write) = conn.into_split();
+            let mut lines = BufReader::new(read).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let reply = match parse(&line) {
+                    Ok(event) => match events.send(event).await {
+                        Ok(()) => "ok\n".to_string(),
+                        Err(_) => "error: gateway stopping\n".to_string(),
+                    },
+                    Err(error) => {
+                        warn!(%error, "bad test event");
+                        format!("error: {error}\n")
+                    }
+                };
+                if write.write_all(reply.as_bytes()).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_kinds() {
+        let e = parse(r#"{"started":{"uid":"u1","vmi":"ns/vm","role":"source","target":"10.2.0.2","ports":[1,2]}}"#).unwrap();
+        assert_eq!(
+            e,
+            MigrationEvent::Started(Migration {
+                uid: "u1".into(),
+                vmi: "ns/vm".into(),
+                role: Role::Source,
+                target: "10.2.0.2".parse().unwrap(),
+                ports: vec![1, 2],
+            })
+        );
+        assert_eq!(
+            parse(r#"{"ended":{"uid":"u1","aborted":true}}"#).unwrap(),
+            MigrationEvent::Ended {
+                uid: "u1".into(),
+                aborted: true
+            }
+        );
+        assert!(parse("{}").is_err());
+    }
+}

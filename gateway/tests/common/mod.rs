@@ -1,0 +1,138 @@
+//! Test harness: runs bash scripts in a fresh network, PID and mount namespace (so `ip netns`
+//! names and every process the script starts die with it) under a hard timeout, with the
+//! gateway binary, the fake provider, the relay and QEMU tool paths in the environment.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// One scenario at a time: QEMU runs take two 256 MiB guests, and the timing-based fallback
+/// cases should not compete for the two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn manifest() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Bash prelude: the topology and helpers, and a trap that stops every background job.
+const PRELUDE: &str = "set -eu\nset -m\nT=$(mktemp -d)\n\
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf \"$T\"' EXIT\n\
+ip link set lo up\n. $S/topology.sh\n. $S/gateways.sh\n";
+
+/// What a script printed.
+#[derive(Debug)]
+pub struct Run {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    /// The value of the last `KEY=VALUE` line the script printed.
+    pub fn value(&self, key: &str) -> Option<String> {
+        let prefix = format!("{key}=");
+        self.stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+    }
+
+    pub fn num(&self, key: &str) -> f64 {
+        self.value(key)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no numeric {key}= in output\n{self}"))
+    }
+
+    pub fn assert_ok(&self) {
+        assert!(self.success, "script failed\n{self}");
+    }
+}
+
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stdout:\n{}\nstderr:\n{}", self.stdout, self.stderr)
+    }
+}
+
+/// The random RAM image shared by every run.
+pub fn ram_file() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("gateway-qemu-ram-256M.bin")
+}
+
+fn python() -> PathBuf {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Runs `script` after the prelude, killed after `limit`.
+pub fn run(script: &str, limit: Duration) -> Run {
+    let full = format!("{PRELUDE}{script}\n");
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "-n",
+        "-p",
+        "-f",
+        "--mount-proc",
+        "--kill-child",
+        "bash",
+        "-c",
+        &full,
+    ])
+    .env("GW", env!("CARGO_BIN_EXE_rdma-migration-gateway"))
+    .env("FAKE", rdma_streams_testkit::fake_rsocket::library())
+    .env("S", manifest().join("tests/scripts"))
+    .env(
+        "QEMU_TOOL",
+        manifest().join("../tests/tools/qemu_migrate.py"),
+    )
+    .env("RAM", ram_file())
+    .env("PY", python())
+    .env_remove("FAKE_RSOCKET_FAULTS")
+    .env_remove("LD_PRELOAD")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn unshare");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let start = Instant::now();
+    match rx.recv_timeout(limit) {
+        Ok(out) => {
+            let out = out.expect("wait");
+            Run {
+                success: out.status.success(),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            }
+        }
+        Err(_) => {
+            // --kill-child: killing unshare kills the whole PID namespace.
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            let out = rx.recv_timeout(Duration::from_secs(10));
+            panic!(
+                "script timed out after {:?}\n{}",
+                start.elapsed(),
+                match out {
+                    Ok(Ok(o)) => format!(
+                        "stdout:\n{}\nstderr:\n{}",
+                        String::from_utf8_lossy(&o.stdout),
+                        String::from_utf8_lossy(&o.stderr)
+                    ),
+                    _ => String::new(),
+                }
+            );
+        }
+    }
+}
