@@ -48,7 +48,8 @@ echo "  And a KubeVirt VM opted in to RDMA migrations (only its template label; 
 RDMA_INJECTOR_LOG_LEVEL=warn "$INJECTOR" inject --diff -f examples/manifests/migratable-vm.yaml | sed 's/^/    /'
 
 bash scripts/demo-streams.sh
+bash scripts/demo-gateway.sh
 
 step "Done"
-echo "  Next: 'make test' runs every test; docs/device-plugin.md, docs/injector.md and docs/shim.md"
-echo "  explain operations, docs/benchmarks.md has the measured figures."
+echo "  Next: 'make test' runs every test; docs/quickstart.md, docs/architecture.md, docs/shim.md"
+echo "  and docs/kubevirt.md explain the parts, docs/benchmarks.md has the measured figures."
