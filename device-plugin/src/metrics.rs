@@ -144,11 +144,4 @@ impl Metrics {
     }
 }
 
-/// The text exposition of a registry.
-pub fn encode(registry: &Registry) -> String {
-    let mut out = String::new();
-    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
-        out.clear();
-    }
-    out
-}
+pub use rdma_streams_common::admin::encode;

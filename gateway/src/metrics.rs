@@ -147,11 +147,4 @@ impl Metrics {
     }
 }
 
-/// The registry as OpenMetrics text.
-pub fn encode(registry: &Registry) -> String {
-    let mut out = String::new();
-    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
-        out.clear();
-    }
-    out
-}
+pub use rdma_streams_common::admin::encode;
