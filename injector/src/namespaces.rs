@@ -141,7 +141,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::certs::mock_api::{
+    use rdma_streams_testkit::mock_api::{
         ApiServerVerifier, Responder, mock_client, query, respond, send_bytes, status_failure,
         timeout_after_1s,
     };

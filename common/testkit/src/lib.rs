@@ -4,7 +4,8 @@
 //! - [`fake_rsocket::library`]: the path of the fake provider `libfakersocket.so`, built when
 //!   missing or stale;
 //! - [`within`]: run a test body under a time limit;
-//! - [`child`]: run fault cases in re-executed test binaries (one process per case).
+//! - [`child`]: run fault cases in re-executed test binaries (one process per case);
+//! - `mock_api` (feature `kube`): a mocked Kubernetes API server for kube-side unit tests.
 #![warn(missing_docs)]
 
 use std::sync::mpsc;
@@ -13,6 +14,9 @@ use std::time::Duration;
 
 pub mod child;
 pub mod fake_rsocket;
+#[cfg(feature = "kube")]
+#[allow(missing_docs)]
+pub mod mock_api;
 
 /// Runs `f` on a thread and fails the test if it takes longer than `limit`. A panic in `f`
 /// is propagated as is.

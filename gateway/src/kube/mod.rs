@@ -28,9 +28,6 @@ pub mod hooks;
 pub mod node;
 pub mod vmi;
 
-#[cfg(test)]
-pub(crate) mod mock_api;
-
 /// Field manager of every write this gateway makes.
 pub const FIELD_MANAGER: &str = "rdma-migration-gateway";
 

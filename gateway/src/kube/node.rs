@@ -405,7 +405,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::kube::mock_api::{
+    use rdma_streams_testkit::mock_api::{
         ApiServerVerifier, Responder, body_json, mock_client, query, respond, status_failure,
         timeout_after,
     };

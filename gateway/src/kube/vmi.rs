@@ -490,7 +490,7 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use super::*;
-    use crate::kube::mock_api::{
+    use rdma_streams_testkit::mock_api::{
         ApiServerVerifier, Responder, mock_client, query, respond, send_bytes, status_failure,
         timeout_after,
     };

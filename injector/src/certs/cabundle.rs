@@ -238,7 +238,7 @@ mod tests {
     use http::Method;
 
     use super::*;
-    use crate::certs::mock_api::{
+    use rdma_streams_testkit::mock_api::{
         ApiServerVerifier, body_json, mock_client, query, respond, status_failure, timeout_after,
         timeout_after_1s,
     };

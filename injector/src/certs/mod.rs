@@ -22,9 +22,6 @@ pub mod files;
 pub mod issue;
 pub mod renew;
 
-#[cfg(test)]
-pub(crate) mod mock_api;
-
 pub use bootstrap::{BootstrapConfig, Bootstrapped, CaOrigin, bootstrap, get_or_create_ca};
 pub use ca::CertAuthority;
 pub use cabundle::{CaBundleChange, ensure_ca_bundle, run_ca_bundle_controller};

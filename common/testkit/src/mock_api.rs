@@ -1,9 +1,10 @@
-//! Test support: a mocked Kubernetes API server in the style of kube-rs/controller-rs.
+//! A mocked Kubernetes API server in the style of kube-rs/controller-rs (feature `kube`),
+//! shared by the injector's and the gateway's kube-side unit tests.
 //!
 //! [`mock_client`] gives a real `kube::Client` whose transport is a `tower_test` mock and an
 //! [`ApiServerVerifier`] holding the other end. Each test module lists the calls it expects
 //! in a `Scenario` enum and answers them, in order, in a spawned task; every test ends with
-//! [`timeout_after_1s`] on that task, so a missing call fails fast instead of hanging.
+//! [`timeout_after`] on that task, so a missing call fails fast instead of hanging.
 
 use std::time::Duration;
 
@@ -14,24 +15,20 @@ use tokio::task::JoinHandle;
 use tower_test::mock::{self, Handle, SendResponse};
 
 /// Answer sender for one mocked request.
-pub(crate) type Responder = SendResponse<Response<Body>>;
+pub type Responder = SendResponse<Response<Body>>;
 
 /// The API-server side of a mocked client.
-pub(crate) struct ApiServerVerifier(Handle<Request<Body>, Response<Body>>);
+pub struct ApiServerVerifier(Handle<Request<Body>, Response<Body>>);
 
 /// A `kube::Client` (default namespace `default`) talking to a mocked API server.
-pub(crate) fn mock_client() -> (Client, ApiServerVerifier) {
+pub fn mock_client() -> (Client, ApiServerVerifier) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     (Client::new(service, "default"), ApiServerVerifier(handle))
 }
 
 impl ApiServerVerifier {
     /// Waits for the next request and asserts its method and path (the URI without query).
-    pub(crate) async fn expect(
-        &mut self,
-        method: Method,
-        path: &str,
-    ) -> (Request<Body>, Responder) {
+    pub async fn expect(&mut self, method: Method, path: &str) -> (Request<Body>, Responder) {
         let (request, send) = self
             .0
             .next_request()
@@ -42,8 +39,13 @@ impl ApiServerVerifier {
         (request, send)
     }
 
+    /// The next request, whatever it is (`None` once the client is gone).
+    pub async fn next_request(&mut self) -> Option<(Request<Body>, Responder)> {
+        self.0.next_request().await
+    }
+
     /// Waits a little and asserts that no further request arrives.
-    pub(crate) async fn expect_quiet(&mut self, wait: Duration) {
+    pub async fn expect_quiet(&mut self, wait: Duration) {
         if let Ok(Some((request, _))) = tokio::time::timeout(wait, self.0.next_request()).await {
             panic!("unexpected request {} {}", request.method(), request.uri());
         }
@@ -51,12 +53,12 @@ impl ApiServerVerifier {
 }
 
 /// The request's query string, empty if none.
-pub(crate) fn query(request: &Request<Body>) -> String {
+pub fn query(request: &Request<Body>) -> String {
     request.uri().query().unwrap_or_default().to_owned()
 }
 
 /// The request body as JSON.
-pub(crate) async fn body_json(request: Request<Body>) -> Value {
+pub async fn body_json(request: Request<Body>) -> Value {
     let bytes = request
         .into_body()
         .collect_bytes()
@@ -66,7 +68,7 @@ pub(crate) async fn body_json(request: Request<Body>) -> Value {
 }
 
 /// Answers with `status` and a JSON body.
-pub(crate) fn respond(send: Responder, status: u16, body: &Value) {
+pub fn respond(send: Responder, status: u16, body: &Value) {
     send_bytes(
         send,
         status,
@@ -75,7 +77,7 @@ pub(crate) fn respond(send: Responder, status: u16, body: &Value) {
 }
 
 /// Answers with `status` and a raw body (e.g. newline-separated watch events).
-pub(crate) fn send_bytes(send: Responder, status: u16, body: Vec<u8>) {
+pub fn send_bytes(send: Responder, status: u16, body: Vec<u8>) {
     send.send_response(
         Response::builder()
             .status(status)
@@ -86,7 +88,7 @@ pub(crate) fn send_bytes(send: Responder, status: u16, body: Vec<u8>) {
 }
 
 /// A `meta/v1` `Status` failure body, as the API server sends with 4xx/5xx answers.
-pub(crate) fn status_failure(code: u16, reason: &str, message: &str) -> Value {
+pub fn status_failure(code: u16, reason: &str, message: &str) -> Value {
     json!({
         "kind": "Status",
         "apiVersion": "v1",
@@ -98,13 +100,8 @@ pub(crate) fn status_failure(code: u16, reason: &str, message: &str) -> Value {
     })
 }
 
-/// Awaits the scenario task, failing the test if it has not finished within one second.
-pub(crate) async fn timeout_after_1s(scenario: JoinHandle<()>) {
-    timeout_after(Duration::from_secs(1), scenario).await;
-}
-
 /// Awaits the scenario task, failing the test if it has not finished within `limit`.
-pub(crate) async fn timeout_after(limit: Duration, scenario: JoinHandle<()>) {
+pub async fn timeout_after(limit: Duration, scenario: JoinHandle<()>) {
     match tokio::time::timeout(limit, scenario).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
@@ -113,4 +110,9 @@ pub(crate) async fn timeout_after(limit: Duration, scenario: JoinHandle<()>) {
             panic!("scenario did not finish within {limit:?}: an expected API call never came")
         }
     }
+}
+
+/// Awaits the scenario task, failing the test if it has not finished within one second.
+pub async fn timeout_after_1s(scenario: JoinHandle<()>) {
+    timeout_after(Duration::from_secs(1), scenario).await;
 }
