@@ -9,7 +9,9 @@
 #      both ends,
 #   3. Debian's librspreload.so on both ends (reference only: a failure or hang is reported,
 #      not fatal).
-# Throughput of each and the ratios to plain TCP are printed. Then, if tests/tools/qemu_migrate.py
+# Throughput of each and the ratios to plain TCP are printed, and the shim's against a plain
+# AF_UNIX socketpair copy (proxy-mode goal: >= 0.7; fails the run when missed). Then, if
+# tests/tools/qemu_migrate.py
 # exists, one QEMU live migration across the namespaces, plain and under the shim (see QEMU below).
 # Namespaces, veths, rxe links and processes are removed on every exit (trap).
 #
@@ -364,6 +366,26 @@ fi
 
 if [[ -n ${result[tcp]:-} && -n ${result[shim]:-} ]]; then
 	echo "ratio shim / TCP:          $(ratio "${result[shim]}" "${result[tcp]}")"
+fi
+
+# The proxy-mode goal (issue 3): upgraded throughput >= 0.7 of a plain AF_UNIX socketpair copy
+# on the same machine (the benchmark's C tool, 128 KiB blocks, as iperf3's).
+tool_src=$ROOT/shim/benches/streams_tool.c
+if [[ -n ${result[shim]:-} && -f $tool_src ]] && command -v cc >/dev/null; then
+	cc -O2 -o "$work/streams_tool" "$tool_src"
+	sp=$("$work/streams_tool" sockpair "$seconds" 131072 | sed -n 's/.*bits_per_second=\([0-9.]*\).*/\1/p')
+	if [[ -n $sp ]]; then
+		echo "AF_UNIX socketpair copy:   $(gbit "$sp")"
+		r=$(ratio "${result[shim]}" "$sp")
+		if [[ $no_rxe == 1 ]]; then
+			echo "ratio shim / socketpair:   $r (not upgraded without rxe: the goal is not checked)"
+		elif awk -v r="$r" 'BEGIN { exit !(r >= 0.7) }'; then
+			echo "ratio shim / socketpair:   $r (goal >= 0.7: ok)"
+		else
+			echo "ratio shim / socketpair:   $r (goal >= 0.7: MISSED)"
+			failed=1
+		fi
+	fi
 fi
 if [[ -n ${result[tcp]:-} && -n ${result[rspreload]:-} ]]; then
 	echo "ratio librspreload / TCP:  $(ratio "${result[rspreload]}" "${result[tcp]}")"
