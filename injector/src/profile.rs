@@ -327,13 +327,52 @@ fn syntax_error(error: &serde_yaml::Error, origin: &str) -> ProfileError {
     }
 }
 
+/// Verbs providers in the shim bundle image (`<mount>/lib/libibverbs/lib<name>-rdmav*.so`); the
+/// chart's `shim.verbsProviders` default is the same list.
+pub const BUNDLED_VERBS_PROVIDERS: [&str; 15] = [
+    "mlx5",
+    "mlx4",
+    "rxe",
+    "efa",
+    "bnxt_re",
+    "cxgb4",
+    "hfi1verbs",
+    "hns",
+    "i40iw",
+    "ipathverbs",
+    "mthca",
+    "ocrdma",
+    "qedr",
+    "siw",
+    "vmw_pvrdma",
+];
+
+/// The built-in profile's env: proxy mode, and the rsocket provider shipped in the bundle
+/// mounted at `mount` (`STREAMSHIM_PROVIDER`, `RDMAV_DRIVERS`), so app images need no
+/// rdma-core (the chart sets the same with `shim.bundledProvider`).
+fn builtin_env(mount: &str) -> BTreeMap<String, String> {
+    let drivers: Vec<String> = BUNDLED_VERBS_PROVIDERS
+        .iter()
+        .map(|p| format!("{mount}/lib/libibverbs/lib{p}"))
+        .collect();
+    BTreeMap::from([
+        ("STREAMSHIM_MODE".to_owned(), "proxy".to_owned()),
+        (
+            "STREAMSHIM_PROVIDER".to_owned(),
+            format!("{mount}/lib/librdmacm.so.1"),
+        ),
+        ("RDMAV_DRIVERS".to_owned(), drivers.join(":")),
+    ])
+}
+
 // === impl Config ===
 
 impl Config {
     /// The embedded default: used by `inject -f` without `--config` and by `make demo`.
     ///
     /// One profile, `default`: `rdma-streams.io/hca` x1, `init-copy` delivery from
-    /// [`BUILTIN_SHIM_IMAGE`], `STREAMSHIM_MODE=proxy`, `IPC_LOCK`, no Multus network,
+    /// [`BUILTIN_SHIM_IMAGE`], `STREAMSHIM_MODE=proxy` and the bundled provider
+    /// (`STREAMSHIM_PROVIDER`, `RDMAV_DRIVERS`), `IPC_LOCK`, no Multus network,
     /// `podSecurity: deny`.
     pub fn builtin_default() -> Self {
         let profile = Profile {
@@ -347,7 +386,7 @@ impl Config {
                 library: default_library(),
                 init_command: None,
             },
-            env: BTreeMap::from([("STREAMSHIM_MODE".to_owned(), "proxy".to_owned())]),
+            env: builtin_env(&default_mount_path()),
             ipc_lock: true,
             network: None,
             pod_security: PodSecurityAction::Deny,
