@@ -147,30 +147,29 @@ unsafe fn accepted_peer(
     unsafe { sys::sockaddr_from_raw(addr, written.min(cap)) }
 }
 
-/// `int accept(int fd, struct sockaddr *addr, socklen_t *len)`.
+/// The body of both accept hooks: `real` is the original call with the caller's arguments.
 ///
 /// # Safety
-/// The C contract of `accept(2)`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    let Some(orig) = real::accept() else {
-        return no_original();
-    };
-    let cap = if len.is_null() {
-        0
-    } else {
-        // SAFETY: `len`, when non-null, is the caller's valid in/out length.
-        unsafe { len.read() }
-    };
-    // SAFETY: the caller's arguments, passed on unchanged to libc's accept.
-    let real = || unsafe { orig(fd, addr, len) };
+/// `addr`/`len` are the caller's accept arguments (the C contract of `accept(2)`).
+unsafe fn accept_detour(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    real: &dyn Fn() -> c_int,
+) -> c_int {
     if Guard::enter().is_none() {
         // The provider accepting for the shim: the fd is the shim's.
         let fd = real();
         fdtable::set(fd, fdtable::SHIM_OWNED);
         return fd;
     }
-    detour(&real, |real| {
+    let cap = if len.is_null() {
+        0
+    } else {
+        // SAFETY: `len`, when non-null, is the caller's valid in/out length.
+        unsafe { len.read() }
+    };
+    detour(real, |real| {
         ops::accept(fd, &mut || {
             let rc = real();
             let errno = sys::errno();
@@ -180,6 +179,21 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
             (rc, peer.flatten())
         })
     })
+}
+
+/// `int accept(int fd, struct sockaddr *addr, socklen_t *len)`.
+///
+/// # Safety
+/// The C contract of `accept(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    let Some(orig) = real::accept() else {
+        return no_original();
+    };
+    // SAFETY: the caller's arguments, passed on unchanged to libc's accept.
+    let real = || unsafe { orig(fd, addr, len) };
+    // SAFETY: the caller's accept arguments.
+    unsafe { accept_detour(fd, addr, len, &real) }
 }
 
 /// `int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)`.
@@ -196,30 +210,10 @@ pub unsafe extern "C" fn accept4(
     let Some(orig) = real::accept4() else {
         return no_original();
     };
-    let cap = if len.is_null() {
-        0
-    } else {
-        // SAFETY: `len`, when non-null, is the caller's valid in/out length.
-        unsafe { len.read() }
-    };
     // SAFETY: the caller's arguments, passed on unchanged to libc's accept4.
     let real = || unsafe { orig(fd, addr, len, flags) };
-    if Guard::enter().is_none() {
-        // The provider accepting for the shim: the fd is the shim's.
-        let fd = real();
-        fdtable::set(fd, fdtable::SHIM_OWNED);
-        return fd;
-    }
-    detour(&real, |real| {
-        ops::accept(fd, &mut || {
-            let rc = real();
-            let errno = sys::errno();
-            // SAFETY: after the call, per accept4's contract.
-            let peer = (rc >= 0).then(|| unsafe { accepted_peer(addr, len, cap) });
-            sys::set_errno(errno);
-            (rc, peer.flatten())
-        })
-    })
+    // SAFETY: the caller's accept4 arguments.
+    unsafe { accept_detour(fd, addr, len, &real) }
 }
 
 /// `int close(int fd)`. Safe in signal handlers and between fork and exec: an atomic store and
@@ -253,7 +247,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     };
     // SAFETY: the caller's argument, passed on unchanged to libc's dup.
     let real = || unsafe { orig(fd) };
-    detour(&real, |real| ops::dup(fd, None, real))
+    dup_detour(fd, None, &real)
 }
 
 /// `int dup2(int old, int new)`: `new` forgets what it was and inherits what `old` is.
@@ -267,7 +261,7 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     };
     // SAFETY: the caller's arguments, passed on unchanged to libc's dup2.
     let real = || unsafe { orig(old, new) };
-    detour(&real, |real| ops::dup(old, Some(new), real))
+    dup_detour(old, Some(new), &real)
 }
 
 /// `int dup3(int old, int new, int flags)`: as dup2.
@@ -281,7 +275,7 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     };
     // SAFETY: the caller's arguments, passed on unchanged to libc's dup3.
     let real = || unsafe { orig(old, new, flags) };
-    detour(&real, |real| ops::dup(old, Some(new), real))
+    dup_detour(old, Some(new), &real)
 }
 
 /// `fcntl`/`fcntl64`: F_DUPFD and F_DUPFD_CLOEXEC are dups; every other command goes straight
@@ -294,7 +288,22 @@ fn fcntl_detour(orig: real::FcntlFn, fd: c_int, cmd: c_int, arg: libc::c_ulong) 
     if cmd != libc::F_DUPFD && cmd != libc::F_DUPFD_CLOEXEC {
         return real();
     }
-    detour(&real, |real| ops::dup(fd, None, real))
+    dup_detour(fd, None, &real)
+}
+
+/// The dup family: when neither `old` nor the number dup2/dup3 replaces is known to the shim
+/// (every fd of a pass-through process), the original call and the table loads only: no
+/// guard, no op. The new number of a plain `dup` was free; a stale entry there (a number closed
+/// by `close_range`, which is not hooked) is cleared.
+fn dup_detour(old: c_int, target: Option<c_int>, real: &dyn Fn() -> c_int) -> c_int {
+    if fdtable::get(old) == 0 && target.is_none_or(|t| fdtable::get(t) == 0) {
+        let new = real();
+        if target.is_none() {
+            fdtable::clear(new);
+        }
+        return new;
+    }
+    detour(real, |real| ops::dup(old, target, real))
 }
 
 /// `int fcntl(int fd, int cmd, ...)`. Defined with a fixed third argument (Rust cannot define

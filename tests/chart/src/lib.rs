@@ -346,6 +346,31 @@ pub fn all_containers(pod_spec: &Value) -> Vec<&Value> {
         .collect()
 }
 
+/// `{name: value}` of a container's env as the process sees it in a pod: downward-API
+/// `fieldRef`s resolved to sample values of their kind (the release namespace, a node name,
+/// an IP address); any other reference (Secret, ConfigMap) is an error.
+pub fn resolved_env(
+    container: &Value,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in container["env"].as_array().into_iter().flatten() {
+        let name = e["name"].as_str().expect("env name").to_string();
+        let value = match (
+            e["value"].as_str(),
+            e["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        ) {
+            (Some(v), _) => v.to_string(),
+            (None, Some("metadata.namespace")) => NAMESPACE.to_string(),
+            (None, Some("metadata.name")) => format!("{RELEASE}-pod"),
+            (None, Some("spec.nodeName")) => "node-1".to_string(),
+            (None, Some("status.hostIP" | "status.podIP")) => "198.18.0.1".to_string(),
+            (None, other) => return Err(format!("{name}: unresolvable env source {other:?}")),
+        };
+        out.insert(name, value);
+    }
+    Ok(out)
+}
+
 /// `{name: value}` of a container's env (value, or `<valueFrom>` for references).
 pub fn env_map(container: &Value) -> std::collections::BTreeMap<String, String> {
     container["env"]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, CommandFactory, Parser};
 use rdma_streams_chart_tests::{
-    NAMESPACE, Rendered, VALUE_SETS, chart_dir, env_map, helm, named, render,
+    Rendered, VALUE_SETS, chart_dir, env_map, helm, named, render, resolved_env,
 };
 use rdma_streams_testkit::within;
 use serde_json::Value;
@@ -42,6 +42,11 @@ fn container<'a>(r: &'a Rendered, kind: &str, name: &str) -> Option<&'a Value> {
         .map(|w| &w["spec"]["template"]["spec"]["containers"][0])
 }
 
+/// A container's env as its process sees it (downward-API references resolved).
+fn pod_env(container: &serde_json::Value) -> BTreeMap<String, String> {
+    resolved_env(container).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// Turns a container's env into command-line flags of `cmd` (and its `subcommand`), the way
 /// clap reads the same variables. Fails on a variable that is no flag of the binary.
 fn flags_from_env(
@@ -63,19 +68,8 @@ fn flags_from_env(
             .find(|a| a.get_env().is_some_and(|e| e == name.as_str()))
             .ok_or_else(|| format!("{name} is not an env variable of {}", cmd.get_name()))?;
         let long = format!("--{}", arg.get_long().expect("long flag"));
-        // Downward-API values are only known in the pod; use what they would hold.
-        let value = if value == "<valueFrom>" {
-            // status.hostIP/podIP for *_ADDRESS, a name (namespace, node) otherwise.
-            if name.ends_with("_ADDRESS") {
-                "198.18.0.1"
-            } else {
-                NAMESPACE
-            }
-        } else {
-            value.as_str()
-        };
         match arg.get_action() {
-            ArgAction::SetTrue => match value {
+            ArgAction::SetTrue => match value.as_str() {
                 "true" => argv.push(long),
                 "false" => {}
                 other => return Err(format!("{name}={other}: the flag takes true or false")),
@@ -97,7 +91,7 @@ fn device_plugin_env_parses_with_its_command_line() {
             let c = container(r, "DaemonSet", &named("device-plugin")).expect("device plugin");
             let cmd = rdma_device_plugin::cli::Args::command();
             let flags =
-                flags_from_env(&cmd, None, &env_map(c)).unwrap_or_else(|e| panic!("{set}: {e}"));
+                flags_from_env(&cmd, None, &pod_env(c)).unwrap_or_else(|e| panic!("{set}: {e}"));
             let mut argv = vec!["rdma-device-plugin".to_string()];
             argv.extend(flags);
             for a in c["args"].as_array().unwrap() {
@@ -124,7 +118,7 @@ fn injector_env_parses_with_its_command_line() {
         for (set, r) in &sets {
             let c = container(r, "Deployment", &named("injector")).expect("injector");
             let cmd = rdma_stream_injector::cli::Args::command();
-            let flags = flags_from_env(&cmd, Some("serve"), &env_map(c))
+            let flags = flags_from_env(&cmd, Some("serve"), &pod_env(c))
                 .unwrap_or_else(|e| panic!("{set}: {e}"));
             let mut argv = vec!["rdma-stream-injector".to_string()];
             for a in c["args"].as_array().unwrap() {
@@ -177,7 +171,7 @@ fn gateway_env_parses_with_its_command_line() {
             };
             let cmd = rdma_migration_gateway::cli::Args::command();
             let flags =
-                flags_from_env(&cmd, None, &env_map(c)).unwrap_or_else(|e| panic!("{set}: {e}"));
+                flags_from_env(&cmd, None, &pod_env(c)).unwrap_or_else(|e| panic!("{set}: {e}"));
             let mut argv = vec!["rdma-migration-gateway".to_string()];
             argv.extend(flags);
             let args = rdma_migration_gateway::cli::Args::try_parse_from(&argv)
