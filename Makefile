@@ -119,10 +119,12 @@ demo: deps
 	@bash scripts/demo.sh
 
 # Needs root and a kernel with rdma_rxe; elsewhere one `SKIP: ...` line and exit 0
-# (SOFTROCE_REQUIRE=1: exit 77 instead). Options: e2e/softroce.sh --help.
+# (SOFTROCE_REQUIRE=1: exit 77 instead). Options: e2e/softroce.sh --help. Then the migration
+# gateway's benchmark over the same (e2e/softroce-gateway.sh).
 e2e-softroce:
 	$(CARGO) build --release -p rdma-streams-shim
 	bash e2e/softroce.sh --shim target/release/libstreamshim.so
+	bash e2e/softroce-gateway.sh
 
 # Images (images/Dockerfile.*; docs/decisions.md "Images"). Not part of `make test`: they need a
 # docker daemon with BuildKit and network access to the base images and crates.io. Tags are

@@ -10,7 +10,8 @@
  *       `first_socket_ns=.. n=.. median_ns=.. p10_ns=.. p90_ns=.. mean_ns=..`.
  *   streams_tool sockpair SECONDS BLOCK
  *       AF_UNIX SOCK_STREAM socketpair, fork: the child writes BLOCK-byte blocks for SECONDS,
- *       the parent reads BLOCK-byte reads until EOF. Prints `bytes=.. seconds=.. bits_per_second=..`.
+ *       the parent reads BLOCK-byte reads until EOF. Prints `bytes=.. seconds=.. bits_per_second=..
+ *       cpu_percent=..` (CPU of both processes, percent of one core).
  *   streams_tool relay SECONDS BLOCK RELAYBUF
  *       what proxy mode over a TCP-backed provider does at best, without the shim: writer ->
  *       socketpair -> relay process -> TCP over lo -> relay process -> socketpair -> reader (4
@@ -28,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -37,6 +39,19 @@ static double now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* CPU time (user + system) of this process and its waited-for children, in percent of one
+ * core over `elapsed` seconds: 200 means both cores of a 2-core machine were busy throughout. */
+static double cpu_percent(double elapsed) {
+    struct rusage self, kids;
+    if (getrusage(RUSAGE_SELF, &self) != 0 || getrusage(RUSAGE_CHILDREN, &kids) != 0) return -1;
+    double s = 0;
+    s += (double)self.ru_utime.tv_sec + self.ru_utime.tv_usec / 1e6;
+    s += (double)self.ru_stime.tv_sec + self.ru_stime.tv_usec / 1e6;
+    s += (double)kids.ru_utime.tv_sec + kids.ru_utime.tv_usec / 1e6;
+    s += (double)kids.ru_stime.tv_sec + kids.ru_stime.tv_usec / 1e6;
+    return 100.0 * s / elapsed;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -160,7 +175,8 @@ static int sockpair(double seconds, size_t block) {
         fprintf(stderr, "writer failed\n");
         return 1;
     }
-    printf("bytes=%llu seconds=%.6f bits_per_second=%.0f\n", total, elapsed, total * 8.0 / elapsed);
+    printf("bytes=%llu seconds=%.6f bits_per_second=%.0f cpu_percent=%.0f\n", total, elapsed,
+           total * 8.0 / elapsed, cpu_percent(elapsed));
     return 0;
 }
 
@@ -270,7 +286,8 @@ static int relay(double seconds, size_t block, size_t relaybuf) {
             return 1;
         }
     }
-    printf("bytes=%llu seconds=%.6f bits_per_second=%.0f\n", total, elapsed, total * 8.0 / elapsed);
+    printf("bytes=%llu seconds=%.6f bits_per_second=%.0f cpu_percent=%.0f\n", total, elapsed,
+           total * 8.0 / elapsed, cpu_percent(elapsed));
     return 0;
 }
 

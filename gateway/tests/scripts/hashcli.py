@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """hashcli.py MIB HOST:PORT [HOST:PORT..]: one connection per address, all in parallel, each
 sending MIB MiB of random bytes then EOF; prints "<addr> <server's peer ip> <match>" per
-connection and "matched=N"."""
+connection and "matched=N". IPv6: [ADDR]:PORT."""
 import hashlib, os, socket, sys, threading
 
 mib = int(sys.argv[1])
@@ -10,6 +10,7 @@ results = {}
 
 def one(i, addr):
     host, port = addr.rsplit(":", 1)
+    host = host.strip("[]")
     data = os.urandom(mib << 20)
     s = socket.create_connection((host, int(port)), timeout=30)
     s.sendall(data)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """hashsrv.py IP PORT [PORT..]: for each connection, read to EOF, answer
-"<peer ip> <sha256 hex>" and close. Prints "ready" once listening."""
+"<peer ip> <sha256 hex>" and close. Prints "ready" once listening. IP may be IPv6."""
 import hashlib, socket, sys, threading
 
 
@@ -24,7 +24,7 @@ def loop(s):
 
 ip = sys.argv[1]
 for port in sys.argv[2:]:
-    s = socket.socket()
+    s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((ip, int(port)))
     s.listen(64)
