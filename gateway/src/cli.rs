@@ -201,7 +201,7 @@ impl Args {
             let shared = Arc::new(Shared::new(
                 provider,
                 Arc::new(ChainedPeers(directories)),
-                locator,
+                locator.clone(),
                 metrics,
                 settings,
             ));
@@ -248,10 +248,17 @@ impl Args {
                         .or_else(|| (!listen.ip().is_unspecified()).then(|| listen.ip()));
                     match ip {
                         Some(ip) => {
-                            // The virt-handler addresses are not published yet: peers find
-                            // this node through the VMI's targetNode (learned) and the node's
-                            // own addresses.
+                            // Peers find this node by the VMI's targetNode (learned), the
+                            // node's own addresses, and the virt-handler addresses read here.
                             let (vh_tx, vh_rx) = tokio::sync::watch::channel(Vec::new());
+                            if capturing {
+                                tokio::spawn(crate::kube::virt_handler::watch_addresses(
+                                    locator.clone(),
+                                    vh_tx.clone(),
+                                    crate::kube::virt_handler::REFRESH,
+                                    shutdown.clone(),
+                                ));
+                            }
                             publisher = Some((
                                 vh_tx,
                                 tokio::spawn(crate::kube::node::run_node_publisher(

@@ -26,6 +26,7 @@
 
 pub mod hooks;
 pub mod node;
+pub mod virt_handler;
 pub mod vmi;
 
 /// Field manager of every write this gateway makes.

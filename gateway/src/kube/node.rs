@@ -14,11 +14,11 @@
 //! | [`GATEWAY_ADDRESS_ANNOTATION`] `rdma-streams.io/gateway-address` | where peers reach this gateway, `ip:port` (`[v6]:port`) | `10.0.0.12:7471` |
 //! | [`VIRT_HANDLER_ADDRESSES_ANNOTATION`] `rdma-streams.io/virt-handler-addresses` | the local virt-handler's addresses, comma-separated | `10.244.1.5,fd00:10:244:1::5,192.168.50.12` |
 //!
-//! The virt-handler addresses are whatever the data path finds in the virt-handler network
-//! namespace it enters anyway to program nftables: every global unicast address of every
-//! interface there, which covers the pod IP(s) and `migration0`, needs no Pod watch (and no
-//! `pods` RBAC), and follows a virt-handler restart (new pod, new IP) when the data path pushes
-//! the new set into [`run_node_publisher`]'s `watch` channel.
+//! The virt-handler addresses are what [`super::virt_handler::watch_addresses`] finds in the
+//! virt-handler network namespace the gateway enters anyway to program nftables: every global
+//! unicast address of every interface there, which covers the pod IP(s) and `migration0`,
+//! needs no Pod watch (and no `pods` RBAC), and follows a virt-handler restart (new pod, new
+//! IP) through [`run_node_publisher`]'s `watch` channel.
 //!
 //! **How [`PeerDirectory::peer_for`] answers**, first match wins:
 //! 1. *Learned*: the VMI watch ([`super::vmi::watch_migrations`]) sees `targetNodeAddress` and
