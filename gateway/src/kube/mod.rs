@@ -19,6 +19,8 @@
 //! - [`vmi`]: the typed view of `kubevirt.io/v1` VirtualMachineInstances (only the fields we
 //!   read), the pure [`vmi::events_for`] and the watch runner.
 //! - [`node`]: the node annotations this gateway publishes and [`node::PeerDirectory`].
+//! - [`virt_handler`]: the local virt-handler's addresses, read in its network namespace, for
+//!   the `virt-handler-addresses` annotation.
 //! - [`hooks`]: an adapter from KubeVirt's Plugin NodeHooks to [`crate::events::MigrationEvent`].
 //!
 //! RBAC actually needed: `kubevirt.io/virtualmachineinstances` list+watch (get is not used),
