@@ -1,6 +1,7 @@
 //! Command line: every flag is also an environment variable `RDMA_GW_<FLAG>` (the chart's
 //! DaemonSet sets `RDMA_GW_NODE_NAME`, `RDMA_GW_LISTEN`, `RDMA_GW_ADMIN_LISTEN`,
-//! `RDMA_GW_PROVIDER`, `RDMA_GW_LOG_FORMAT`, `RDMA_GW_LOG_LEVEL`).
+//! `RDMA_GW_PROVIDER`, `RDMA_GW_LOG_FORMAT`, `RDMA_GW_LOG_LEVEL`, and
+//! `RDMA_GW_NODE_HOOKS_SOCKET` when `gateway.nodeHooks.enabled`).
 
 use std::{
     net::SocketAddr,
@@ -26,9 +27,10 @@ use tracing::{info, warn};
 use crate::{
     admin::{self, Readiness},
     core::{DEFAULT_MARK, GatewayCore, ProviderState, Settings, Shared},
-    events::MigrationEvent,
+    events::Delivery,
     fallback::Fallback,
     inbound,
+    kube::hooks_server::{self, NodeHookServer},
     metrics::Metrics,
     netns::{NetnsLocator, NoNamespace, PathLocator, ProcessLocator},
     peers::{ChainedPeers, PeerDirectory, PeerEntry, StaticPeers},
@@ -37,6 +39,9 @@ use crate::{
 
 /// Depth of the event channel: events are rare (a few per migration).
 pub const EVENT_QUEUE: usize = 64;
+
+/// How long shutdown waits for the node hook server to close its connections.
+const HOOKS_STOP_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -91,6 +96,13 @@ pub struct Args {
     #[arg(long, env = "RDMA_GW_MARK", default_value_t = DEFAULT_MARK)]
     pub mark: u32,
 
+    /// Serve KubeVirt's node hooks (`NodeHookService`, Plugins feature gate) on this unix
+    /// socket: `PreMigrationSource`/`PreMigrationTarget` start the migration before its first
+    /// connect, and are answered once the capture is in place. Default: off (the VMI watch
+    /// alone starts migrations).
+    #[arg(long, env = "RDMA_GW_NODE_HOOKS_SOCKET")]
+    pub node_hooks_socket: Option<PathBuf>,
+
     /// TEST HOOK: read migration events from this unix socket (see `test_events`).
     #[arg(long, env = "RDMA_GW_TEST_EVENTS_SOCKET")]
     pub test_events_socket: Option<PathBuf>,
@@ -131,6 +143,7 @@ impl Args {
             peers,
             stream_timeout_ms,
             mark,
+            node_hooks_socket,
             test_events_socket,
             kube,
             advertise_address,
@@ -217,11 +230,30 @@ impl Args {
             } else {
                 None
             };
+            let hook_metrics = shared.metrics.clone();
             let core = GatewayCore::new(shared);
             if capturing {
                 core.cleanup_stale().await;
             }
-            let (events_tx, events_rx) = mpsc::channel::<MigrationEvent>(EVENT_QUEUE);
+            let (events_tx, events_rx) = mpsc::channel::<Delivery>(EVENT_QUEUE);
+            // Bound before any event is handled: a socket that cannot be made is a startup error.
+            let hooks = match node_hooks_socket {
+                Some(path) => {
+                    let socket = hooks_server::bind(&path)?;
+                    if node_name.is_empty() {
+                        warn!("node hooks without --node-name (RDMA_GW_NODE_NAME): each call is judged for the node virt-handler names");
+                    }
+                    let server =
+                        NodeHookServer::new(node_name.clone(), events_tx.clone(), hook_metrics);
+                    let stop = shutdown.clone();
+                    Some(tokio::spawn(async move {
+                        if let Err(error) = hooks_server::serve(socket, server, stop).await {
+                            warn!(%error, "node hook server failed: migrations start from the VMI watch only");
+                        }
+                    }))
+                }
+                None => None,
+            };
             if let Some(path) = test_events_socket {
                 let tx = events_tx.clone();
                 let stop = shutdown.clone();
@@ -282,6 +314,14 @@ impl Args {
             core.run(events_rx, shutdown.clone()).await;
             drop(events_tx);
             readiness.set(false);
+            if let Some(task) = hooks {
+                // Calls in flight fail fast now that the core is gone; then the socket is
+                // removed. Bounded: a stuck client connection only leaves a stale socket, which
+                // the next start replaces.
+                if tokio::time::timeout(HOOKS_STOP_GRACE, task).await.is_err() {
+                    warn!("node hook server did not stop in time; leaving its socket behind");
+                }
+            }
             stop_accept.store(true, Ordering::Release);
             if let Some(handle) = acceptor {
                 let _ = tokio::task::spawn_blocking(move || handle.join()).await;
@@ -327,4 +367,6 @@ pub enum RunError {
     Signals(#[source] std::io::Error),
     #[error(transparent)]
     Admin(#[from] crate::admin::BindError),
+    #[error(transparent)]
+    NodeHooks(#[from] crate::kube::hooks_server::HookServerError),
 }

@@ -10,6 +10,10 @@
 //!   and relays at once when aborted, else after [`Settings::drain_grace`] (a completed
 //!   migration's connections are closing by themselves; this only bounds stragglers).
 //! - Shutdown: the same for every migration.
+//!
+//! Events are handled one at a time, in order. A [`Delivery`] that asks for it is acknowledged
+//! with the [`Handled`] outcome after its event was handled, so a producer can hold back until
+//! the capture is in place (the node hook server does).
 
 use std::{
     collections::HashMap,
@@ -29,7 +33,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
     capture,
-    events::{Migration, MigrationEvent, Role},
+    events::{Delivery, Handled, Migration, MigrationEvent, Role},
     fallback::Fallback,
     metrics::{EndLabels, Metrics, RoleLabels},
     netns::NetnsLocator,
@@ -186,16 +190,19 @@ impl GatewayCore {
     }
 
     /// Handles events until the channel closes or `shutdown`, then tears every migration
-    /// down.
-    pub async fn run(
-        self,
-        mut events: mpsc::Receiver<MigrationEvent>,
-        shutdown: CancellationToken,
-    ) {
+    /// down. Each delivery's acknowledgement (if any) is completed once its event is handled;
+    /// deliveries still queued at shutdown are dropped, and so are their acknowledgements.
+    pub async fn run(self, mut events: mpsc::Receiver<Delivery>, shutdown: CancellationToken) {
         loop {
             tokio::select! {
-                event = events.recv() => match event {
-                    Some(event) => self.handle(event).await,
+                delivery = events.recv() => match delivery {
+                    Some(Delivery { event, handled }) => {
+                        let outcome = self.handle(event).await;
+                        if let Some(ack) = handled {
+                            // The producer may have given up waiting: nothing to tell then.
+                            let _ = ack.send(outcome);
+                        }
+                    }
                     None => break,
                 },
                 _ = shutdown.cancelled() => break,
@@ -208,26 +215,28 @@ impl GatewayCore {
         info!("all migrations torn down");
     }
 
-    /// Handles one event.
-    pub async fn handle(&self, event: MigrationEvent) {
+    /// Handles one event; returns what it did.
+    pub async fn handle(&self, event: MigrationEvent) -> Handled {
         match event {
             MigrationEvent::Started(migration) => {
                 let span = info_span!("migration", uid = %migration.uid, vmi = %migration.vmi, role = migration.role.as_str());
-                self.start(migration).instrument(span).await;
+                self.start(migration).instrument(span).await
             }
             MigrationEvent::Ended { uid, aborted } => {
                 let span = info_span!("migration", %uid);
                 self.end(&uid, aborted).instrument(span).await;
+                Handled::Ended
             }
         }
     }
 
-    async fn start(&self, migration: Migration) {
+    async fn start(&self, migration: Migration) -> Handled {
+        // Two triggers (node hook, VMI watch) report the same migration: the second is a no-op.
         if let Some(active) = self.shared.table().get(&migration.uid)
             && active.migration == migration
         {
             info!("already started");
-            return;
+            return Handled::AlreadyStarted;
         }
         // A changed migration with the same uid (a retry): start afresh.
         self.end(&migration.uid, true).await;
@@ -256,16 +265,19 @@ impl GatewayCore {
             .inc();
         self.shared.metrics.migrations_active.inc();
         info!(target = %migration.target, ports = ?migration.ports, "migration started");
-        if migration.role == Role::Source {
-            match self.capture(&handles).await {
-                Ok(installed) => {
-                    if let Some(active) = self.shared.table().get_mut(&migration.uid) {
-                        active.capture = Some(installed);
-                    }
+        if migration.role == Role::Target {
+            return Handled::Started;
+        }
+        match self.capture(&handles).await {
+            Ok(installed) => {
+                if let Some(active) = self.shared.table().get_mut(&migration.uid) {
+                    active.capture = Some(installed);
                 }
-                Err(error) => {
-                    warn!(%error, "capture not installed: this migration's connections go over TCP without the gateway")
-                }
+                Handled::Started
+            }
+            Err(error) => {
+                warn!(%error, "capture not installed: this migration's connections go over TCP without the gateway");
+                Handled::Uncaptured
             }
         }
     }
@@ -345,16 +357,13 @@ impl GatewayCore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{netns::PathLocator, peers::StaticPeers};
+    use crate::{
+        netns::PathLocator,
+        testing::{CountingLocator, core_with},
+    };
 
     fn core() -> GatewayCore {
-        GatewayCore::new(Arc::new(Shared::new(
-            Err(Fallback::NoProvider),
-            Arc::new(StaticPeers::default()),
-            Arc::new(PathLocator("/nonexistent/ns".into())),
-            Metrics::default(),
-            Settings::default(),
-        )))
+        core_with(PathLocator("/nonexistent/ns".into()))
     }
 
     fn migration(role: Role) -> Migration {
@@ -372,11 +381,7 @@ mod tests {
     where
         F: std::future::Future<Output = ()>,
     {
-        rdma_streams_testkit::within(Duration::from_secs(10), move || {
-            tokio::runtime::Runtime::new()
-                .expect("runtime")
-                .block_on(body())
-        });
+        crate::testing::within(Duration::from_secs(10), body);
     }
 
     #[test]
@@ -390,7 +395,7 @@ mod tests {
         let (tx, rx) = mpsc::channel(4);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(core.run(rx, shutdown.clone()));
-        tx.send(MigrationEvent::Started(migration(Role::Target)))
+        tx.send(MigrationEvent::Started(migration(Role::Target)).into())
             .await
             .unwrap();
         let dst: SocketAddr = "10.2.0.2:49153".parse().unwrap();
@@ -406,10 +411,13 @@ mod tests {
                 .is_none()
         );
         assert!(shared.target_handles("u2", dst).is_none());
-        tx.send(MigrationEvent::Ended {
-            uid: "u1".into(),
-            aborted: true,
-        })
+        tx.send(
+            MigrationEvent::Ended {
+                uid: "u1".into(),
+                aborted: true,
+            }
+            .into(),
+        )
         .await
         .unwrap();
         while shared.active() > 0 {
@@ -429,19 +437,73 @@ mod tests {
     async fn uncaptured_source_body() {
         let core = core();
         let shared = core.shared().clone();
-        core.handle(MigrationEvent::Started(migration(Role::Source)))
-            .await;
+        assert_eq!(
+            core.handle(MigrationEvent::Started(migration(Role::Source)))
+                .await,
+            Handled::Uncaptured
+        );
         assert_eq!(shared.active(), 1);
         // The same event again changes nothing; the end removes it.
-        core.handle(MigrationEvent::Started(migration(Role::Source)))
-            .await;
+        assert_eq!(
+            core.handle(MigrationEvent::Started(migration(Role::Source)))
+                .await,
+            Handled::AlreadyStarted
+        );
         assert_eq!(shared.active(), 1);
-        core.handle(MigrationEvent::Ended {
-            uid: "u1".into(),
-            aborted: false,
-        })
-        .await;
+        assert_eq!(
+            core.handle(MigrationEvent::Ended {
+                uid: "u1".into(),
+                aborted: false,
+            })
+            .await,
+            Handled::Ended
+        );
         assert_eq!(shared.active(), 0);
         assert_eq!(shared.metrics.migrations_active.get(), 0);
+    }
+
+    #[test]
+    fn acknowledgements_follow_the_handling_in_order() {
+        within(acknowledgements_body);
+    }
+
+    async fn acknowledgements_body() {
+        let locator = CountingLocator {
+            delay: Duration::from_millis(200),
+            ..CountingLocator::default()
+        };
+        let core = core_with(locator.clone());
+        let shared = core.shared().clone();
+        let (tx, rx) = mpsc::channel(4);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(core.run(rx, shutdown.clone()));
+        // A fire-and-forget event first: the acknowledged one is handled after it.
+        tx.send(MigrationEvent::Started(migration(Role::Target)).into())
+            .await
+            .unwrap();
+        let source = Migration {
+            uid: "u2".into(),
+            ..migration(Role::Source)
+        };
+        let (delivery, ack) = Delivery::acknowledged(MigrationEvent::Started(source));
+        let sent = std::time::Instant::now();
+        tx.send(delivery).await.unwrap();
+        assert_eq!(ack.await.unwrap(), Handled::Uncaptured);
+        assert!(
+            sent.elapsed() >= Duration::from_millis(200),
+            "acknowledged before the capture attempt finished"
+        );
+        assert_eq!(locator.calls(), 1);
+        assert_eq!(shared.active(), 2, "both handled before the ack");
+        // Once the core stopped, an acknowledgement fails instead of hanging.
+        shutdown.cancel();
+        task.await.unwrap();
+        let (delivery, ack) = Delivery::acknowledged(MigrationEvent::Ended {
+            uid: "u2".into(),
+            aborted: true,
+        });
+        let _ = tx.send(delivery).await;
+        assert!(ack.await.is_err());
+        assert_eq!(shared.active(), 0, "shutdown tore everything down");
     }
 }

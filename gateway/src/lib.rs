@@ -9,8 +9,9 @@
 //! gateway, no RDMA, a provider fault, a timeout) relays that same connection over TCP
 //! instead, counted with its reason.
 //!
-//! - [`events`]: what the gateway is told ([`events::MigrationEvent`]), by the kube watchers
-//!   or by the test hook [`test_events`].
+//! - [`events`]: what the gateway is told ([`events::MigrationEvent`]), by the kube watchers,
+//!   KubeVirt's node hooks or the test hook [`test_events`], and the acknowledgement a producer
+//!   may wait for.
 //! - [`core`]: [`core::GatewayCore`] consumes the events and owns every migration's state.
 //! - Capture: [`netns`] (find and enter a network namespace), [`nft`] (per-migration
 //!   tables), [`capture`] (the listener and `SO_ORIGINAL_DST`).
@@ -18,7 +19,8 @@
 //!   answer), [`outbound`] (source side), [`inbound`] (target side), [`relay`] (TCP
 //!   fallback), [`fallback`] (reasons).
 //! - Kubernetes: [`kube`] (the VirtualMachineInstance watch that produces the events, the node
-//!   annotations that publish this gateway's address, the peer directory, KubeVirt's node hooks).
+//!   annotations that publish this gateway's address, the peer directory, and the KubeVirt node
+//!   hook server that starts a migration before its first connect).
 //! - Ops: [`metrics`], [`admin`], [`cli`].
 
 pub mod admin;
@@ -37,3 +39,5 @@ pub mod outbound;
 pub mod peers;
 pub mod relay;
 pub mod test_events;
+#[cfg(test)]
+mod testing;

@@ -36,6 +36,39 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookLabels {
+    /// A KubeVirt node hook point (`other` for names we do not know).
+    pub hook: String,
+    /// `started`, `already_started`, `ignored` or `error`.
+    pub outcome: String,
+}
+
+/// What a node hook call came to (label `outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookOutcome {
+    /// The call started a migration (capture installed, or streams expected).
+    Started,
+    /// The migration was already active (the VMI watch reported it first).
+    AlreadyStarted,
+    /// Nothing to do: another hook point, not opted in, not this node, target not published.
+    Ignored,
+    /// Something went wrong (unreadable VMI, capture failed, no answer from the core in time,
+    /// gateway stopping); the log line says which. KubeVirt was still told success.
+    Error,
+}
+
+impl HookOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HookOutcome::Started => "started",
+            HookOutcome::AlreadyStarted => "already_started",
+            HookOutcome::Ignored => "ignored",
+            HookOutcome::Error => "error",
+        }
+    }
+}
+
 /// The data path a connection took (label `path`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathKind {
@@ -71,6 +104,8 @@ pub struct Metrics {
     pub fallbacks: Family<ReasonLabels, Counter>,
     /// Captured connections to a destination no active migration names (closed).
     pub unmatched: Counter,
+    /// KubeVirt node hook calls answered, by hook point and outcome.
+    pub node_hook_calls: Family<HookLabels, Counter>,
 }
 
 impl Metrics {
@@ -110,6 +145,11 @@ impl Metrics {
             "Captured connections no migration names",
             m.unmatched.clone(),
         );
+        r.register(
+            "node_hook_calls",
+            "KubeVirt node hook calls answered, by hook point and outcome",
+            m.node_hook_calls.clone(),
+        );
         for reason in Fallback::ALL {
             let _ = m.fallbacks.get_or_create(&ReasonLabels {
                 reason: reason.as_str().into(),
@@ -131,6 +171,16 @@ impl Metrics {
         self.fallbacks
             .get_or_create(&ReasonLabels {
                 reason: reason.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Counts one node hook call; `hook` must already be one of a bounded set of names.
+    pub fn node_hook_call(&self, hook: &str, outcome: HookOutcome) {
+        self.node_hook_calls
+            .get_or_create(&HookLabels {
+                hook: hook.into(),
+                outcome: outcome.as_str().into(),
             })
             .inc();
     }

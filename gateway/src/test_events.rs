@@ -2,7 +2,9 @@
 //! (`--test-events-socket PATH`), for the integration tests and benchmarks, which run without
 //! a Kubernetes API. In a cluster the kube watchers feed the same channel.
 //!
-//! One JSON object per line; each gets a line `ok` or `error: ...` back once queued:
+//! One JSON object per line; each gets a line `ok` back once the core has handled it (for a
+//! source `started`: capture installed or failed, as the node hook server waits), or
+//! `error: ...`:
 //!
 //! ```text
 //! {"started":{"uid":"u1","vmi":"default/vm1","role":"source","target":"10.2.0.2","ports":[49152]}}
@@ -20,7 +22,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::events::{Migration, MigrationEvent, Role};
+use crate::events::{Delivery, Migration, MigrationEvent, Role};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -66,7 +68,7 @@ pub fn parse(line: &str) -> Result<MigrationEvent, serde_json::Error> {
 /// Serves the socket until `shutdown`.
 pub async fn serve(
     path: &Path,
-    events: mpsc::Sender<MigrationEvent>,
+    events: mpsc::Sender<Delivery>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path);
@@ -86,10 +88,16 @@ pub async fn serve(
                     continue;
                 }
                 let reply = match parse(&line) {
-                    Ok(event) => match events.send(event).await {
-                        Ok(()) => "ok\n".to_string(),
-                        Err(_) => "error: gateway stopping\n".to_string(),
-                    },
+                    Ok(event) => {
+                        let (delivery, handled) = Delivery::acknowledged(event);
+                        match events.send(delivery).await {
+                            Ok(()) => match handled.await {
+                                Ok(_) => "ok\n".to_string(),
+                                Err(_) => "error: gateway stopping\n".to_string(),
+                            },
+                            Err(_) => "error: gateway stopping\n".to_string(),
+                        }
+                    }
                     Err(error) => {
                         warn!(%error, "bad test event");
                         format!("error: {error}\n")

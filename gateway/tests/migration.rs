@@ -7,15 +7,23 @@
 //! ```
 //!
 //! Migrations come from the gateway's test hook (`--test-events-socket`), as the kube
-//! watchers are not part of these tests. Every scenario runs under a hard timeout in its own
-//! network, PID and mount namespace.
+//! watchers are not part of these tests, except in one scenario where this test process plays
+//! virt-handler and starts the source side with a KubeVirt node hook call
+//! (`--node-hooks-socket`). Every scenario runs under a hard timeout in its own network, PID
+//! and mount namespace.
 
 mod common;
 
-use std::time::Duration;
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 use common::{Run, run, serial};
-use serde_json::Value;
+use rdma_migration_gateway::kube::hooks_api::v1alpha1::{
+    ExecuteNodeHookRequest, NodeContext, node_hook_service_client::NodeHookServiceClient,
+};
+use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(120);
 const PORT: u16 = 49152;
@@ -326,4 +334,139 @@ fn virt_handler_namespace_is_found_by_process_name() {
     assert_eq!(r["status"], "completed", "{run}");
     assert_eq!(r["ram_match"], true, "{run}");
     assert_eq!(run.num("RDMA_A"), 1.0, "{run}");
+}
+
+/// The VMI virt-handler on nodeA sends with `PreMigrationSource`: opted in, migrating to
+/// nodeB's virt-handler (10.2.0.2), which published [`PORT`].
+fn hook_vmi() -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {
+            "name": "vm-u1", "namespace": "default", "uid": "u1",
+            "labels": { "rdma-streams.io/migration": "rdma" },
+        },
+        "spec": {},
+        "status": { "migrationState": {
+            "migrationUid": "m1",
+            "sourceNode": "nodeA",
+            "targetNode": "nodeB",
+            "targetNodeAddress": "10.2.0.2",
+            "targetDirectMigrationNodePorts": { PORT.to_string(): 0 },
+        }},
+    }))
+    .unwrap()
+}
+
+/// Waits for `ready` (or the script's end), then calls `ExecuteNodeHook` on `socket` as
+/// virt-handler would; the answer (or what went wrong) as one line.
+fn call_node_hook(ready: &Path, socket: PathBuf, script_done: impl Fn() -> bool) -> String {
+    let deadline = Instant::now() + LIMIT;
+    while !ready.exists() {
+        if script_done() || Instant::now() > deadline {
+            return "error: the script never got ready".into();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let call = async {
+            let channel = tonic::transport::Endpoint::from_static("http://localhost")
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let socket = socket.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(socket).await?,
+                        ))
+                    }
+                }))
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            let response = NodeHookServiceClient::new(channel)
+                .execute_node_hook(ExecuteNodeHookRequest {
+                    hook_point: "PreMigrationSource".into(),
+                    vmi: hook_vmi(),
+                    node_context: Some(NodeContext {
+                        node_name: "nodeA".into(),
+                    }),
+                })
+                .await
+                .map_err(|e| format!("call: {e}"))?
+                .into_inner();
+            Ok::<_, String>(format!(
+                "success={} message={}",
+                response.success, response.message
+            ))
+        };
+        match tokio::time::timeout(Duration::from_secs(30), call).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => format!("error: {e}"),
+            Err(_) => "error: no answer in 30 s".into(),
+        }
+    })
+}
+
+#[test]
+fn node_hook_starts_the_source_side_before_the_first_connect() {
+    let _s = serial();
+    // The sockets live in a directory of this test process: the script's namespaces share the
+    // file system, so this process reaches gateway A's socket as virt-handler would.
+    let hooks = tempfile::tempdir().unwrap();
+    let dir = hooks.path().to_path_buf();
+    let socket = dir.join("plugins/nodeA/node.sock");
+    let (ready, answer) = (dir.join("ready"), dir.join("answer"));
+    // Gateway B learns the migration from the test hook; gateway A only from the node hook.
+    let script = format!(
+        "gw nodeA {PEER} --node-name nodeA --node-hooks-socket {sock}\ngw nodeB\n\
+         started nodeB target u1 {PORT}\nrelays {PORT}\n\
+         [ -S {sock} ] || {{ echo 'no node hook socket'; exit 1; }}\n\
+         echo SOCKET_MODE=$(stat -c %a {sock})\n\
+         echo TABLES_BEFORE=$(tables vhA | wc -l)\n\
+         touch {ready}\n\
+         for _ in $(seq 1200); do [ -e {answer} ] && break; sleep 0.05; done\n\
+         echo TABLES_AT_ANSWER=$(tables vhA | wc -l)\n\
+         echo ANSWER=$(cat {answer} 2>/dev/null)\n\
+         echo RESULT=$(migrate | tail -1)\n\
+         echo RDMA_A=$(metric nodeA 'rdma_gw_connections_total{{role=\"source\",path=\"rdma\"}}')\n\
+         echo TCP_A=$(metric nodeA 'rdma_gw_connections_total{{role=\"source\",path=\"tcp\"}}')\n\
+         echo HOOK_STARTED=$(metric nodeA 'rdma_gw_node_hook_calls_total{{hook=\"PreMigrationSource\",outcome=\"started\"}}')\n\
+         echo STATS_A=$(stats nodeA)\n\
+         A=$(cat $T/gw-nodeA.pid); kill -TERM $A; rc=0; wait $A || rc=$?; echo EXIT=$rc\n\
+         echo SOCKET_AFTER=$([ -e {sock} ] && echo present || echo gone)",
+        sock = socket.display(),
+        ready = ready.display(),
+        answer = answer.display(),
+    );
+    let runner = std::thread::spawn(move || run(&script, LIMIT));
+    let reply = call_node_hook(&ready, socket, || runner.is_finished());
+    let tmp = dir.join("answer.tmp");
+    std::fs::write(&tmp, format!("{reply}\n")).unwrap();
+    std::fs::rename(&tmp, &answer).unwrap();
+    let run = runner.join().unwrap();
+    run.assert_ok();
+    let reply = run.value("ANSWER").unwrap_or_default();
+    assert!(reply.starts_with("success=true "), "{reply}\n{run}");
+    assert!(reply.contains("carrying default/vm-u1"), "{reply}\n{run}");
+    assert_eq!(run.value("SOCKET_MODE").as_deref(), Some("660"), "{run}");
+    assert_eq!(run.num("TABLES_BEFORE"), 0.0, "{run}");
+    assert_eq!(
+        run.num("TABLES_AT_ANSWER"),
+        1.0,
+        "the capture is in place when virt-handler gets its answer\n{run}"
+    );
+    let r = result(&run);
+    assert_eq!(r["status"], "completed", "{run}");
+    assert_eq!(r["ram_match"], true, "{run}");
+    assert_eq!(run.num("RDMA_A"), 1.0, "{run}");
+    assert_eq!(run.num("TCP_A"), 0.0, "{run}");
+    assert!(
+        u(&stats(&run, "A"), "bytes_sent") > 256u64 << 20,
+        "the RAM did not take the stream\n{run}"
+    );
+    assert_eq!(run.num("HOOK_STARTED"), 1.0, "{run}");
+    assert_eq!(run.num("EXIT"), 0.0, "{run}");
+    assert_eq!(run.value("SOCKET_AFTER").as_deref(), Some("gone"), "{run}");
 }

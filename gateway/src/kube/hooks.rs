@@ -1,25 +1,23 @@
 //! KubeVirt Plugin NodeHooks (`Plugins` feature gate, alpha, KubeVirt v1.9) as a trigger for
-//! [`MigrationEvent::Started`]. **Unverified against a real KubeVirt; not wired.**
+//! [`MigrationEvent::Started`]: the pure translation of one call. Served by
+//! [`super::hooks_server`] (`--node-hooks-socket`); not run against a real KubeVirt yet.
 //!
-//! What is known (kubevirt/kubevirt `pkg/hooks/plugins/v1alpha1/api.proto` and `client.go`, read
-//! through the code search; see `research/kubevirt.md` §2.4): virt-handler dials a plugin's unix
-//! socket and calls `kubevirt.hooks.plugins.v1alpha1.NodeHookService/ExecuteNodeHook` with
-//! `ExecuteNodeHookRequest { string hookPoint = 1; bytes vmi = 2 (the VMI as JSON);
-//! NodeContext node_context = 3 { string node_name = 1 } }`. Hook points include
+//! What is known (kubevirt/kubevirt `pkg/hooks/plugins/v1alpha1/api.proto`, `api.pb.go` and
+//! `client.go`, read through the code search; see `research/kubevirt.md` §2.4): virt-handler
+//! dials a plugin's unix socket and calls `kubevirt.hooks.plugins.v1alpha1.NodeHookService/
+//! ExecuteNodeHook` with `ExecuteNodeHookRequest { string hookPoint = 1; bytes vmi = 2 (the VMI
+//! as JSON); NodeContext node_context = 3 { string node_name = 1 } }`. Hook points include
 //! `PreMigrationSource` (on the source after the migration proxy listeners exist and before
 //! `MigrateVirtualMachine`, so the target's address and ports are already in the VMI) and
-//! `PreMigrationTarget`. The response message differs between the stored versions: the proto
-//! read has an empty `ExecuteNodeHookResponse`, while a newer `client.go` reads
-//! `resp.Success`/`resp.Message` and fails the hook when `Success` is false. So the response
-//! shape (and hence a gRPC server) is not pinned down here; a server must answer with
-//! success for every call (failure strategy `Fail` would otherwise block migrations).
+//! `PreMigrationTarget`. The stored versions disagree on the response: one declares an empty
+//! `ExecuteNodeHookResponse`, a newer one `{ bool success = 1; string message = 2; }` that
+//! `client.go` checks (a false `success` fails the hook). Our proto
+//! (`gateway/proto/kubevirt/hooks/plugins/v1alpha1/nodehook.proto`) declares the newer shape and
+//! the server always answers `success: true`, which the older decoders skip as unknown fields.
 //!
-//! What this module gives: [`event_for_hook`], the pure translation of one call into at most
-//! one `Started`, reusing [`events_for`]. Wiring it needs (1) a tonic server on the socket
-//! named in the Plugin CR, built from the vendored proto once its response is confirmed, and
-//! (2) de-duplication against the VMI watch, which will report the same migration moments later:
-//! the data path must treat a `Started` equal to the one it already carries for that uid as a
-//! no-op (or the two sources must share a "started" set).
+//! [`event_for_hook`] reuses [`events_for`], as the VMI watch does, so both triggers build the
+//! same [`crate::events::Migration`] for the same VMI and the core treats the second `Started`
+//! as a no-op (tested below). The watch also delivers the `Ended`.
 //!
 //! `PreMigrationTarget` may run before the target virt-handler publishes its ports; then no
 //! event is produced and the VMI watch starts the migration.
@@ -29,10 +27,7 @@ use crate::{
     kube::vmi::{VirtualMachineInstance, VmiView, events_for},
 };
 
-/// Hook point on the source node before the migration starts.
-pub const PRE_MIGRATION_SOURCE: &str = "PreMigrationSource";
-/// Hook point on the target node before the migration starts.
-pub const PRE_MIGRATION_TARGET: &str = "PreMigrationTarget";
+pub use super::hooks_api::{PRE_MIGRATION_SOURCE, PRE_MIGRATION_TARGET};
 
 /// One decoded `ExecuteNodeHookRequest`.
 #[derive(Debug, Clone, Copy)]
@@ -71,18 +66,30 @@ pub fn event_for_hook(call: NodeHookCall<'_>) -> Result<Option<MigrationEvent>, 
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use std::time::Duration;
+
+    use serde_json::{Value, json};
+    use tokio::sync::mpsc;
+    use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::events::Migration;
+    use crate::{
+        events::{Delivery, Handled, Migration},
+        metrics::EndLabels,
+        testing::{CountingLocator, core_with, within},
+    };
 
     fn vmi(opted_in: bool, address: Option<&str>) -> Vec<u8> {
+        serde_json::to_vec(&vmi_json(opted_in, address)).unwrap()
+    }
+
+    fn vmi_json(opted_in: bool, address: Option<&str>) -> Value {
         let labels = if opted_in {
             json!({ "rdma-streams.io/migration": "rdma" })
         } else {
             json!({})
         };
-        serde_json::to_vec(&json!({
+        json!({
             "apiVersion": "kubevirt.io/v1",
             "kind": "VirtualMachineInstance",
             "metadata": { "name": "vm", "namespace": "ns", "uid": "u1", "labels": labels },
@@ -94,8 +101,7 @@ mod tests {
                 "targetNodeAddress": address,
                 "targetDirectMigrationNodePorts": if address.is_some() { json!({ "40001": 0, "40000": 49152 }) } else { json!(null) },
             }},
-        }))
-        .unwrap()
+        })
     }
 
     fn call<'a>(hook_point: &'a str, vmi: &'a [u8], node_name: &'a str) -> NodeHookCall<'a> {
@@ -146,5 +152,82 @@ mod tests {
             None
         );
         assert!(event_for_hook(call(PRE_MIGRATION_SOURCE, b"not json", "node-a")).is_err());
+    }
+
+    /// The VMI watch's view of a VMI as the API server delivers it.
+    fn watched(vmi: &Value) -> VmiView {
+        VmiView::of(&serde_json::from_value::<VirtualMachineInstance>(vmi.clone()).unwrap())
+    }
+
+    #[test]
+    fn a_hook_started_migration_is_not_restarted_by_the_watch_and_the_watch_ends_it() {
+        within(Duration::from_secs(10), hook_then_watch_body);
+    }
+
+    async fn hook_then_watch_body() {
+        let ready = vmi_json(true, Some("10.244.2.7"));
+        let bytes = serde_json::to_vec(&ready).unwrap();
+        let from_hook = event_for_hook(call(PRE_MIGRATION_SOURCE, &bytes, "node-a"))
+            .unwrap()
+            .expect("the hook starts the migration");
+        // The watch, seeing the same VMI for the first time, builds the equal event.
+        let from_watch = events_for("node-a", None, &watched(&ready));
+        assert_eq!(from_watch, vec![from_hook.clone()]);
+
+        let locator = CountingLocator::default();
+        let core = core_with(locator.clone());
+        let shared = core.shared().clone();
+        let (tx, rx) = mpsc::channel(4);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(core.run(rx, shutdown.clone()));
+        let send = |event: MigrationEvent| {
+            let tx = tx.clone();
+            async move {
+                let (delivery, handled) = Delivery::acknowledged(event);
+                tx.send(delivery).await.unwrap();
+                handled.await.unwrap()
+            }
+        };
+
+        // No capture namespace in a unit test: the capture is attempted (and fails) once.
+        assert_eq!(send(from_hook).await, Handled::Uncaptured);
+        assert_eq!(locator.calls(), 1);
+        for event in from_watch {
+            assert_eq!(send(event).await, Handled::AlreadyStarted);
+        }
+        assert_eq!(
+            locator.calls(),
+            1,
+            "the watch's Started re-programmed the capture"
+        );
+        assert_eq!(shared.active(), 1);
+        assert_eq!(shared.metrics.migrations_active.get(), 1);
+
+        // The watch sees it complete and ends it.
+        let mut done = ready.clone();
+        done["status"]["migrationState"]["completed"] = json!(true);
+        let ended = events_for("node-a", Some(&watched(&ready)), &watched(&done));
+        assert_eq!(
+            ended,
+            vec![MigrationEvent::Ended {
+                uid: "u1".into(),
+                aborted: false
+            }]
+        );
+        for event in ended {
+            assert_eq!(send(event).await, Handled::Ended);
+        }
+        assert_eq!(shared.active(), 0);
+        let completed = shared
+            .metrics
+            .migrations_ended
+            .get_or_create(&EndLabels {
+                role: "source".into(),
+                outcome: "completed".into(),
+            })
+            .get();
+        assert_eq!(completed, 1);
+        shutdown.cancel();
+        task.await.unwrap();
     }
 }

@@ -13,7 +13,8 @@
 //!  Node <this node> <──merge patch── node::run_node_publisher (gateway ip:port,
 //!                                     local virt-handler addresses; removed on shutdown)
 //!
-//!  virt-handler NodeHook gRPC (alpha, unverified) ──> hooks::event_for_hook ──> MigrationEvent
+//!  virt-handler ──ExecuteNodeHook (unix socket)──> hooks_server ──hooks::event_for_hook──>
+//!  (Plugins gate, alpha)     answered after the core acknowledged ──MigrationEvent──> data path
 //! ```
 //!
 //! - [`vmi`]: the typed view of `kubevirt.io/v1` VirtualMachineInstances (only the fields we
@@ -21,12 +22,18 @@
 //! - [`node`]: the node annotations this gateway publishes and [`node::PeerDirectory`].
 //! - [`virt_handler`]: the local virt-handler's addresses, read in its network namespace, for
 //!   the `virt-handler-addresses` annotation.
-//! - [`hooks`]: an adapter from KubeVirt's Plugin NodeHooks to [`crate::events::MigrationEvent`].
+//! - [`hooks`]: the pure adapter from one KubeVirt Plugin NodeHook call to
+//!   [`crate::events::MigrationEvent`]; [`hooks_api`]: the generated gRPC types;
+//!   [`hooks_server`]: the server on `--node-hooks-socket` that hands the event to the core and
+//!   answers virt-handler once the capture is in place (always with success). Optional: the
+//!   VMI watch alone starts the same migrations, only later.
 //!
 //! RBAC actually needed: `kubevirt.io/virtualmachineinstances` list+watch (get is not used),
 //! `nodes` list+watch+patch (get is not used). The chart's `gateway-rbac.yaml` grants a superset.
 
 pub mod hooks;
+pub mod hooks_api;
+pub mod hooks_server;
 pub mod node;
 pub mod virt_handler;
 pub mod vmi;

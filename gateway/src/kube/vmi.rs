@@ -55,7 +55,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::node::PeerDirectory;
-use crate::events::{Migration, MigrationEvent, Role};
+use crate::events::{Delivery, Migration, MigrationEvent, Role};
 
 /// Label of a VM template (and so of its VMIs) that opts the VM in to RDMA migration.
 pub const MIGRATION_OPT_IN_LABEL: &str = "rdma-streams.io/migration";
@@ -351,15 +351,15 @@ pub fn events_for(node: &str, old: Option<&VmiView>, new: &VmiView) -> Vec<Migra
 
 // === runner ===
 
-/// Streams the [`MigrationEvent`]s of `node` into `events` until `shutdown` is cancelled or the
-/// receiver is dropped. API errors are retried with kube's default backoff (800 ms doubling to
+/// Streams the [`MigrationEvent`]s of `node` into `events` (fire and forget: nobody waits for
+/// the core here) until `shutdown` is cancelled or the receiver is dropped. API errors are retried with kube's default backoff (800 ms doubling to
 /// 30 s, jittered). With `peers`, every migration leaving this node teaches the directory
 /// which node serves its target address (before its `Started` is sent), so the lookup does
 /// not depend on the peer's annotations being current.
 pub async fn watch_migrations(
     client: Client,
     node: String,
-    events: mpsc::Sender<MigrationEvent>,
+    events: mpsc::Sender<Delivery>,
     peers: Option<PeerDirectory>,
     shutdown: CancellationToken,
 ) {
@@ -399,7 +399,7 @@ pub async fn watch_migrations(
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
-                sent = events.send(event) => if sent.is_err() {
+                sent = events.send(event.into()) => if sent.is_err() {
                     debug!("migration event receiver gone; stopping the VMI watch");
                     return;
                 },
@@ -868,14 +868,15 @@ mod tests {
         })
     }
 
-    async fn next_events(rx: &mut mpsc::Receiver<MigrationEvent>, n: usize) -> Vec<MigrationEvent> {
+    async fn next_events(rx: &mut mpsc::Receiver<Delivery>, n: usize) -> Vec<MigrationEvent> {
         let mut out = Vec::new();
         for _ in 0..n {
-            let event = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            let delivery = tokio::time::timeout(Duration::from_secs(60), rx.recv())
                 .await
                 .expect("event in time")
                 .expect("runner alive");
-            out.push(event);
+            assert!(delivery.handled.is_none(), "the watch waits for nobody");
+            out.push(delivery.event);
         }
         out
     }

@@ -27,6 +27,10 @@ const GATEWAY_ENV: [&str; 7] = [
     "RDMA_GW_LOG_LEVEL",
 ];
 
+/// Also passed with `gateway.nodeHooks.enabled` (the `everything` value set): the KubeVirt node
+/// hook socket.
+const GATEWAY_NODE_HOOKS_ENV: &str = "RDMA_GW_NODE_HOOKS_SOCKET";
+
 fn every_set() -> Option<Vec<(&'static str, Rendered)>> {
     let helm = helm()?;
     Some(
@@ -155,6 +159,9 @@ fn gateway_env_is_the_documented_contract() {
             };
             let names: Vec<String> = env_map(c).into_keys().collect();
             let mut expected: Vec<String> = GATEWAY_ENV.iter().map(|s| s.to_string()).collect();
+            if *set == "everything" {
+                expected.push(GATEWAY_NODE_HOOKS_ENV.into());
+            }
             expected.sort();
             assert_eq!(names, expected, "{set}");
         }
@@ -180,6 +187,12 @@ fn gateway_env_parses_with_its_command_line() {
                 args.capture_process, "virt-handler",
                 "{set}: capture finds virt-handler by default"
             );
+            let hooks = (*set == "everything").then(|| {
+                std::path::PathBuf::from(
+                    "/var/run/kubevirt/plugins/rdma-migration-gateway/node.sock",
+                )
+            });
+            assert_eq!(args.node_hooks_socket, hooks, "{set}");
         }
     });
 }

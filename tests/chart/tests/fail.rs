@@ -191,6 +191,18 @@ const CASES: &[(&str, &[&str], &str)] = &[
         "gateway.rdmaResource.count must be at least 1",
     ),
     (
+        "a relative node hook socket directory",
+        &[
+            "--set",
+            "kubevirt.enabled=true",
+            "--set",
+            "gateway.nodeHooks.enabled=true",
+            "--set",
+            "gateway.nodeHooks.socketDir=plugins/gw",
+        ],
+        "at '/gateway/nodeHooks/socketDir': 'plugins/gw' does not match pattern '^/'",
+    ),
+    (
         "a typo in a value name",
         &["--set", "injector.replica=3"],
         "additional properties 'replica' not allowed",

@@ -1013,6 +1013,47 @@ fn kubevirt_gateway_is_a_documented_host_agent() {
 }
 
 #[test]
+fn gateway_node_hooks_mount_only_their_socket_dir() {
+    within(LIMIT, || {
+        let Some(r) = rendered(
+            "kubevirt",
+            &[
+                "--set",
+                "gateway.nodeHooks.enabled=true",
+                "--set",
+                "gateway.nodeHooks.socketDir=/var/run/kubevirt/plugins/gw/",
+            ],
+        ) else {
+            return;
+        };
+        let spec = pod_spec(r.get("DaemonSet", &named("gateway")));
+        let dir = "/var/run/kubevirt/plugins/gw";
+        assert_eq!(
+            host_paths(spec),
+            BTreeMap::from([("node-hooks".to_string(), dir.to_string())]),
+            "the socket directory and nothing else"
+        );
+        assert_eq!(spec["volumes"][0]["hostPath"]["type"], "DirectoryOrCreate");
+        let c = &spec["containers"][0];
+        assert_eq!(
+            c["volumeMounts"],
+            json!([{ "name": "node-hooks", "mountPath": dir }]),
+            "mounted where virt-handler sees it"
+        );
+        assert_eq!(
+            env_map(c)["RDMA_GW_NODE_HOOKS_SOCKET"],
+            format!("{dir}/node.sock")
+        );
+        // Off by default: no socket, no mount.
+        let off = rendered("kubevirt", &[]).unwrap();
+        let spec = pod_spec(off.get("DaemonSet", &named("gateway")));
+        assert!(spec["volumes"].is_null(), "{spec}");
+        assert!(spec["containers"][0]["volumeMounts"].is_null());
+        assert!(!env_map(&spec["containers"][0]).contains_key("RDMA_GW_NODE_HOOKS_SOCKET"));
+    });
+}
+
+#[test]
 fn host_path_delivery_installs_the_bundle_and_the_policy() {
     within(LIMIT, || {
         let Some(r) = rendered("host-path", &[]) else {
