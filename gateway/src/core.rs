@@ -29,7 +29,7 @@ use std::{
 use rdma_streams_transport::Provider;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
     capture,
@@ -222,9 +222,24 @@ impl GatewayCore {
                 let span = info_span!("migration", uid = %migration.uid, vmi = %migration.vmi, role = migration.role.as_str());
                 self.start(migration).instrument(span).await
             }
-            MigrationEvent::Ended { uid, aborted } => {
+            MigrationEvent::Ended {
+                uid,
+                aborted,
+                migration,
+            } => {
                 let span = info_span!("migration", %uid);
-                self.end(&uid, aborted).instrument(span).await;
+                let current = self
+                    .shared
+                    .table()
+                    .get(&uid)
+                    .map(|active| active.migration.id.clone());
+                match (current, migration) {
+                    // Another migration of this VMI than the one that ended: leave it.
+                    (Some(current), Some(ended)) if current != ended => {
+                        debug!(%uid, active = %current, ended = %ended, "end of another migration of this VMI: ignored");
+                    }
+                    _ => self.end(&uid, aborted).instrument(span).await,
+                }
                 Handled::Ended
             }
         }
@@ -369,6 +384,7 @@ mod tests {
     fn migration(role: Role) -> Migration {
         Migration {
             uid: "u1".into(),
+            id: "m1".into(),
             vmi: "default/vm1".into(),
             role,
             target: "10.2.0.2".parse().unwrap(),
@@ -415,6 +431,7 @@ mod tests {
             MigrationEvent::Ended {
                 uid: "u1".into(),
                 aborted: true,
+                migration: None,
             }
             .into(),
         )
@@ -454,11 +471,49 @@ mod tests {
             core.handle(MigrationEvent::Ended {
                 uid: "u1".into(),
                 aborted: false,
+                migration: None,
             })
             .await,
             Handled::Ended
         );
         assert_eq!(shared.active(), 0);
+        assert_eq!(shared.metrics.migrations_active.get(), 0);
+    }
+
+    #[test]
+    fn a_named_end_ends_only_that_migration_of_the_vmi() {
+        within(named_end_body);
+    }
+
+    async fn named_end_body() {
+        let core = core();
+        let shared = core.shared().clone();
+        // A node hook started the VMI's second migration before the watch saw the first end.
+        let second = Migration {
+            id: "m2".into(),
+            ..migration(Role::Target)
+        };
+        assert_eq!(
+            core.handle(MigrationEvent::Started(second)).await,
+            Handled::Started
+        );
+        let end = |id: &str| MigrationEvent::Ended {
+            uid: "u1".into(),
+            aborted: false,
+            migration: Some(id.into()),
+        };
+        assert_eq!(core.handle(end("m1")).await, Handled::Ended);
+        assert_eq!(shared.active(), 1, "the end of m1 left m2 alone");
+        assert!(
+            shared
+                .target_handles("u1", "10.2.0.2:49152".parse().unwrap())
+                .is_some()
+        );
+        assert_eq!(core.handle(end("m2")).await, Handled::Ended);
+        assert_eq!(shared.active(), 0);
+        // Ending what is not active (a watch's first sight of an old, finished migration)
+        // changes nothing.
+        assert_eq!(core.handle(end("m0")).await, Handled::Ended);
         assert_eq!(shared.metrics.migrations_active.get(), 0);
     }
 
@@ -501,6 +556,7 @@ mod tests {
         let (delivery, ack) = Delivery::acknowledged(MigrationEvent::Ended {
             uid: "u2".into(),
             aborted: true,
+            migration: None,
         });
         let _ = tx.send(delivery).await;
         assert!(ack.await.is_err());

@@ -14,6 +14,9 @@ use tokio::sync::oneshot;
 pub struct Migration {
     /// The VMI's uid (the key of everything the gateway does for this migration).
     pub uid: String,
+    /// Which of the VMI's migrations this is: `status.migrationState.migrationUid` (its start
+    /// time on KubeVirt without one); empty when the producer does not know (test events).
+    pub id: String,
     /// namespace/name, for logs and metrics.
     pub vmi: String,
     /// This node's part in it.
@@ -34,8 +37,14 @@ pub enum Role {
 pub enum MigrationEvent {
     /// Program the capture (source) or expect streams (target) before the first connect.
     Started(Migration),
-    /// Completed, failed or aborted: tear everything of this uid down.
-    Ended { uid: String, aborted: bool },
+    /// Completed, failed or aborted: tear everything of this uid down; with `migration`, only
+    /// if the active migration of `uid` is that one (a producer reporting the end of a
+    /// migration it may never have seen start, or an older one than another trigger started).
+    Ended {
+        uid: String,
+        aborted: bool,
+        migration: Option<String>,
+    },
 }
 
 impl Role {

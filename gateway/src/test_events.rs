@@ -10,6 +10,9 @@
 //! {"started":{"uid":"u1","vmi":"default/vm1","role":"source","target":"10.2.0.2","ports":[49152]}}
 //! {"ended":{"uid":"u1","aborted":true}}
 //! ```
+//!
+//! Optional: `"id"` in `started` (the migration's id, `migrationUid` in a cluster) and
+//! `"migration"` in `ended` (end the VMI's migration only if it is that one).
 
 use std::{net::IpAddr, path::Path};
 
@@ -28,12 +31,19 @@ use crate::events::{Delivery, Migration, MigrationEvent, Role};
 #[serde(rename_all = "lowercase")]
 enum Wire {
     Started(WireMigration),
-    Ended { uid: String, aborted: bool },
+    Ended {
+        uid: String,
+        aborted: bool,
+        #[serde(default)]
+        migration: Option<String>,
+    },
 }
 
 #[derive(Debug, Deserialize)]
 struct WireMigration {
     uid: String,
+    #[serde(default)]
+    id: String,
     #[serde(default)]
     vmi: String,
     role: WireRole,
@@ -53,6 +63,7 @@ pub fn parse(line: &str) -> Result<MigrationEvent, serde_json::Error> {
     Ok(match serde_json::from_str::<Wire>(line)? {
         Wire::Started(m) => MigrationEvent::Started(Migration {
             uid: m.uid,
+            id: m.id,
             vmi: m.vmi,
             role: match m.role {
                 WireRole::Source => Role::Source,
@@ -61,7 +72,15 @@ pub fn parse(line: &str) -> Result<MigrationEvent, serde_json::Error> {
             target: m.target,
             ports: m.ports,
         }),
-        Wire::Ended { uid, aborted } => MigrationEvent::Ended { uid, aborted },
+        Wire::Ended {
+            uid,
+            aborted,
+            migration,
+        } => MigrationEvent::Ended {
+            uid,
+            aborted,
+            migration,
+        },
     })
 }
 
@@ -124,6 +143,7 @@ mod tests {
             e,
             MigrationEvent::Started(Migration {
                 uid: "u1".into(),
+                id: String::new(),
                 vmi: "ns/vm".into(),
                 role: Role::Source,
                 target: "10.2.0.2".parse().unwrap(),
@@ -134,7 +154,23 @@ mod tests {
             parse(r#"{"ended":{"uid":"u1","aborted":true}}"#).unwrap(),
             MigrationEvent::Ended {
                 uid: "u1".into(),
-                aborted: true
+                aborted: true,
+                migration: None,
+            }
+        );
+        // The optional migration id, and an end that names it.
+        match parse(
+            r#"{"started":{"uid":"u1","id":"m2","role":"target","target":"fd00::2","ports":[3]}}"#,
+        ) {
+            Ok(MigrationEvent::Started(m)) => assert_eq!(m.id, "m2"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            parse(r#"{"ended":{"uid":"u1","aborted":false,"migration":"m2"}}"#).unwrap(),
+            MigrationEvent::Ended {
+                uid: "u1".into(),
+                aborted: false,
+                migration: Some("m2".into()),
             }
         );
         assert!(parse("{}").is_err());

@@ -118,6 +118,7 @@ mod tests {
         let want = |role| {
             Some(MigrationEvent::Started(Migration {
                 uid: "u1".into(),
+                id: "m1".into(),
                 vmi: "ns/vm".into(),
                 role,
                 target: "10.244.2.7".parse().unwrap(),
@@ -211,7 +212,8 @@ mod tests {
             ended,
             vec![MigrationEvent::Ended {
                 uid: "u1".into(),
-                aborted: false
+                aborted: false,
+                migration: Some("m1".into()),
             }]
         );
         for event in ended {

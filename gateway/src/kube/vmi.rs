@@ -280,14 +280,15 @@ fn stage(node: &str, view: &VmiView) -> Stage {
     parsed.sort_unstable();
     parsed.dedup();
     Stage::Ready {
-        id,
         migration: Migration {
             uid: view.uid.clone(),
+            id: id.clone(),
             vmi: view.key(),
             role,
             target,
             ports: parsed,
         },
+        id,
     }
 }
 
@@ -318,32 +319,35 @@ pub fn events_for(node: &str, old: Option<&VmiView>, new: &VmiView) -> Vec<Migra
 
     let was_active = matches!(before, Stage::Ready { .. });
     let same = before.id().is_some() && before.id() == after.id();
+    // Every end names the migration it ends: the core then leaves a newer migration of the
+    // same VMI alone (one a node hook started before this watch saw it).
+    let ended = |aborted: bool, id: Option<&str>| MigrationEvent::Ended {
+        uid: uid(),
+        aborted,
+        migration: id.map(str::to_owned),
+    };
     let mut events = Vec::new();
-    match after {
+    match &after {
         Stage::Ready { migration, .. } => {
             if was_active && same {
                 return events;
             }
             if was_active {
-                events.push(MigrationEvent::Ended {
-                    uid: uid(),
-                    aborted: true,
-                });
+                events.push(ended(true, before.id()));
             }
-            events.push(MigrationEvent::Started(migration));
+            events.push(MigrationEvent::Started(migration.clone()));
         }
         Stage::Over { aborted, .. } if was_active => {
-            events.push(MigrationEvent::Ended {
-                uid: uid(),
-                // A different migration that is already over replaced ours: ours did not finish.
-                aborted: aborted || !same,
-            });
+            // A different migration that is already over replaced ours: ours did not finish.
+            events.push(ended(*aborted || !same, before.id()));
+        }
+        Stage::Over { id, aborted } if before != after => {
+            // Over before this watch saw it in progress (started by a node hook while the
+            // watch was away, or long ago): a no-op unless the core carries exactly this one.
+            events.push(ended(*aborted, Some(id)));
         }
         Stage::Pending { .. } | Stage::Malformed { .. } if was_active && same => {}
-        _ if was_active => events.push(MigrationEvent::Ended {
-            uid: uid(),
-            aborted: true,
-        }),
+        _ if was_active => events.push(ended(true, before.id())),
         _ => {}
     }
     events
@@ -557,9 +561,10 @@ mod tests {
         s
     }
 
-    fn started(role: Role, target: &str, ports: &[u16]) -> MigrationEvent {
+    fn started(id: &str, role: Role, target: &str, ports: &[u16]) -> MigrationEvent {
         MigrationEvent::Started(Migration {
             uid: "vmi-1".into(),
+            id: id.into(),
             vmi: "ns/vm".into(),
             role,
             target: target.parse().unwrap(),
@@ -567,10 +572,11 @@ mod tests {
         })
     }
 
-    fn ended(aborted: bool) -> MigrationEvent {
+    fn ended(aborted: bool, id: &str) -> MigrationEvent {
         MigrationEvent::Ended {
             uid: "vmi-1".into(),
             aborted,
+            migration: Some(id.into()),
         }
     }
 
@@ -600,54 +606,56 @@ mod tests {
         let cases: Vec<(&str, Option<VmiView>, VmiView, Vec<MigrationEvent>)> = vec![
             ("no migration", None, view(None), vec![]),
             ("from this node", None, view(Some(outgoing("m1"))),
-                vec![started(Role::Source, "10.244.2.7", &[40000, 41000])]),
+                vec![started("m1", Role::Source, "10.244.2.7", &[40000, 41000])]),
             ("to this node, IPv6", None, view(Some(ipv6.clone())),
-                vec![started(Role::Target, "fd00:10:244::7", &[45000, 45001])]),
+                vec![started("m1", Role::Target, "fd00:10:244::7", &[45000, 45001])]),
             ("IPv6 in brackets", None, view(Some(ipv6_bracketed)),
-                vec![started(Role::Source, "fd00::7", &[45000])]),
+                vec![started("m1", Role::Source, "fd00::7", &[45000])]),
             ("between two other nodes", None, view(Some(elsewhere)), vec![]),
             ("not opted in", None, not_opted.clone(), vec![]),
             ("target not published yet", None, view(Some(pending.clone())), vec![]),
             ("address without ports", Some(view(Some(pending.clone()))), view(Some(address_only.clone())), vec![]),
             ("published later", Some(view(Some(address_only))), view(Some(outgoing("m1"))),
-                vec![started(Role::Source, "10.244.2.7", &[40000, 41000])]),
+                vec![started("m1", Role::Source, "10.244.2.7", &[40000, 41000])]),
             ("malformed address", Some(view(Some(pending.clone()))), view(Some(bad_address.clone())), vec![]),
             ("malformed port", None, view(Some(bad_port)), vec![]),
             ("malformed then fixed", Some(view(Some(bad_address))), view(Some(outgoing("m1"))),
-                vec![started(Role::Source, "10.244.2.7", &[40000, 41000])]),
+                vec![started("m1", Role::Source, "10.244.2.7", &[40000, 41000])]),
             ("re-sync of the same state", Some(view(Some(outgoing("m1")))), view(Some(outgoing("m1"))), vec![]),
             ("re-sync with a target", Some(view(Some(ipv6.clone()))), view(Some(ipv6)), vec![]),
             ("completed", Some(view(Some(outgoing("m1")))), view(Some(completed(outgoing("m1")))),
-                vec![ended(false)]),
+                vec![ended(false, "m1")]),
             ("completed, re-sync", Some(view(Some(completed(outgoing("m1"))))),
                 view(Some(completed(outgoing("m1")))), vec![]),
-            ("completed, first seen", None, view(Some(completed(outgoing("m1")))), vec![]),
+            // Over before this watch saw it run (a node hook may have started it): the end is
+            // named, so the core ends only that migration.
+            ("completed, first seen", None, view(Some(completed(outgoing("m1")))), vec![ended(false, "m1")]),
             ("failed", Some(view(Some(outgoing("m1")))), view(Some(failed(outgoing("m1")))),
-                vec![ended(true)]),
+                vec![ended(true, "m1")]),
             ("abort succeeded", Some(view(Some(outgoing("m1")))),
-                view(Some(abort(outgoing("m1"), "Succeeded"))), vec![ended(true)]),
+                view(Some(abort(outgoing("m1"), "Succeeded"))), vec![ended(true, "m1")]),
             ("aborting: not over yet", Some(view(Some(outgoing("m1")))),
                 view(Some(abort(outgoing("m1"), "Aborting"))), vec![]),
             ("abort failed: goes on", Some(view(Some(outgoing("m1")))),
                 view(Some(abort(outgoing("m1"), "Failed"))), vec![]),
             ("never started, then failed", Some(view(Some(pending.clone()))),
-                view(Some(failed(pending.clone()))), vec![]),
+                view(Some(failed(pending.clone()))), vec![ended(true, "m1")]),
             ("deleted mid-flight", Some(view(Some(outgoing("m1")))),
-                view(Some(outgoing("m1"))).into_deleted(), vec![ended(true)]),
+                view(Some(outgoing("m1"))).into_deleted(), vec![ended(true, "m1")]),
             ("deleted after completion", Some(view(Some(outgoing("m1")))),
-                view(Some(completed(outgoing("m1")))).into_deleted(), vec![ended(false)]),
+                view(Some(completed(outgoing("m1")))).into_deleted(), vec![ended(false, "m1")]),
             ("deleted, never started", Some(view(Some(pending.clone()))),
                 view(Some(pending)).into_deleted(), vec![]),
-            ("opted out mid-flight", Some(view(Some(outgoing("m1")))), not_opted, vec![ended(true)]),
+            ("opted out mid-flight", Some(view(Some(outgoing("m1")))), not_opted, vec![ended(true, "m1")]),
             ("new migration replaces the old", Some(view(Some(outgoing("m1")))), view(Some(outgoing("m2"))),
-                vec![ended(true), started(Role::Source, "10.244.2.7", &[40000, 41000])]),
+                vec![ended(true, "m1"), started("m2", Role::Source, "10.244.2.7", &[40000, 41000])]),
             ("new migration, not published yet", Some(view(Some(outgoing("m1")))),
-                view(Some(state("m2", NODE, OTHER, None, &[]))), vec![ended(true)]),
+                view(Some(state("m2", NODE, OTHER, None, &[]))), vec![ended(true, "m1")]),
             ("new migration already over", Some(view(Some(outgoing("m1")))),
-                view(Some(completed(outgoing("m2")))), vec![ended(true)]),
+                view(Some(completed(outgoing("m2")))), vec![ended(true, "m1")]),
             ("VMI moved here, migrating on", Some(view(Some(completed(state("m1", OTHER, NODE, Some("10.244.1.9"), &["40000"]))))),
                 view(Some(state("m2", NODE, "node-c", Some("10.244.3.9"), &["42000"]))),
-                vec![started(Role::Source, "10.244.3.9", &[42000])]),
+                vec![started("m2", Role::Source, "10.244.3.9", &[42000])]),
         ];
         for (name, old, new, want) in cases {
             assert_eq!(events_for(NODE, old.as_ref(), &new), want, "case: {name}");
@@ -881,9 +889,11 @@ mod tests {
         out
     }
 
+    /// VMI `uid`'s migration (whose id is `m<uid>` in the scenarios).
     fn mig(uid: &str, role: Role, target: &str, ports: &[u16]) -> MigrationEvent {
         MigrationEvent::Started(Migration {
             uid: uid.into(),
+            id: format!("m{uid}"),
             vmi: format!("ns/vm-{uid}"),
             role,
             target: target.parse().unwrap(),
@@ -895,6 +905,7 @@ mod tests {
         MigrationEvent::Ended {
             uid: uid.into(),
             aborted,
+            migration: Some(format!("m{uid}")),
         }
     }
 

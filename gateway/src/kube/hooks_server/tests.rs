@@ -66,6 +66,7 @@ fn request(hook_point: &str, vmi: &[u8], node: &str) -> ExecuteNodeHookRequest {
 fn started(role: Role) -> MigrationEvent {
     MigrationEvent::Started(Migration {
         uid: "u1".into(),
+        id: "m1".into(),
         vmi: "ns/vm".into(),
         role,
         target: "10.244.2.7".parse().unwrap(),
