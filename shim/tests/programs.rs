@@ -114,12 +114,13 @@ fn c_client_modes_against_a_fork_per_connection_server_over_veth() {
     );
     let (dir, data) = workdir(4);
     let w = dir.path();
-    let srv = shimmed("srv", "");
-    let cli = shimmed("cli", "");
+    // Debug logs of every process, shown (with the mode) when a client fails.
+    let srv = shimmed("srv", "STREAMSHIM_LOG=debug");
+    let cli = shimmed("cli", "STREAMSHIM_LOG=debug");
     let mut clients = String::new();
     for m in modes {
         clients.push_str(&format!(
-            "on_a {cli} \"$ECHO\" client \"$B\" 7000 \"$W/in.bin\" \"$W/out-{m}.bin\" {m}\n"
+            "on_a {cli} \"$ECHO\" client \"$B\" 7000 \"$W/in.bin\" \"$W/out-{m}.bin\" {m}              2>\"$W/cli-{m}.err\" || {{ echo \"client mode {m} failed\" >&2;              for f in \"$W\"/cli-*.err \"$W/srv.err\"; do echo \"== $f\" >&2; tail -n 60 \"$f\" >&2; done;              exit 1; }}\n"
         ));
     }
     let script = format!(
