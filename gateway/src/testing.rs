@@ -1,5 +1,6 @@
 //! Unit-test fixtures shared by the modules' tests: a runtime under a hard timeout, a core
-//! without capture namespace or provider, and a namespace lookup that counts its calls.
+//! without capture namespace or provider, a namespace lookup that counts its calls, and the
+//! migrating VMI a node hook call carries with the event it means.
 
 use std::{
     future::Future,
@@ -11,8 +12,11 @@ use std::{
     time::Duration,
 };
 
+use serde_json::{Value, json};
+
 use crate::{
     core::{GatewayCore, Settings, Shared},
+    events::{Migration, MigrationEvent, Role},
     fallback::Fallback,
     metrics::Metrics,
     netns::{NetnsError, NetnsLocator},
@@ -63,4 +67,45 @@ pub fn core_with(locator: impl NetnsLocator) -> GatewayCore {
         Metrics::default(),
         Settings::default(),
     )))
+}
+
+/// VMI `ns/vm` (uid `u1`) in migration `m1` from node-a to node-b, as virt-handler sends it to
+/// a node hook; `address`: the target's published address (ports 40000 and 40001), or none
+/// published yet.
+pub fn migrating_vmi(opted_in: bool, address: Option<&str>) -> Value {
+    let labels = if opted_in {
+        json!({ "rdma-streams.io/migration": "rdma", "kubevirt.io/nodeName": "node-a" })
+    } else {
+        json!({ "kubevirt.io/nodeName": "node-a" })
+    };
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": { "name": "vm", "namespace": "ns", "uid": "u1", "labels": labels },
+        "spec": { "domain": { "devices": {} } },
+        "status": {
+            "phase": "Running",
+            "nodeName": "node-a",
+            "migrationState": {
+                "migrationUid": "m1",
+                "sourceNode": "node-a",
+                "targetNode": "node-b",
+                "targetNodeAddress": address,
+                "targetDirectMigrationNodePorts":
+                    if address.is_some() { json!({ "40001": 0, "40000": 49152 }) } else { json!(null) },
+            },
+        },
+    })
+}
+
+/// The `Started` of [`migrating_vmi`] (target 10.244.2.7) for the node in `role`.
+pub fn migrating_vmi_started(role: Role) -> MigrationEvent {
+    MigrationEvent::Started(Migration {
+        uid: "u1".into(),
+        id: "m1".into(),
+        vmi: "ns/vm".into(),
+        role,
+        target: "10.244.2.7".parse().expect("address"),
+        ports: vec![40000, 40001],
+    })
 }

@@ -74,9 +74,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        events::{Delivery, Handled, Migration},
+        events::{Delivery, Handled},
         metrics::EndLabels,
-        testing::{CountingLocator, core_with, within},
+        testing::{CountingLocator, core_with, migrating_vmi, migrating_vmi_started, within},
     };
 
     fn vmi(opted_in: bool, address: Option<&str>) -> Vec<u8> {
@@ -84,24 +84,7 @@ mod tests {
     }
 
     fn vmi_json(opted_in: bool, address: Option<&str>) -> Value {
-        let labels = if opted_in {
-            json!({ "rdma-streams.io/migration": "rdma" })
-        } else {
-            json!({})
-        };
-        json!({
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstance",
-            "metadata": { "name": "vm", "namespace": "ns", "uid": "u1", "labels": labels },
-            "spec": {},
-            "status": { "migrationState": {
-                "migrationUid": "m1",
-                "sourceNode": "node-a",
-                "targetNode": "node-b",
-                "targetNodeAddress": address,
-                "targetDirectMigrationNodePorts": if address.is_some() { json!({ "40001": 0, "40000": 49152 }) } else { json!(null) },
-            }},
-        })
+        migrating_vmi(opted_in, address)
     }
 
     fn call<'a>(hook_point: &'a str, vmi: &'a [u8], node_name: &'a str) -> NodeHookCall<'a> {
@@ -115,16 +98,7 @@ mod tests {
     #[test]
     fn pre_migration_hooks_start_migrations() {
         let ready = vmi(true, Some("10.244.2.7"));
-        let want = |role| {
-            Some(MigrationEvent::Started(Migration {
-                uid: "u1".into(),
-                id: "m1".into(),
-                vmi: "ns/vm".into(),
-                role,
-                target: "10.244.2.7".parse().unwrap(),
-                ports: vec![40000, 40001],
-            }))
-        };
+        let want = |role| Some(migrating_vmi_started(role));
         assert_eq!(
             event_for_hook(call(PRE_MIGRATION_SOURCE, &ready, "node-a")).unwrap(),
             want(Role::Source)

@@ -10,47 +10,26 @@ use std::{
 
 use hyper_util::rt::TokioIo;
 use prost::Message;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::{net::UnixStream, sync::mpsc, task::JoinHandle};
 use tonic::transport::{Channel, Endpoint};
 
 use super::*;
 use crate::{
-    events::{Migration, Role},
+    events::Role,
     kube::hooks_api::{
         PRE_MIGRATION_SOURCE, PRE_MIGRATION_TARGET,
         v1alpha1::{NodeContext, node_hook_service_client::NodeHookServiceClient},
     },
     metrics::HookLabels,
-    testing::{CountingLocator, core_with, within},
+    testing::{CountingLocator, core_with, migrating_vmi, migrating_vmi_started, within},
 };
 
 const LIMIT: Duration = Duration::from_secs(20);
 
 /// A VMI as virt-handler sends it: migrating from node-a to node-b, target published.
 fn vmi(opted_in: bool) -> Value {
-    let labels = if opted_in {
-        json!({ "rdma-streams.io/migration": "rdma", "kubevirt.io/nodeName": "node-a" })
-    } else {
-        json!({ "kubevirt.io/nodeName": "node-a" })
-    };
-    json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": { "name": "vm", "namespace": "ns", "uid": "u1", "labels": labels },
-        "spec": { "domain": { "devices": {} } },
-        "status": {
-            "phase": "Running",
-            "nodeName": "node-a",
-            "migrationState": {
-                "migrationUid": "m1",
-                "sourceNode": "node-a",
-                "targetNode": "node-b",
-                "targetNodeAddress": "10.244.2.7",
-                "targetDirectMigrationNodePorts": { "40001": 0, "40000": 49152 },
-            },
-        },
-    })
+    migrating_vmi(opted_in, Some("10.244.2.7"))
 }
 
 fn request(hook_point: &str, vmi: &[u8], node: &str) -> ExecuteNodeHookRequest {
@@ -61,17 +40,6 @@ fn request(hook_point: &str, vmi: &[u8], node: &str) -> ExecuteNodeHookRequest {
             node_name: node.into(),
         }),
     }
-}
-
-fn started(role: Role) -> MigrationEvent {
-    MigrationEvent::Started(Migration {
-        uid: "u1".into(),
-        id: "m1".into(),
-        vmi: "ns/vm".into(),
-        role,
-        target: "10.244.2.7".parse().unwrap(),
-        ports: vec![40000, 40001],
-    })
 }
 
 /// A channel to the socket at `path`.
@@ -199,7 +167,7 @@ async fn pre_migration_source_body() {
     assert!(response.success);
     assert!(response.message.contains("ns/vm"), "{}", response.message);
     let (event, _events) = core.await.unwrap();
-    assert_eq!(event, started(Role::Source));
+    assert_eq!(event, migrating_vmi_started(Role::Source));
     assert_eq!(
         *log.lock().unwrap(),
         [
@@ -228,7 +196,7 @@ async fn pre_migration_target_body() {
         .await;
     assert!(response.success);
     let (event, _events) = core.await.unwrap();
-    assert_eq!(event, started(Role::Target));
+    assert_eq!(event, migrating_vmi_started(Role::Target));
     assert_eq!(
         fx.count(PRE_MIGRATION_TARGET, HookOutcome::AlreadyStarted),
         1
@@ -422,7 +390,7 @@ async fn node_name_body() {
         .call(request(PRE_MIGRATION_SOURCE, &bytes, "node-b"))
         .await;
     assert!(response.success);
-    assert_eq!(core.await.unwrap().0, started(Role::Source));
+    assert_eq!(core.await.unwrap().0, migrating_vmi_started(Role::Source));
     fx.stop().await;
 
     // Without --node-name, the call's node name is used.
@@ -433,7 +401,7 @@ async fn node_name_body() {
         .call(request(PRE_MIGRATION_TARGET, &bytes, "node-b"))
         .await;
     assert!(response.success);
-    assert_eq!(core.await.unwrap().0, started(Role::Target));
+    assert_eq!(core.await.unwrap().0, migrating_vmi_started(Role::Target));
     fx.stop().await;
 }
 
