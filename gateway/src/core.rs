@@ -210,7 +210,7 @@ impl GatewayCore {
         }
         let uids: Vec<String> = self.shared.table().keys().cloned().collect();
         for uid in uids {
-            self.end(&uid, true).await;
+            self.end(&uid, true, None).await;
         }
         info!("all migrations torn down");
     }
@@ -228,18 +228,9 @@ impl GatewayCore {
                 migration,
             } => {
                 let span = info_span!("migration", %uid);
-                let current = self
-                    .shared
-                    .table()
-                    .get(&uid)
-                    .map(|active| active.migration.id.clone());
-                match (current, migration) {
-                    // Another migration of this VMI than the one that ended: leave it.
-                    (Some(current), Some(ended)) if current != ended => {
-                        debug!(%uid, active = %current, ended = %ended, "end of another migration of this VMI: ignored");
-                    }
-                    _ => self.end(&uid, aborted).instrument(span).await,
-                }
+                self.end(&uid, aborted, migration.as_deref())
+                    .instrument(span)
+                    .await;
                 Handled::Ended
             }
         }
@@ -254,7 +245,7 @@ impl GatewayCore {
             return Handled::AlreadyStarted;
         }
         // A changed migration with the same uid (a retry): start afresh.
-        self.end(&migration.uid, true).await;
+        self.end(&migration.uid, true, None).await;
         let cancel = CancellationToken::new();
         let handles = Handles {
             migration: migration.clone(),
@@ -328,8 +319,20 @@ impl GatewayCore {
         Ok((ns, table))
     }
 
-    async fn end(&self, uid: &str, aborted: bool) {
-        let Some(active) = self.shared.table().remove(uid) else {
+    /// Tears down the active migration of `uid`; with `only`, just if it is that migration
+    /// (checked and removed under one lock).
+    async fn end(&self, uid: &str, aborted: bool, only: Option<&str>) {
+        let active = {
+            let mut table = self.shared.table();
+            match (table.get(uid), only) {
+                (Some(active), Some(ended)) if active.migration.id != ended => {
+                    debug!(active = %active.migration.id, ended, "end of another migration of this VMI: ignored");
+                    None
+                }
+                _ => table.remove(uid),
+            }
+        };
+        let Some(active) = active else {
             return;
         };
         active.capture_cancel.cancel();
