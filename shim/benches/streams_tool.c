@@ -124,62 +124,6 @@ static int connlat(const char *host, int port, int n, int warmup) {
     return 0;
 }
 
-static int sockpair(double seconds, size_t block) {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
-        perror("socketpair");
-        return 1;
-    }
-    char *buf = malloc(block);
-    if (buf == NULL) return 1;
-    memset(buf, 0x5a, block);
-    pid_t pid = fork();
-    if (pid < 0) {
-        perror("fork");
-        return 1;
-    }
-    if (pid == 0) {
-        close(sv[0]);
-        double end = now_ns() + seconds * 1e9;
-        while (now_ns() < end) {
-            size_t off = 0;
-            while (off < block) {
-                ssize_t w = write(sv[1], buf + off, block - off);
-                if (w < 0) {
-                    if (errno == EINTR) continue;
-                    _exit(1);
-                }
-                off += (size_t)w;
-            }
-        }
-        close(sv[1]);
-        _exit(0);
-    }
-    close(sv[1]);
-    unsigned long long total = 0;
-    double start = now_ns();
-    for (;;) {
-        ssize_t r = read(sv[0], buf, block);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            perror("read");
-            return 1;
-        }
-        if (r == 0) break;
-        total += (unsigned long long)r;
-    }
-    double elapsed = (now_ns() - start) / 1e9;
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "writer failed\n");
-        return 1;
-    }
-    printf("bytes=%llu seconds=%.6f bits_per_second=%.0f cpu_percent=%.0f\n", total, elapsed,
-           total * 8.0 / elapsed, cpu_percent(elapsed));
-    return 0;
-}
-
 /* Writes BLOCK-byte blocks to fd for SECONDS, then closes it. */
 static void writer(int fd, double seconds, size_t block) {
     char *buf = malloc(block);
@@ -198,6 +142,64 @@ static void writer(int fd, double seconds, size_t block) {
         }
     }
     close(fd);
+}
+
+/* Reads `fd` until EOF with BLOCK-byte reads; the bytes and seconds it took. -1 on error. */
+static int drain(int fd, size_t block, unsigned long long *total, double *elapsed) {
+    char *buf = malloc(block);
+    if (buf == NULL) return -1;
+    *total = 0;
+    double start = now_ns();
+    for (;;) {
+        ssize_t r = read(fd, buf, block);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            perror("read");
+            free(buf);
+            return -1;
+        }
+        if (r == 0) break;
+        *total += (unsigned long long)r;
+    }
+    *elapsed = (now_ns() - start) / 1e9;
+    free(buf);
+    return 0;
+}
+
+/* The line sockpair and relay print, after every process they started was waited for. */
+static void report(unsigned long long total, double elapsed) {
+    printf("bytes=%llu seconds=%.6f bits_per_second=%.0f cpu_percent=%.0f\n", total, elapsed,
+           total * 8.0 / elapsed, cpu_percent(elapsed));
+}
+
+static int sockpair(double seconds, size_t block) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+        perror("socketpair");
+        return 1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fork");
+        return 1;
+    }
+    if (pid == 0) {
+        close(sv[0]);
+        writer(sv[1], seconds, block);
+        _exit(0);
+    }
+    close(sv[1]);
+    unsigned long long total;
+    double elapsed;
+    if (drain(sv[0], block, &total, &elapsed) != 0) return 1;
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "writer failed\n");
+        return 1;
+    }
+    report(total, elapsed);
+    return 0;
 }
 
 /* Copies from `in` to `out` until EOF, then half-closes `out`. */
@@ -263,21 +265,9 @@ static int relay(double seconds, size_t block, size_t relaybuf) {
         _exit(0);
     }
     close(a[0]), close(a[1]), close(b[1]), close(ls);
-    char *buf = malloc(block);
-    if (buf == NULL) return 1;
-    unsigned long long total = 0;
-    double start = now_ns();
-    for (;;) {
-        ssize_t r = read(b[0], buf, block);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            perror("read");
-            return 1;
-        }
-        if (r == 0) break;
-        total += (unsigned long long)r;
-    }
-    double elapsed = (now_ns() - start) / 1e9;
+    unsigned long long total;
+    double elapsed;
+    if (drain(b[0], block, &total, &elapsed) != 0) return 1;
     for (int i = 0; i < 3; i++) {
         int status = 0;
         if (pids[i] < 0 || waitpid(pids[i], &status, 0) < 0 || !WIFEXITED(status) ||
@@ -286,8 +276,7 @@ static int relay(double seconds, size_t block, size_t relaybuf) {
             return 1;
         }
     }
-    printf("bytes=%llu seconds=%.6f bits_per_second=%.0f cpu_percent=%.0f\n", total, elapsed,
-           total * 8.0 / elapsed, cpu_percent(elapsed));
+    report(total, elapsed);
     return 0;
 }
 
