@@ -1,6 +1,16 @@
-# e2e/rxe-preflight.sh: sourced by the Soft-RoCE scripts. `rxe_preflight` returns when this
-# host can run rdma_rxe links with the real librdmacm (loading rdma_rxe and rdma_ucm if needed)
-# and otherwise calls the caller's `skip WHY` (which exits). Changes nothing else.
+# e2e/rxe-preflight.sh: sourced by the Soft-RoCE scripts. `skip WHY` prints one `SKIP: WHY`
+# line and exits 0 (77 with SOFTROCE_REQUIRE=1). `rxe_preflight` returns when this host can run
+# rdma_rxe links with the real librdmacm (loading rdma_rxe and rdma_ucm if needed) and skips
+# otherwise. Changes nothing else.
+
+skip() {
+	echo "SKIP: $*"
+	if [[ ${SOFTROCE_REQUIRE:-0} == 1 ]]; then
+		exit 77
+	fi
+	exit 0
+}
+
 rxe_preflight() {
 	command -v rdma >/dev/null ||
 		skip "no 'rdma' tool; needs iproute2 with rdma (apt-get install iproute2) and a kernel with rdma_rxe"

@@ -29,20 +29,13 @@ case ${1:-} in
 	;;
 esac
 
-skip() {
-	echo "SKIP: $*"
-	if [[ ${SOFTROCE_REQUIRE:-0} == 1 ]]; then
-		exit 77
-	fi
-	exit 0
-}
+# shellcheck source=e2e/rxe-preflight.sh
+. "$ROOT/e2e/rxe-preflight.sh"
 
 [[ $(id -u) -eq 0 ]] || skip "not root; needs root (network namespaces, veth, rdma link add)"
 for tool in ip nft qemu-system-x86_64 socat cc cargo python3; do
 	command -v "$tool" >/dev/null || skip "$tool not found; needs it installed (make deps)"
 done
-# shellcheck source=e2e/rxe-preflight.sh
-. "$ROOT/e2e/rxe-preflight.sh"
 rxe_preflight
 
 cd "$ROOT"

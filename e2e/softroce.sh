@@ -88,13 +88,8 @@ while (($#)); do
 done
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || die "--seconds must be a positive integer, not '$seconds'"
 
-skip() {
-	echo "SKIP: $*"
-	if [[ ${SOFTROCE_REQUIRE:-0} == 1 ]]; then
-		exit 77
-	fi
-	exit 0
-}
+# shellcheck source=e2e/rxe-preflight.sh
+. "$ROOT/e2e/rxe-preflight.sh"
 
 # ------------------------------------------------------------------------------------------
 # Can this host run Soft-RoCE? (No changes made before these checks pass.)
@@ -108,8 +103,6 @@ rxe_state=""
 if [[ $no_rxe == 1 ]]; then
 	echo "softroce: SOFTROCE_NO_RXE=1: no rxe links (testing the script only; expecting NO_DEVICE)"
 else
-	# shellcheck source=e2e/rxe-preflight.sh
-	. "$ROOT/e2e/rxe-preflight.sh"
 	rxe_preflight
 fi
 
