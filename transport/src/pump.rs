@@ -20,6 +20,9 @@
 //!   anyway, so a provider that misses a wake-up slows the pump down but cannot stall it.
 //! - **Stop**: [`PumpOptions::stop`] is checked at least once per tick; raising it ends the
 //!   pump with [`PumpEnd::Stopped`] after the same teardown as an error.
+//! - **Relay**: [`relay`] runs the same loop with a kernel stream socket as the far side: the
+//!   shim uses it for a connection whose app fd it had already swapped when the peer turned out
+//!   to have stayed on TCP (docs/shim-protocol.md, "Sequence").
 //! - **Watched socket**: [`PumpOptions::watch`] (the shim's kept kernel TCP socket, which
 //!   carries no bytes after an upgrade) is polled while the pump waits. A reset or error on it
 //!   tears both sides down ([`PumpError::Watched`]), and so do bytes arriving on it (the peer
@@ -36,6 +39,7 @@ use std::time::Duration;
 use socket2::Socket;
 
 use crate::poll::{Events, PollError, PollFd, poll};
+use crate::provider::Provider;
 use crate::rsocket::RSocket;
 
 /// Default size of each direction's buffer: 256 KiB, rsocket's default registered buffers.
@@ -78,6 +82,12 @@ impl PumpControl {
     /// half-closed (or the pump ended).
     pub fn sent_all(&self) -> bool {
         self.sent_all.load(Ordering::Acquire)
+    }
+
+    /// Says the connection has nothing left to flush without a pump having run (its owner gave
+    /// it up, or the pump already ended): [`Self::sent_all`] is true from now on.
+    pub fn finished(&self) {
+        self.sent_all.store(true, Ordering::Release);
     }
 }
 
@@ -189,6 +199,53 @@ impl Side for RSocket {
     }
 }
 
+/// The far side of a pump: how it is polled and made non-blocking.
+trait Far: Side {
+    fn entry(&self, events: Events) -> PollFd<'_>;
+    fn set_nonblocking(&self) -> io::Result<()>;
+}
+
+impl Far for RSocket {
+    fn entry(&self, events: Events) -> PollFd<'_> {
+        PollFd::rsocket(self, events)
+    }
+
+    fn set_nonblocking(&self) -> io::Result<()> {
+        RSocket::set_nonblocking(self, true)
+    }
+}
+
+/// A kernel stream socket as the far side ([`relay`]): its errors are the remote side's.
+struct KernelFar(Socket);
+
+impl Side for KernelFar {
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        Side::recv(&self.0, buf)
+    }
+
+    fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        Side::send(&self.0, buf)
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        Side::shutdown(&self.0, how)
+    }
+
+    fn fail(e: io::Error) -> PumpError {
+        PumpError::Remote(e)
+    }
+}
+
+impl Far for KernelFar {
+    fn entry(&self, events: Events) -> PollFd<'_> {
+        PollFd::fd(self.0.as_fd(), events)
+    }
+
+    fn set_nonblocking(&self) -> io::Result<()> {
+        self.0.set_nonblocking(true)
+    }
+}
+
 /// One direction: a buffer between a source and a destination.
 struct Direction {
     buf: Box<[u8]>,
@@ -284,10 +341,32 @@ const ROUNDS_PER_CHECK: usize = 64;
 /// `remote` until both directions are closed, one side fails, or `opts.stop` is raised.
 /// Both are closed when it returns. See the module docs for the rules.
 pub fn pump(local: OwnedFd, remote: RSocket, opts: PumpOptions) -> PumpReport {
+    drive(local, &remote, remote.provider(), &opts)
+}
+
+/// [`pump`] with a kernel stream socket (`remote`, for example a TCP connection) as the far
+/// side instead of an rsocket; `provider`'s `rpoll` does the waiting. Same rules, same report
+/// (`to_remote` and `to_local` count the kernel socket's bytes). `opts.watch` should be `None`
+/// (the far side is the socket a watch would look at).
+pub fn relay(
+    local: OwnedFd,
+    remote: OwnedFd,
+    provider: &Provider,
+    opts: PumpOptions,
+) -> PumpReport {
+    drive(local, &KernelFar(Socket::from(remote)), provider, &opts)
+}
+
+fn drive<R: Far>(
+    local: OwnedFd,
+    remote: &R,
+    provider: &Provider,
+    opts: &PumpOptions,
+) -> PumpReport {
     let local = Socket::from(local);
     let mut up = Direction::new(opts.buffer_size);
     let mut down = Direction::new(opts.buffer_size);
-    let end = match run(&local, &remote, &mut up, &mut down, &opts) {
+    let end = match run(&local, remote, provider, &mut up, &mut down, opts) {
         Ok(end) => end,
         Err(e) => PumpEnd::Failed(e),
     };
@@ -304,15 +383,16 @@ pub fn pump(local: OwnedFd, remote: RSocket, opts: PumpOptions) -> PumpReport {
     }
 }
 
-fn run(
+fn run<R: Far>(
     local: &Socket,
-    remote: &RSocket,
+    remote: &R,
+    provider: &Provider,
     up: &mut Direction,
     down: &mut Direction,
     opts: &PumpOptions,
 ) -> Result<PumpEnd, PumpError> {
     local.set_nonblocking(true).map_err(PumpError::Local)?;
-    remote.set_nonblocking(true).map_err(PumpError::Remote)?;
+    remote.set_nonblocking().map_err(PumpError::Remote)?;
     let tick = opts.tick.min(MAX_TICK);
     let mut watch = opts.watch.as_deref().map(AsFd::as_fd);
     loop {
@@ -346,7 +426,7 @@ fn run(
             // Still moving data: skip the wait, but look at the stop flag first.
             continue;
         }
-        if wait(local, remote, up, down, watch, tick)?
+        if wait(local, remote, provider, up, down, watch, tick)?
             && let Some(fd) = watch
             && !still_silent(fd)?
         {
@@ -373,9 +453,10 @@ fn still_silent(fd: BorrowedFd<'_>) -> Result<bool, PumpError> {
 
 /// Sleeps in `rpoll` until a side can make progress or `tick` passes. Sides with nothing to
 /// wait for are left out, so a hung-up side with no pending work cannot cause a busy loop.
-fn wait(
+fn wait<R: Far>(
     local: &Socket,
-    remote: &RSocket,
+    remote: &R,
+    provider: &Provider,
     up: &Direction,
     down: &Direction,
     watch: Option<BorrowedFd<'_>>,
@@ -403,8 +484,8 @@ fn wait(
         entries.push(PollFd::fd(local.as_fd(), local_events));
     }
     if !remote_events.is_empty() {
-        entries.push(PollFd::rsocket(remote, remote_events));
+        entries.push(remote.entry(remote_events));
     }
-    poll(remote.provider(), &mut entries, Some(tick)).map_err(PumpError::Poll)?;
+    poll(provider, &mut entries, Some(tick)).map_err(PumpError::Poll)?;
     Ok(watch.is_some() && !entries[0].revents().is_empty())
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rdma_streams_transport::{
-    Provider, PumpEnd, PumpError, PumpOptions, PumpReport, RSocket, pump,
+    Provider, PumpEnd, PumpError, PumpOptions, PumpReport, RSocket, pump, relay,
 };
 use sha2::{Digest, Sha256};
 
@@ -375,5 +375,82 @@ fn bytes_on_the_watched_socket_tear_down() {
             }
             other => panic!("expected a watched-socket failure, got {other:?}"),
         }
+    });
+}
+
+/// The app's end of a socketpair, and a relay thread serving the other end and a kernel TCP
+/// connection (the peer gets the connection's other end).
+fn start_relay(p: &Provider) -> (UnixStream, TcpStream, thread::JoinHandle<PumpReport>) {
+    let (app, pump_end) = UnixStream::pair().unwrap();
+    let (kept, peer) = tcp_pair();
+    let provider = p.clone();
+    let handle = thread::spawn(move || {
+        relay(
+            OwnedFd::from(pump_end),
+            OwnedFd::from(kept),
+            &provider,
+            PumpOptions::default(),
+        )
+    });
+    (app, peer, handle)
+}
+
+/// A relay over a kernel TCP socket: 8 MiB each way at once, both half-closes delivered, a clean
+/// end.
+#[test]
+fn relay_carries_bytes_over_a_kernel_socket_both_ways() {
+    within(Duration::from_secs(60), || {
+        let p = fake();
+        let (app, peer, relay_thread) = start_relay(&p);
+        let a = random_bytes(8 << 20, 21);
+        let b = random_bytes(8 << 20, 22);
+        let (at_app, at_peer) = thread::scope(|s| {
+            s.spawn(|| {
+                write_chunks(&app, &a).unwrap();
+                app.shutdown(Shutdown::Write).unwrap();
+            });
+            s.spawn(|| {
+                write_chunks(&peer, &b).unwrap();
+                peer.shutdown(Shutdown::Write).unwrap();
+            });
+            let at_peer = s.spawn(|| read_to_end(&peer));
+            let (at_app, err) = read_to_end(&app);
+            assert!(err.is_none(), "app read: {err:?}");
+            let (at_peer, err) = at_peer.join().unwrap();
+            assert!(err.is_none(), "peer read: {err:?}");
+            (at_app, at_peer)
+        });
+        assert_eq!(sha(&at_peer), sha(&a));
+        assert_eq!(sha(&at_app), sha(&b));
+        let report = relay_thread.join().unwrap();
+        assert!(report.end.is_clean(), "{report:?}");
+        assert_eq!((report.to_remote, report.to_local), (8 << 20, 8 << 20));
+    });
+}
+
+/// A reset of the relayed kernel connection is the far side's failure: the app reads EOF.
+#[test]
+fn relay_reset_by_the_peer_tears_the_app_side_down() {
+    within(Duration::from_secs(30), || {
+        let p = fake();
+        let (mut app, mut peer, relay_thread) = start_relay(&p);
+        app.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+        socket2::SockRef::from(&peer)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(peer);
+        let report = relay_thread.join().unwrap();
+        match &report.end {
+            PumpEnd::Failed(PumpError::Remote(e)) => {
+                assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e:?}");
+            }
+            other => panic!("expected a remote failure, got {other:?}"),
+        }
+        app.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (rest, _) = read_to_end(&app);
+        assert!(rest.is_empty());
     });
 }
