@@ -27,6 +27,10 @@ pub struct Faults {
     /// `poll_never_wakes`: `rpoll`/`rselect` never report readiness for r-fds, only timeouts
     /// (ordinary fds in the same call still wake it).
     pub poll_never_wakes: bool,
+    /// `slow_send=MS@K`: the K-th send call (counting from 1) on each r-fd sleeps MS first: a
+    /// process stalled at one step of a protocol (for the shim's handshake: a client's second
+    /// send is its CONFIRM, an accepted socket's first its ACCEPT).
+    pub slow_send: Option<(Duration, u64)>,
 }
 
 impl Faults {
@@ -51,6 +55,14 @@ impl Faults {
                 ("eagain_storm", Some(n)) => faults.eagain_storm = n,
                 ("reset_after", Some(bytes)) => faults.reset_after = Some(bytes),
                 ("poll_never_wakes", _) => faults.poll_never_wakes = true,
+                ("slow_send", _) => {
+                    if let Some((ms, k)) = value.and_then(|v| v.split_once('@'))
+                        && let (Ok(ms), Ok(k)) = (ms.trim().parse::<u64>(), k.trim().parse::<u64>())
+                        && k > 0
+                    {
+                        faults.slow_send = Some((Duration::from_millis(ms), k));
+                    }
+                }
                 _ => {}
             }
         }
@@ -71,9 +83,10 @@ mod tests {
     #[test]
     fn every_fault_parses() {
         let f = Faults::parse(
-            "nodev, enomem,refuse,slow_connect=50,hang_connect,eagain_storm=7,reset_after=4096,poll_never_wakes",
+            "nodev, enomem,refuse,slow_connect=50,hang_connect,eagain_storm=7,reset_after=4096,poll_never_wakes,slow_send=600@2",
         );
         assert!(f.nodev && f.enomem && f.refuse && f.hang_connect && f.poll_never_wakes);
+        assert_eq!(f.slow_send, Some((Duration::from_millis(600), 2)));
         assert_eq!(f.slow_connect, Some(Duration::from_millis(50)));
         assert_eq!(f.eagain_storm, 7);
         assert_eq!(f.reset_after, Some(4096));
@@ -81,7 +94,9 @@ mod tests {
 
     #[test]
     fn unknown_and_malformed_entries_are_ignored() {
-        let f = Faults::parse("bogus,slow_connect=soon,eagain_storm,reset_after=-1,refuse");
+        let f = Faults::parse(
+            "bogus,slow_connect=soon,eagain_storm,reset_after=-1,refuse,slow_send=600,slow_send=600@0,slow_send=x@1",
+        );
         assert_eq!(
             f,
             Faults {

@@ -259,6 +259,11 @@ fn limit_ref<'a>(bufs: &[&'a [u8]], mut budget: usize) -> Vec<IoSlice<'a>> {
 pub(crate) fn recv(rfd: c_int, bufs: &mut [&mut [MaybeUninit<u8>]], flags: c_int) -> Res<usize> {
     let entry = table().get(rfd)?;
     let socket = data_socket(&entry)?;
+    if let Some((delay, nth)) = config().faults.slow_send
+        && entry.count_send() == nth
+    {
+        thread::sleep(delay);
+    }
     if entry.take_storm() {
         return err(libc::EAGAIN);
     }
@@ -280,6 +285,11 @@ pub(crate) fn recv(rfd: c_int, bufs: &mut [&mut [MaybeUninit<u8>]], flags: c_int
 pub(crate) fn send(rfd: c_int, bufs: &[&[u8]], flags: c_int) -> Res<usize> {
     let entry = table().get(rfd)?;
     let socket = data_socket(&entry)?;
+    if let Some((delay, nth)) = config().faults.slow_send
+        && entry.count_send() == nth
+    {
+        thread::sleep(delay);
+    }
     if entry.take_storm() {
         return err(libc::EAGAIN);
     }

@@ -55,6 +55,8 @@ pub(crate) struct Entry {
     storm_left: AtomicU64,
     /// Bytes carried in both directions, for `reset_after`.
     moved: AtomicU64,
+    /// Send calls so far, for `slow_send`.
+    sends: AtomicU64,
 }
 
 /// rsocket's defaults for the SOL_RDMA options (sqsize, rqsize, inline, iomap size).
@@ -73,6 +75,7 @@ impl Entry {
             }),
             storm_left: AtomicU64::new(storm),
             moved: AtomicU64::new(0),
+            sends: AtomicU64::new(0),
         }
     }
 
@@ -144,6 +147,11 @@ impl Entry {
         self.storm_left
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
             .is_ok()
+    }
+
+    /// Counts a send call; returns its number (the first is 1).
+    pub(crate) fn count_send(&self) -> u64 {
+        self.sends.fetch_add(1, Ordering::AcqRel).saturating_add(1)
     }
 
     /// Bytes carried so far (both directions).
