@@ -26,9 +26,12 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
 /// Most peers kept.
 pub const DEFAULT_CAPACITY: usize = 1024;
 
-/// `try_lock` attempts before giving up (the first few spin, the rest yield).
-const LOCK_ATTEMPTS: u32 = 2000;
+/// `try_lock` attempts that spin before the rest yield.
 const LOCK_SPINS: u32 = 64;
+/// How long `try_lock` is retried before giving up. A time, not a count of yields: on a busy
+/// machine each yield can cost a whole time slice of another thread, and 2000 of them took
+/// seconds (the lock itself is only ever held for a map operation).
+const LOCK_PATIENCE: Duration = Duration::from_millis(5);
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -71,16 +74,18 @@ impl NegativeCache {
     }
 
     fn lock(&self) -> Option<MutexGuard<'_, BTreeMap<SocketAddr, Entry>>> {
-        for attempt in 0..LOCK_ATTEMPTS {
+        let mut since: Option<Instant> = None;
+        for attempt in 0u32.. {
             match self.map.try_lock() {
                 Ok(g) => return Some(g),
                 Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) if attempt < LOCK_SPINS => std::hint::spin_loop(),
                 Err(TryLockError::WouldBlock) => {
-                    if attempt < LOCK_SPINS {
-                        std::hint::spin_loop();
-                    } else {
-                        std::thread::yield_now();
+                    let start = *since.get_or_insert_with(Instant::now);
+                    if start.elapsed() >= LOCK_PATIENCE {
+                        return None;
                     }
+                    std::thread::yield_now();
                 }
             }
         }
