@@ -232,18 +232,17 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
     {
         peer = Some(p);
         if let Some(claimed) = upgrade::claim(p) {
-            // ACCEPT, then CONFIRM; without CONFIRM the client did not swap: plain TCP.
-            match upgrade::server_handshake(claimed) {
-                Ok(rs) => match upgrade::swap(fd, rs) {
-                    Ok(()) => {
-                        upgrade::record(Role::Server, fd, peer, Path::Rdma, Reason::Upgraded);
-                    }
-                    Err(e) => {
+            // ACCEPT, then the swap; the pump thread counts the connection once the client
+            // answered (CONFIRM: rdma; its give-up: tcp, relayed over the kept socket).
+            match upgrade::server_accept(claimed) {
+                Ok(accepted) => {
+                    let start = upgrade::Start::Accepted { accepted, peer };
+                    if let Err(e) = upgrade::swap(fd, start) {
                         log_at!(Level::Info, "server fd {fd}: swap failed ({e}): resetting");
                         sys::shutdown_both(fd);
                         count(Role::Server, fd, peer, Reason::RdmaError);
                     }
-                },
+                }
                 Err(reason) => count(Role::Server, fd, peer, reason),
             }
             return fd;

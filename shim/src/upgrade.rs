@@ -10,7 +10,10 @@
 //!   side-channel thread per process accepts rsockets on all of them, reads HELLOs without ever
 //!   waiting on one client, applies the server policy and registers `pending[client addr:port]`
 //!   (or answers REFUSE). `accept()` claims the pending entry of the accepted peer
-//!   ([`claim`]), sends ACCEPT, waits for CONFIRM and only then swaps ([`server_handshake`]).
+//!   ([`claim`]), sends ACCEPT ([`server_accept`]) and swaps at once; the pump thread then
+//!   waits for the client's CONFIRM (the stream moves to the rsocket) or its give-up (the
+//!   client stayed on TCP: the pump relays over the kept TCP socket instead). No window leaves
+//!   one side on the rsocket and the other on TCP.
 //!
 //! Nothing here runs on the pass-through path: every entry point is reached only for a capable
 //! process's INET TCP socket (or an fd the fd table marks as swapped / side-listening). The
@@ -20,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread;
@@ -28,14 +31,16 @@ use std::time::{Duration, Instant};
 
 use libc::c_int;
 use rdma_streams_transport::handshake::{
-    self, Accept, Confirm, DecodeError, Hello, MAX_MESSAGE_LEN, Message, PENDING_TIMEOUT, Refuse,
+    self, Accept, CONFIRM_LEN, CONFIRM_TIMEOUT, Confirm, DecodeError, Hello, MAX_MESSAGE_LEN,
+    Message, PENDING_TIMEOUT, Refuse,
 };
 use rdma_streams_transport::negative_cache::NegativeCache;
 use rdma_streams_transport::policy::canonical_ip;
 use rdma_streams_transport::reason::{Path, Reason, Role};
 use rdma_streams_transport::stats::Stats;
 use rdma_streams_transport::{
-    Events, PollFd, Provider, PumpControl, PumpOptions, RSocket, RSocketError, poll, pump,
+    Events, PollFd, Provider, PumpControl, PumpOptions, PumpReport, RSocket, RSocketError, poll,
+    pump, relay,
 };
 
 use crate::decision;
@@ -142,7 +147,7 @@ struct SideState {
 }
 
 /// A pending upgrade claimed by `accept()`: the server half of the handshake still has to run
-/// ([`server_handshake`]).
+/// ([`server_accept`]).
 pub struct Claimed {
     rs: RSocket,
     nonce: u64,
@@ -227,7 +232,7 @@ pub fn connect(
     if fdtable::add(fd, COUNTED) & COUNTED != 0 {
         return rc;
     }
-    match swap(fd, rs.0) {
+    match swap(fd, Start::Confirmed(rs.0)) {
         Ok(()) => record(Role::Client, fd, Some(peer), Path::Rdma, Reason::Upgraded),
         Err(e) => {
             // CONFIRM is out, so the server moves its side to the rsocket: a TCP connection
@@ -368,10 +373,24 @@ fn read_message(rs: &RSocket, deadline: Instant) -> Result<Message, Reason> {
 // ---------------------------------------------------------------------------------------------
 // The swap and the pump
 
+/// What the pump thread of a swapped fd starts from.
+pub enum Start {
+    /// The client: CONFIRM is out, the rsocket carries the stream.
+    Confirmed(RSocket),
+    /// The server: ACCEPT is out. The client's CONFIRM moves the stream to the rsocket; its
+    /// give-up (it closed the rsocket, or bytes arrive on TCP) leaves it on TCP, relayed.
+    Accepted {
+        accepted: Accepted,
+        peer: Option<SocketAddr>,
+    },
+}
+
 /// Moves the kernel TCP socket behind the app's `fd` to a kept fd number, puts one end of a
 /// fresh socketpair on `fd` (keeping the app's O_NONBLOCK and close-on-exec), and starts the pump
-/// between the other end and `rs`.
-pub fn swap(fd: c_int, rs: RSocket) -> io::Result<()> {
+/// thread between the other end and the connection's far side (see [`Start`]). An error after
+/// the fd number was taken over (no pump thread) leaves the app's fd without a peer: the
+/// caller resets it.
+pub fn swap(fd: c_int, start: Start) -> io::Result<()> {
     let (fl, fdfl) = sys::fd_flags(fd)?;
     let (a, b) = sys::socketpair_stream()?;
     fdtable::set(a.as_raw_fd(), SHIM_OWNED);
@@ -388,28 +407,73 @@ pub fn swap(fd: c_int, rs: RSocket) -> io::Result<()> {
     }
     drop(a);
     fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);
-    let spawned = thread::Builder::new()
+    thread::Builder::new()
         .name("streamshim-pump".into())
-        .spawn(move || run_pump(b, rs, kept));
-    if let Err(e) = spawned {
-        // `b` went with the closure: the app reads EOF.
-        log_at!(Level::Info, "cannot start a pump thread: {e}");
-    }
-    Ok(())
+        // `b` goes with the closure: if the thread cannot start, the app reads EOF.
+        .spawn(move || run_pump(fd, b, start, kept))
+        .map(drop)
 }
 
-fn run_pump(local: OwnedFd, rs: RSocket, kept: Arc<OwnedFd>) {
+fn run_pump(fd: c_int, local: OwnedFd, start: Start, kept: Arc<OwnedFd>) {
     let _guard = Guard::enter();
-    // The kept TCP socket is watched: a reset of the peer's kernel connection ends the pump.
     let control = Arc::new(PumpControl::default());
     lock(&ACTIVE_PUMPS).push(Arc::clone(&control));
+    let report = match start {
+        Start::Confirmed(rs) => Some(pump_rsocket(local, rs, &kept, &control)),
+        Start::Accepted { accepted, peer } => {
+            let provider = accepted.rs.provider().clone();
+            match await_confirm(&accepted, kept.as_fd(), CONFIRM_TIMEOUT) {
+                Confirmation::Confirmed => {
+                    record(Role::Server, fd, peer, Path::Rdma, Reason::Upgraded);
+                    Some(pump_rsocket(local, accepted.rs, &kept, &control))
+                }
+                Confirmation::StayedTcp(reason) => {
+                    record(Role::Server, fd, peer, Path::Tcp, reason);
+                    log_at!(
+                        Level::Debug,
+                        "server fd {fd}: the client stayed on TCP after ACCEPT: relaying"
+                    );
+                    drop(accepted);
+                    relay_tcp(local, &kept, &provider, &control)
+                }
+                Confirmation::Broken(reason) => {
+                    record(Role::Server, fd, peer, Path::Tcp, reason);
+                    drop(accepted);
+                    reset(&local, &kept);
+                    None
+                }
+            }
+        }
+    };
+    lock(&ACTIVE_PUMPS).retain(|c| !Arc::ptr_eq(c, &control));
+    // Nothing of this connection is left to flush at exit (a pump that ran already said so).
+    control.finished();
+    if let Some(report) = report {
+        log_at!(
+            Level::Debug,
+            "pump ended: {} bytes out, {} in, {:?}",
+            report.to_remote,
+            report.to_local,
+            report.end
+        );
+    }
+    drop(kept);
+}
+
+/// The upgraded connection: app socketpair <-> rsocket, the kept TCP socket watched.
+fn pump_rsocket(
+    local: OwnedFd,
+    rs: RSocket,
+    kept: &Arc<OwnedFd>,
+    control: &Arc<PumpControl>,
+) -> PumpReport {
     let opts = PumpOptions {
-        watch: Some(Arc::clone(&kept)),
-        control: Arc::clone(&control),
+        // A reset of the peer's kernel connection ends the pump.
+        watch: Some(Arc::clone(kept)),
+        control: Arc::clone(control),
         ..PumpOptions::default()
     };
     let report = pump(local, rs, opts);
-    lock(&ACTIVE_PUMPS).retain(|c| !Arc::ptr_eq(c, &control));
     let stats = Stats::global();
     stats.add_rdma_bytes_sent(report.to_remote);
     stats.add_rdma_bytes_received(report.to_local);
@@ -420,14 +484,119 @@ fn run_pump(local: OwnedFd, rs: RSocket, kept: Arc<OwnedFd>) {
         sys::set_linger_zero(kept.as_fd());
         sys::shutdown_both(kept.as_raw_fd());
     }
-    log_at!(
-        Level::Debug,
-        "pump ended: {} bytes out, {} in, {:?}",
-        report.to_remote,
-        report.to_local,
-        report.end
-    );
-    drop(kept);
+    report
+}
+
+/// A server connection whose client stayed on TCP after the app's fd was swapped: app
+/// socketpair <-> the kept TCP socket, byte for byte.
+fn relay_tcp(
+    local: OwnedFd,
+    kept: &Arc<OwnedFd>,
+    provider: &Provider,
+    control: &Arc<PumpControl>,
+) -> Option<PumpReport> {
+    let far = match sys::dup_cloexec(kept.as_raw_fd()) {
+        Ok(far) => far,
+        Err(e) => {
+            log_at!(Level::Info, "cannot relay over TCP ({e}): resetting");
+            reset(&local, kept);
+            return None;
+        }
+    };
+    fdtable::set(far.as_raw_fd(), SHIM_OWNED);
+    let opts = PumpOptions {
+        control: Arc::clone(control),
+        ..PumpOptions::default()
+    };
+    let report = relay(local, far, provider, opts);
+    if !report.end.is_clean() {
+        sys::set_linger_zero(kept.as_fd());
+        sys::shutdown_both(kept.as_raw_fd());
+    }
+    Some(report)
+}
+
+/// Fails the connection on both paths: the app reads EOF, the peer's TCP gets an RST.
+fn reset(local: &OwnedFd, kept: &Arc<OwnedFd>) {
+    sys::shutdown_both(local.as_raw_fd());
+    sys::set_linger_zero(kept.as_fd());
+    sys::shutdown_both(kept.as_raw_fd());
+}
+
+/// How the client answered the server's ACCEPT.
+#[derive(Debug, PartialEq, Eq)]
+enum Confirmation {
+    /// CONFIRM with our nonce: the client swapped, the rsocket carries the stream.
+    Confirmed,
+    /// The client gave up before CONFIRM (its rsocket closed or failed, bytes on TCP, or
+    /// nothing at all within [`CONFIRM_TIMEOUT`]): it stays on TCP.
+    StayedTcp(Reason),
+    /// Something other than CONFIRM came, or the TCP connection was reset: the connection
+    /// fails on both paths.
+    Broken(Reason),
+}
+
+/// Waits for the client's answer to ACCEPT without ever reading past CONFIRM (what follows is
+/// the stream). The kept TCP socket is watched too: a client that stayed on TCP may send its
+/// first bytes there before its rsocket's close arrives. A FIN there decides nothing (a client
+/// that upgraded and finished closes its TCP socket too), it only ends that watch.
+fn await_confirm(accepted: &Accepted, kept: BorrowedFd<'_>, bound: Duration) -> Confirmation {
+    let rs = &accepted.rs;
+    if rs.set_nonblocking(true).is_err() {
+        return Confirmation::StayedTcp(Reason::RdmaError);
+    }
+    let deadline = Instant::now() + bound;
+    let mut buf = [0u8; CONFIRM_LEN];
+    let mut have = 0usize;
+    let mut watch_tcp = true;
+    loop {
+        match rs.read(buf.get_mut(have..).unwrap_or_default()) {
+            // EOF or an error before a whole CONFIRM: the client closed its rsocket (it gave
+            // up, and it only swaps after sending CONFIRM).
+            Ok(0) => return Confirmation::StayedTcp(Reason::Timeout),
+            Ok(n) => {
+                have += n;
+                if have == CONFIRM_LEN {
+                    return match handshake::decode(&buf) {
+                        Ok((Message::Confirm(Confirm { nonce }), _)) if nonce == accepted.nonce => {
+                            Confirmation::Confirmed
+                        }
+                        _ => Confirmation::Broken(Reason::RdmaError),
+                    };
+                }
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Confirmation::StayedTcp(Reason::Timeout),
+        }
+        if watch_tcp {
+            match sys::peek_kernel(kept) {
+                sys::Peeked::Nothing => {}
+                sys::Peeked::Fin => watch_tcp = false,
+                // A client that swapped never writes to TCP.
+                sys::Peeked::Bytes => return Confirmation::StayedTcp(Reason::Timeout),
+                sys::Peeked::Failed => return Confirmation::Broken(Reason::RdmaError),
+            }
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            log_at!(
+                Level::Info,
+                "no CONFIRM within {bound:?} after ACCEPT: the connection stays on TCP"
+            );
+            return Confirmation::StayedTcp(Reason::Timeout);
+        }
+        let mut fds = vec![PollFd::rsocket(rs, Events::READABLE)];
+        if watch_tcp {
+            fds.push(PollFd::fd(kept, Events::READABLE));
+        }
+        // A provider that misses a wake-up costs at most one tick.
+        let wait = (deadline - now).min(Duration::from_millis(100));
+        if poll(rs.provider(), &mut fds, Some(wait)).is_err() {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 /// The kept TCP socket behind a swapped app fd.
@@ -606,27 +775,23 @@ fn side_listeners_readable() -> bool {
     }
 }
 
-/// The server half after a claim: ACCEPT, then CONFIRM within `STREAMSHIM_NEGOTIATE_MS`. Ok: the
-/// rsocket (blocking) carries the stream and the caller swaps. Err: the rsocket is closed and
-/// the accepted fd stays plain TCP (the client did not swap: it gave up before ACCEPT, and it
-/// only swaps after sending CONFIRM).
-pub fn server_handshake(claimed: Claimed) -> Result<RSocket, Reason> {
+/// A claimed upgrade whose ACCEPT was sent: the pump thread waits for the answer.
+pub struct Accepted {
+    rs: RSocket,
+    nonce: u64,
+}
+
+/// The server half after a claim: ACCEPT. Ok: the caller swaps at once with
+/// [`Start::Accepted`] and the pump thread waits for CONFIRM, so `accept()` returns without a
+/// round trip. Err: the ACCEPT could not be written (the client gave up and closed its
+/// rsocket, so it cannot swap): the accepted fd stays plain TCP.
+pub fn server_accept(claimed: Claimed) -> Result<Accepted, Reason> {
     let Claimed { rs, nonce } = claimed;
     rs.set_nonblocking(false).map_err(|_| Reason::RdmaError)?;
     let accept = Message::Accept(Accept { nonce, limits: 0 });
-    // A client that gave up closed its rsocket: the write fails or the read below sees EOF.
     rs.write_all(&accept.to_bytes())
         .map_err(|_| Reason::Timeout)?;
-    let deadline = Instant::now() + negotiate_timeout();
-    match read_message(&rs, deadline) {
-        Ok(Message::Confirm(Confirm { nonce: n })) if n == nonce => {
-            rs.set_nonblocking(false).map_err(|_| Reason::RdmaError)?;
-            Ok(rs)
-        }
-        // EOF (the client gave up) or no CONFIRM in time.
-        Err(Reason::PeerRefused | Reason::Timeout) => Err(Reason::Timeout),
-        Ok(_) | Err(_) => Err(Reason::RdmaError),
-    }
+    Ok(Accepted { rs, nonce })
 }
 
 /// In a fork child: no side-channel thread there, and the parent's pending upgrades are not

@@ -96,12 +96,14 @@ fn assert_same(w: &Path, out: &str, data: &[u8]) {
     assert!(sha(&got) == sha(data), "sha256 of {out} differs");
 }
 
-/// The fork-per-connection C server on B, and the C client on A once per mode, all shimmed:
-/// every connection upgraded, every echo byte-exact, FORTIFY's `__read_chk` in use.
-#[test]
-fn c_client_modes_against_a_fork_per_connection_server_over_veth() {
+/// The C client's modes, one connection each, against the fork-per-connection C server.
+const MODES: [&str; 5] = ["plain", "dup", "peek", "scm", "exec"];
+
+/// The fork-per-connection C server on B, and the C client on A once per mode, all shimmed
+/// (`extra`: more env words for both) and logging at debug; the logs are shown with the mode
+/// whose client failed. Returns the work dir for the caller's checks.
+fn c_client_modes(extra: &str) -> tempfile::TempDir {
     require_netns();
-    let modes = ["plain", "dup", "peek", "scm", "exec"];
     let syms = Command::new("nm")
         .args(["-D", "--undefined-only"])
         .arg(echo_bin())
@@ -114,13 +116,15 @@ fn c_client_modes_against_a_fork_per_connection_server_over_veth() {
     );
     let (dir, data) = workdir(4);
     let w = dir.path();
-    // Debug logs of every process, shown (with the mode) when a client fails.
-    let srv = shimmed("srv", "STREAMSHIM_LOG=debug");
-    let cli = shimmed("cli", "STREAMSHIM_LOG=debug");
+    let srv = shimmed("srv", &format!("STREAMSHIM_LOG=debug {extra}"));
+    let cli = shimmed("cli", &format!("STREAMSHIM_LOG=debug {extra}"));
     let mut clients = String::new();
-    for m in modes {
+    for m in MODES {
         clients.push_str(&format!(
-            "on_a {cli} \"$ECHO\" client \"$B\" 7000 \"$W/in.bin\" \"$W/out-{m}.bin\" {m}              2>\"$W/cli-{m}.err\" || {{ echo \"client mode {m} failed\" >&2;              for f in \"$W\"/cli-*.err \"$W/srv.err\"; do echo \"== $f\" >&2; tail -n 60 \"$f\" >&2; done;              exit 1; }}\n"
+            "on_a {cli} \"$ECHO\" client \"$B\" 7000 \"$W/in.bin\" \"$W/out-{m}.bin\" {m} \
+             2>\"$W/cli-{m}.err\" || {{ echo \"client mode {m} failed\" >&2; \
+             for f in \"$W\"/cli-*.err \"$W/srv.err\"; do echo \"== $f\" >&2; tail -n 60 \"$f\" >&2; done; \
+             exit 1; }}\n"
         ));
     }
     let script = format!(
@@ -131,12 +135,20 @@ wait_port_on \"$NSB\" 7000
 {clients}
 wait $srv
 ",
-        n = modes.len()
+        n = MODES.len()
     );
     netns(&script, &env(w), Duration::from_secs(120));
-    for m in modes {
+    for m in MODES {
         assert_same(w, &format!("out-{m}.bin"), &data);
     }
+    dir
+}
+
+/// Every mode upgraded on both sides, every echo byte-exact, FORTIFY's `__read_chk` in use.
+#[test]
+fn c_client_modes_against_a_fork_per_connection_server_over_veth() {
+    let dir = c_client_modes("");
+    let w = dir.path();
     let (tcp, rdma) = sum_counts(w, "cli-", "client");
     assert_eq!((tcp.len(), rdma), (0, 5), "client counters {tcp:?}");
     let (tcp, rdma) = sum_counts(w, "srv-", "server");
@@ -146,6 +158,20 @@ wait $srv
         sent >= 4 << 20 && received >= 4 << 20,
         "fake provider carried {sent}/{received} bytes"
     );
+}
+
+/// With a 1 ms negotiation bound every step of the handshake can run out on either side, at
+/// any point (the client before ACCEPT, the server's wait for a HELLO): whichever path each
+/// connection ends on, it completes byte-exact on both sides and is counted once per side.
+#[test]
+fn c_client_modes_with_a_1_ms_negotiation_bound_never_break() {
+    let dir = c_client_modes("STREAMSHIM_NEGOTIATE_MS=1");
+    let w = dir.path();
+    for (prefix, role) in [("cli-", "client"), ("srv-", "server")] {
+        let (tcp, rdma) = sum_counts(w, prefix, role);
+        let tcp_total: u64 = tcp.values().filter_map(serde_json::Value::as_u64).sum();
+        assert_eq!(tcp_total + rdma, 5, "{role}: tcp {tcp:?} rdma {rdma}");
+    }
 }
 
 /// A client that writes and exits at once (no close, no shutdown): the kernel would deliver
@@ -472,6 +498,33 @@ fn matrix_fault_slow_connect_past_the_bound() {
         &faulty("cli", "slow_connect=1000"),
         want,
     );
+}
+
+/// The client's CONFIRM leaves 600 ms after ACCEPT arrived (a stalled client, 3x the 200 ms
+/// negotiation bound): the server waits for it and the connection upgrades on both sides.
+/// (A server that gave up on CONFIRM after its own bound left the client on the rsocket and
+/// itself on TCP: a connection failed on both sides.)
+#[test]
+fn matrix_fault_late_confirm_still_upgrades() {
+    let want = Expect {
+        client: UP,
+        server: UP,
+        complete: true,
+    };
+    matrix(&shimmed("srv", ""), &faulty("cli", "slow_send=600@2"), want);
+}
+
+/// The server's ACCEPT leaves 600 ms after its `accept()` claimed the connection: the client
+/// gave up at its bound and stayed TCP, the server already swapped the app's fd, and relays the
+/// connection over its kept TCP socket: byte-exact, both counted TCP `TIMEOUT`.
+#[test]
+fn matrix_fault_late_accept_is_relayed_over_tcp() {
+    let want = Expect {
+        client: "TIMEOUT",
+        server: "TIMEOUT",
+        complete: true,
+    };
+    matrix(&faulty("srv", "slow_send=600@1"), &shimmed("cli", ""), want);
 }
 
 #[test]

@@ -64,7 +64,7 @@ pub const FAMILY_V6: u8 = 6;
 
 /// Environment variable bounding each negotiation step, in milliseconds: rconnect + HELLO; the
 /// client's wait after its kernel connect (TCP establishment of a non-blocking connect, then
-/// ACCEPT); the server's wait for CONFIRM after ACCEPT.
+/// ACCEPT); the server's wait for a HELLO not read yet when `accept()` returns.
 pub const NEGOTIATE_ENV: &str = "STREAMSHIM_NEGOTIATE_MS";
 /// Default negotiation bound.
 pub const DEFAULT_NEGOTIATE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -72,6 +72,10 @@ pub const DEFAULT_NEGOTIATE_TIMEOUT: Duration = Duration::from_millis(200);
 pub const MAX_NEGOTIATE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a server keeps a registered upgrade that no TCP connection claimed.
 pub const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a server's pump waits after ACCEPT for the client's CONFIRM or for its give-up
+/// (rsocket closed, or bytes on the TCP connection) before it relays over TCP. Either comes
+/// within a round trip from a live client; only a stalled or vanished one takes this long.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The client's offer, sent first on the side channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
