@@ -24,6 +24,7 @@
 
 mod decision;
 mod fdtable;
+mod forksafe;
 mod guard;
 mod hooks;
 mod log;

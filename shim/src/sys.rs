@@ -462,3 +462,34 @@ pub fn only_v6(fd: c_int) -> Option<bool> {
     };
     (rc == 0).then_some(v != 0)
 }
+
+/// Test helper: forks; the child runs `child` with a 5 s `alarm` (a hang dies by SIGALRM) and
+/// exits 0, or 101 if `child` panicked. Returns the child's pid.
+#[cfg(test)]
+pub fn fork_for_test(child: impl FnOnce()) -> libc::pid_t {
+    // SAFETY: the child only runs `child` (the shim's own code under test) and `_exit`s.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: plain calls in the single-threaded child.
+        unsafe { libc::alarm(5) };
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).is_ok();
+        // SAFETY: ends the child at once, without the parent's atexit handlers.
+        unsafe { libc::_exit(if ok { 0 } else { 101 }) }
+    }
+    pid
+}
+
+/// Test helper: the exit code of `pid`, or 128 + the signal that killed it.
+#[cfg(test)]
+pub fn wait_for_test(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    // SAFETY: `status` is a valid out pointer; `pid` is our child.
+    let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(rc, pid, "waitpid");
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    }
+}

@@ -24,8 +24,8 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,7 @@ use rdma_streams_transport::{
 
 use crate::decision;
 use crate::fdtable::{self, COUNTED, INET_STREAM, SHIM_OWNED, SWAPPED, TCP};
+use crate::forksafe::{ForkSafe, SLOTS};
 use crate::guard::Guard;
 use crate::log::{Level, log_at};
 use crate::sys;
@@ -62,7 +63,8 @@ const SIDE_IDLE_TICK: Duration = Duration::from_secs(1);
 static WAKE_WRITER: AtomicI32 = AtomicI32::new(-1);
 
 /// The running pumps of this process, flushed at exit ([`flush_at_exit`]).
-static ACTIVE_PUMPS: Mutex<Vec<Arc<PumpControl>>> = Mutex::new(Vec::new());
+static ACTIVE_PUMPS: ForkSafe<Vec<Arc<PumpControl>>> =
+    ForkSafe::new([const { Mutex::new(Vec::new()) }; SLOTS]);
 /// The longest an exiting process waits for its pumps to deliver what the app wrote.
 const EXIT_FLUSH: Duration = Duration::from_secs(2);
 
@@ -73,7 +75,7 @@ const EXIT_FLUSH: Duration = Duration::from_secs(2);
 pub fn flush_at_exit() {
     let deadline = Instant::now() + EXIT_FLUSH;
     let pumps: Vec<Arc<PumpControl>> = loop {
-        if let Ok(p) = ACTIVE_PUMPS.try_lock() {
+        if let Some(p) = ACTIVE_PUMPS.try_lock() {
             break p.clone();
         }
         if Instant::now() >= deadline {
@@ -99,20 +101,27 @@ pub fn flush_at_exit() {
 }
 
 /// Swapped app fds -> the kept kernel TCP socket (shared with the connection's pump thread).
-static SWAPPED_FDS: Mutex<BTreeMap<c_int, Arc<OwnedFd>>> = Mutex::new(BTreeMap::new());
+static SWAPPED_FDS: ForkSafe<BTreeMap<c_int, Arc<OwnedFd>>> =
+    ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
 /// App listening fd -> its side-channel rsocket listener.
-static LISTENERS: Mutex<BTreeMap<c_int, Arc<RSocket>>> = Mutex::new(BTreeMap::new());
+static LISTENERS: ForkSafe<BTreeMap<c_int, Arc<RSocket>>> =
+    ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
 /// Registered upgrades no TCP connection claimed yet: client TCP address -> (rsocket, HELLO
 /// nonce, registration time).
-static PENDING: Mutex<BTreeMap<SocketAddr, Pending>> = Mutex::new(BTreeMap::new());
+static PENDING: ForkSafe<BTreeMap<SocketAddr, Pending>> =
+    ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
 /// What the side-channel thread publishes after each service pass (held during the pass, never
 /// during its wait): lets `accept()` tell "no HELLO for this peer" from "HELLO not read yet".
-static SIDE_STATE: Mutex<SideState> = Mutex::new(SideState {
-    generation: 0,
-    in_flight: 0,
-});
+static SIDE_STATE: ForkSafe<SideState> = ForkSafe::new(
+    [const {
+        Mutex::new(SideState {
+            generation: 0,
+            in_flight: 0,
+        })
+    }; SLOTS],
+);
 /// Signalled after each service pass.
-static SIDE_PASS: Condvar = Condvar::new();
+static SIDE_PASS: [Condvar; SLOTS] = [const { Condvar::new() }; SLOTS];
 /// Destinations that could not upgrade recently.
 static NEGATIVE: NegativeCache = NegativeCache::new(
     rdma_streams_transport::negative_cache::DEFAULT_TTL,
@@ -121,14 +130,19 @@ static NEGATIVE: NegativeCache = NegativeCache::new(
 /// Set once the side-channel thread runs (cleared in a fork child, which has no such thread).
 static SIDE_THREAD: AtomicBool = AtomicBool::new(false);
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// `STREAMSHIM_NEGOTIATE_MS`, read once.
+/// `STREAMSHIM_NEGOTIATE_MS`, read once (an atomic, not a `OnceLock`: a fork child must never
+/// wait for an initialisation a parent thread was in the middle of).
 fn negotiate_timeout() -> Duration {
-    static T: OnceLock<Duration> = OnceLock::new();
-    *T.get_or_init(handshake::negotiate_timeout_from_env)
+    static MICROS: AtomicU64 = AtomicU64::new(0);
+    match MICROS.load(Ordering::Acquire) {
+        0 => {
+            let t = handshake::negotiate_timeout_from_env();
+            let micros = u64::try_from(t.as_micros()).unwrap_or(u64::MAX).max(1);
+            MICROS.store(micros, Ordering::Release);
+            t
+        }
+        micros => Duration::from_micros(micros),
+    }
 }
 
 /// A registered upgrade.
@@ -400,9 +414,9 @@ pub fn swap(fd: c_int, start: Start) -> io::Result<()> {
     }
     let kept = Arc::new(sys::dup_cloexec(fd)?);
     fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
-    lock(&SWAPPED_FDS).insert(fd, Arc::clone(&kept));
+    SWAPPED_FDS.lock().insert(fd, Arc::clone(&kept));
     if let Err(e) = sys::dup3(a.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {
-        lock(&SWAPPED_FDS).remove(&fd);
+        SWAPPED_FDS.lock().remove(&fd);
         return Err(e);
     }
     drop(a);
@@ -417,7 +431,7 @@ pub fn swap(fd: c_int, start: Start) -> io::Result<()> {
 fn run_pump(fd: c_int, local: OwnedFd, start: Start, kept: Arc<OwnedFd>) {
     let _guard = Guard::enter();
     let control = Arc::new(PumpControl::default());
-    lock(&ACTIVE_PUMPS).push(Arc::clone(&control));
+    ACTIVE_PUMPS.lock().push(Arc::clone(&control));
     let report = match start {
         Start::Confirmed(rs) => Some(pump_rsocket(local, rs, &kept, &control)),
         Start::Accepted { accepted, peer } => {
@@ -445,7 +459,7 @@ fn run_pump(fd: c_int, local: OwnedFd, start: Start, kept: Arc<OwnedFd>) {
             }
         }
     };
-    lock(&ACTIVE_PUMPS).retain(|c| !Arc::ptr_eq(c, &control));
+    ACTIVE_PUMPS.lock().retain(|c| !Arc::ptr_eq(c, &control));
     // Nothing of this connection is left to flush at exit (a pump that ran already said so).
     control.finished();
     if let Some(report) = report {
@@ -601,14 +615,14 @@ fn await_confirm(accepted: &Accepted, kept: BorrowedFd<'_>, bound: Duration) -> 
 
 /// The kept TCP socket behind a swapped app fd.
 pub fn kept(fd: c_int) -> Option<Arc<OwnedFd>> {
-    lock(&SWAPPED_FDS).get(&fd).cloned()
+    SWAPPED_FDS.lock().get(&fd).cloned()
 }
 
 /// The app closes a swapped fd: forget its kept socket (the pump keeps its own reference).
 /// `new` is a copy (dup) of the swapped fd `old`: it answers from the same kept TCP socket.
 /// False if `old` is not in the table (closed meanwhile by another thread).
 pub fn copy_swapped(old: c_int, new: c_int) -> bool {
-    let mut map = lock(&SWAPPED_FDS);
+    let mut map = SWAPPED_FDS.lock();
     let Some(kept) = map.get(&old).cloned() else {
         return false;
     };
@@ -619,7 +633,7 @@ pub fn copy_swapped(old: c_int, new: c_int) -> bool {
 /// `new` is a copy (dup) of the side-listening fd `old`: the side channel stays open until
 /// the last copy is closed. False if `old` has no side listener (closed meanwhile).
 pub fn copy_side_listener(old: c_int, new: c_int) -> bool {
-    let mut map = lock(&LISTENERS);
+    let mut map = LISTENERS.lock();
     let Some(rs) = map.get(&old).cloned() else {
         return false;
     };
@@ -628,7 +642,7 @@ pub fn copy_side_listener(old: c_int, new: c_int) -> bool {
 }
 
 pub fn forget_swapped(fd: c_int) {
-    let old = lock(&SWAPPED_FDS).remove(&fd);
+    let old = SWAPPED_FDS.lock().remove(&fd);
     drop(old);
 }
 
@@ -664,7 +678,7 @@ pub fn open_side_listener(fd: c_int, provider: &'static Provider) -> bool {
     if rs.set_nonblocking(true).is_err() {
         return false;
     }
-    lock(&LISTENERS).insert(fd, Arc::new(rs));
+    LISTENERS.lock().insert(fd, Arc::new(rs));
     if !SIDE_THREAD.swap(true, Ordering::AcqRel) {
         let spawned = sys::wake_pair().and_then(|(reader, writer)| {
             fdtable::set(reader.as_raw_fd(), SHIM_OWNED);
@@ -678,7 +692,7 @@ pub fn open_side_listener(fd: c_int, provider: &'static Provider) -> bool {
         if let Err(e) = spawned {
             log_at!(Level::Info, "cannot start the side-channel thread: {e}");
             SIDE_THREAD.store(false, Ordering::Release);
-            lock(&LISTENERS).remove(&fd);
+            LISTENERS.lock().remove(&fd);
             return false;
         }
     }
@@ -697,14 +711,14 @@ fn wake_side_thread() {
 
 /// The app closes a listening fd: close its side-channel listener.
 pub fn close_side_listener(fd: c_int) {
-    let old = lock(&LISTENERS).remove(&fd);
+    let old = LISTENERS.lock().remove(&fd);
     drop(old);
     wake_side_thread();
 }
 
 /// The pending upgrade registered for this accepted peer, if any.
 fn take_pending(peer: SocketAddr) -> Option<Claimed> {
-    lock(&PENDING).remove(&key(peer)).map(|p| Claimed {
+    PENDING.lock().remove(&key(peer)).map(|p| Claimed {
         rs: p.rs,
         nonce: p.nonce,
     })
@@ -726,7 +740,7 @@ pub fn claim(peer: SocketAddr) -> Option<Claimed> {
         return Some(c);
     }
     let deadline = Instant::now() + negotiate_timeout();
-    let mut state = lock(&SIDE_STATE);
+    let mut state = SIDE_STATE.lock();
     loop {
         if let Some(c) = take_pending(peer) {
             return Some(c);
@@ -740,7 +754,7 @@ pub fn claim(peer: SocketAddr) -> Option<Claimed> {
             if left.is_zero() {
                 return None;
             }
-            state = SIDE_PASS
+            state = SIDE_PASS[SIDE_STATE.slot()]
                 .wait_timeout(state, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
@@ -751,7 +765,7 @@ pub fn claim(peer: SocketAddr) -> Option<Claimed> {
 /// The open side-channel listeners, each once (dup'd listening fds share one).
 fn side_listeners() -> Vec<Arc<RSocket>> {
     let mut out: Vec<Arc<RSocket>> = Vec::new();
-    for l in lock(&LISTENERS).values() {
+    for l in LISTENERS.lock().values() {
         if !out.iter().any(|o| Arc::ptr_eq(o, l)) {
             out.push(Arc::clone(l));
         }
@@ -796,23 +810,29 @@ pub fn server_accept(claimed: Claimed) -> Result<Accepted, Reason> {
 
 /// In a fork child: no side-channel thread there, and the parent's pending upgrades are not
 /// the child's to claim (their rsockets are forgotten, not closed: the parent still owns them).
+/// Runs while the child is single-threaded; a table a parent thread held at the fork is
+/// replaced by a fresh one ([`ForkSafe::after_fork`]), so no later call in the child waits for
+/// a thread that does not exist here.
 pub fn after_fork_child() {
     SIDE_THREAD.store(false, Ordering::Release);
     // The side listeners belong to the parent: an rclose here would reach the parent's
     // listener through the shared RDMA CM file. The child forgets them without closing.
-    if let Ok(mut listeners) = LISTENERS.try_lock() {
+    if let Some(mut listeners) = LISTENERS.after_fork() {
         std::mem::forget(std::mem::take(&mut *listeners));
     }
     // The parent's pump threads do not exist here: nothing to flush at this child's exit.
-    if let Ok(mut pumps) = ACTIVE_PUMPS.try_lock() {
+    if let Some(mut pumps) = ACTIVE_PUMPS.after_fork() {
         pumps.clear();
     }
-    if let Ok(mut pending) = PENDING.try_lock() {
+    if let Some(mut pending) = PENDING.after_fork() {
         std::mem::forget(std::mem::take(&mut *pending));
     }
-    if let Ok(mut state) = SIDE_STATE.try_lock() {
+    if let Some(mut state) = SIDE_STATE.after_fork() {
         state.in_flight = 0;
     }
+    // Kept as inherited when free: the child's copies of swapped fds still answer
+    // getpeername from their kept sockets (a fresh slot answers from the socketpair).
+    drop(SWAPPED_FDS.after_fork());
 }
 
 /// A side-channel connection whose HELLO is being read.
@@ -883,9 +903,11 @@ fn side_thread(provider: &'static Provider, wake: OwnedFd) {
         drop(fds);
         sys::drain_wakes(wake.as_fd());
         // One non-blocking pass, published to `claim` as a whole.
-        let mut state = lock(&SIDE_STATE);
+        let mut state = SIDE_STATE.lock();
         let now = Instant::now();
-        lock(&PENDING).retain(|_, p| now.saturating_duration_since(p.at) < PENDING_TIMEOUT);
+        PENDING
+            .lock()
+            .retain(|_, p| now.saturating_duration_since(p.at) < PENDING_TIMEOUT);
         for listener in &listeners {
             while let Ok((conn, from)) = listener.accept() {
                 if conn.set_nonblocking(true).is_ok() {
@@ -920,7 +942,7 @@ fn side_thread(provider: &'static Provider, wake: OwnedFd) {
         state.in_flight = incoming.len();
         state.generation = state.generation.wrapping_add(1);
         drop(state);
-        SIDE_PASS.notify_all();
+        SIDE_PASS[SIDE_STATE.slot()].notify_all();
     }
 }
 
@@ -935,7 +957,7 @@ fn register(conn: RSocket, hello: Hello) {
         let _ = conn.write(&refuse.to_bytes());
         return;
     }
-    lock(&PENDING).insert(
+    PENDING.lock().insert(
         key(hello.client),
         Pending {
             rs: conn,
@@ -959,5 +981,49 @@ pub fn record(role: Role, fd: c_int, peer: Option<SocketAddr>, path: Path, reaso
     match peer {
         Some(p) => log_at!(Level::Debug, "{role} fd {fd} peer {p}: {path} {reason}"),
         None => log_at!(Level::Debug, "{role} fd {fd} peer ?: {path} {reason}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A parent thread inside the shim's tables at `fork()` (the side-channel thread between
+    /// two passes, a pump thread registering): the child must still close an inherited
+    /// listening fd, a swapped fd, and start listening itself, without waiting for a thread
+    /// that does not exist there. A hang ends the child by SIGALRM after 5 s.
+    #[test]
+    fn a_fork_child_never_waits_for_a_lock_a_parent_thread_held() {
+        let (held_tx, held_rx) = mpsc::channel();
+        let (forked_tx, forked_rx) = mpsc::channel::<()>();
+        let holder = thread::spawn(move || {
+            let listeners = LISTENERS.lock();
+            let swapped = SWAPPED_FDS.lock();
+            let pumps = ACTIVE_PUMPS.lock();
+            let pending = PENDING.lock();
+            let state = SIDE_STATE.lock();
+            held_tx.send(()).unwrap();
+            forked_rx.recv().unwrap();
+            drop((listeners, swapped, pumps, pending, state));
+        });
+        held_rx.recv().unwrap();
+        let child = sys::fork_for_test(|| {
+            after_fork_child();
+            close_side_listener(900);
+            forget_swapped(901);
+            assert!(kept(901).is_none());
+            assert!(!copy_swapped(901, 902));
+            PENDING.lock().clear();
+            ACTIVE_PUMPS.lock().clear();
+            SIDE_STATE.lock().in_flight = 0;
+        });
+        forked_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!(
+            sys::wait_for_test(child),
+            0,
+            "the fork child hung on a shim lock"
+        );
     }
 }
