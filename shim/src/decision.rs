@@ -27,8 +27,8 @@
 //! the re-entrancy guard held, because the provider's dlopen and probe call `socket()`); a
 //! thread that finds DECIDING never waits (it could be a signal handler): its socket is tracked
 //! but a connect/accept on it while the state is still DECIDING passes through *uncounted*.
-//! A fork child that inherits DECIDING (the deciding thread does not exist in the child) resets
-//! it to UNDECIDED.
+//! A fork child of a capable or deciding process passes through (`UNSUPPORTED`, see
+//! [`after_fork_child`]); one of an undecided process decides for itself.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -283,10 +283,17 @@ pub fn write_stats_once() {
     }
 }
 
-/// In a fork child: fresh counters and a stats file of its own; an interrupted decision
-/// starts over.
+/// In a fork child: fresh counters and a stats file of its own. A child of a capable process
+/// (or of one that was deciding, maybe inside the provider's `dlopen` or probe) passes through,
+/// counted `UNSUPPORTED`: the RDMA stack its parent initialized cannot be used or rebuilt in a
+/// fork child (librdmacm and libibverbs have no re-initialisation; the provider's own locks may
+/// be held by parent threads that do not exist here). Its inherited upgraded connections keep
+/// working: they are socketpair ends whose pumps run in the parent. `exec` starts afresh.
 pub fn after_fork_child() {
     Stats::global().reset();
     STATS_WRITTEN.store(false, Ordering::Release);
-    let _ = STATE.compare_exchange(DECIDING, UNDECIDED, Ordering::AcqRel, Ordering::Acquire);
+    let forked = PASS_BASE.saturating_add(u8::try_from(Reason::Unsupported.code()).unwrap_or(0));
+    let _ = STATE.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+        matches!(s, CAPABLE | DECIDING).then_some(forked)
+    });
 }

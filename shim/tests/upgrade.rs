@@ -410,14 +410,113 @@ cat \"$W/srv.out\"
     let (srv_tcp, srv_rdma) = sum_counts(w, "srv-", "server");
     assert_eq!(
         serde_json::Value::Object(srv_tcp),
-        serde_json::json!({"PEER_NOT_SHIMMED": 20}),
-        "server tcp counters (the children found no pending upgrade of their own)"
+        serde_json::json!({"UNSUPPORTED": 20}),
+        "server tcp counters (fork children of a capable process pass through)"
     );
     assert_eq!(srv_rdma, 0, "no server connection upgraded");
     let (sent, received, _) = fake_bytes(&w.join("fk"));
     assert!(
         sent < 4096 && received < 4096,
         "only side-channel HELLOs went through the fake provider: {sent}/{received}"
+    );
+}
+
+/// A threaded echo server in one process: accepts `argv[1]` connections on 9300.
+const THREADED_ECHO: &str = r#"
+import socket, sys, threading
+ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 9300))
+ls.listen(16)
+def serve(c):
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.shutdown(socket.SHUT_WR)
+    c.close()
+threads = []
+for _ in range(int(sys.argv[1])):
+    c, _ = ls.accept()
+    t = threading.Thread(target=serve, args=(c,))
+    t.start()
+    threads.append(t)
+for t in threads:
+    t.join()
+"#;
+
+/// Upgrades a connection, forks while its pump runs; the child connects anew and uses the
+/// inherited connection; then the parent connects again.
+const FORKING_CLIENT: &str = r#"
+import os, socket, sys
+def echo(s, n):
+    data = os.urandom(n)
+    s.sendall(data)
+    got = bytearray()
+    while len(got) < n:
+        b = s.recv(65536)
+        assert b, "EOF after %d bytes" % len(got)
+        got += b
+    assert bytes(got) == data
+first = socket.create_connection(("127.0.0.1", 9300))
+echo(first, 64 << 10)
+pid = os.fork()
+if pid == 0:
+    c = socket.create_connection(("127.0.0.1", 9300))
+    echo(c, 64 << 10)
+    c.close()
+    echo(first, 64 << 10)
+    print("child ok", flush=True)
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+second = socket.create_connection(("127.0.0.1", 9300))
+echo(second, 64 << 10)
+echo(first, 64 << 10)
+first.close()
+second.close()
+print("parent ok", flush=True)
+"#;
+
+/// A fork child of a capable process must not touch the RDMA stack its parent initialized
+/// (librdmacm and libibverbs cannot be rebuilt after fork, and the provider's locks may be held
+/// by parent threads): its new connection stays TCP (`UNSUPPORTED`, no side channel), while
+/// the upgraded connection it inherited keeps working through the parent's pump, and the
+/// parent keeps upgrading after the fork.
+#[test]
+fn fork_child_of_a_capable_process_connects_over_tcp() {
+    let (dir, _) = setup();
+    let w = dir.path();
+    std::fs::write(w.join("echo.py"), THREADED_ECHO).expect("write echo.py");
+    std::fs::write(w.join("client.py"), FORKING_CLIENT).expect("write client.py");
+    let script = format!(
+        "{WAIT_PORT}
+{srv} \"$PY\" \"$W/echo.py\" 3 2>\"$W/srv.err\" &
+srv=$!
+wait_port 9300
+{cli} \"$PY\" \"$W/client.py\"
+wait $srv
+",
+        srv = shimmed("srv"),
+        cli = shimmed("cli"),
+    );
+    let run = netns(&script, &env(w), Duration::from_secs(60));
+    assert!(run.stdout.contains("child ok"), "{run:?}");
+    assert!(run.stdout.contains("parent ok"), "{run:?}");
+    let files = stats_files(w, "cli-");
+    assert_eq!(files.len(), 2, "a stats file per client process: {files:?}");
+    let (tcp, rdma) = sum_counts(w, "cli-", "client");
+    assert_eq!(
+        (serde_json::Value::Object(tcp), rdma),
+        (serde_json::json!({"UNSUPPORTED": 1}), 2),
+        "client: the parent's two connections upgraded, the child's stayed TCP"
+    );
+    let (tcp, rdma) = sum_counts(w, "srv-", "server");
+    assert_eq!(
+        (serde_json::Value::Object(tcp), rdma),
+        (serde_json::json!({"PEER_NOT_SHIMMED": 1}), 2),
+        "server"
     );
 }
 
