@@ -317,11 +317,16 @@ fn iperf_script(v: Variant, seconds: u64) -> String {
     )
 }
 
+/// The connect loop's client and server share one CPU in every variant: on loopback a connect
+/// takes about 13 us when they do and 28 us when they run on different CPUs, and unpinned the
+/// scheduler picked either from run to run, which made run medians bimodal (a ratio of 1.25 one
+/// run, 1.03 the next, from placement alone). One CPU is also the harsher test: the shim's own
+/// cost is the larger share of the shorter call.
 fn latency_script(v: Variant) -> String {
     format!(
-        "\"$TOOL\" server {LAT_PORT} >\"$R/lsrv.out\" 2>&1 &\n\
+        "taskset -c 0 \"$TOOL\" server {LAT_PORT} >\"$R/lsrv.out\" 2>&1 &\n\
          wait_port {LAT_PORT}\n\
-         timeout -k 2 60 {cli}\"$TOOL\" connlat 127.0.0.1 {LAT_PORT} {CONNECT_ROUNDS} {CONNECT_WARMUP} \
+         timeout -k 2 60 taskset -c 0 {cli}\"$TOOL\" connlat 127.0.0.1 {LAT_PORT} {CONNECT_ROUNDS} {CONNECT_WARMUP} \
          >\"$R/lat.out\" 2>\"$R/lat.err\"\n\
          echo \"client_rc=$?\"\n\
          timeout -k 2 60 {only}\"$TOOL\" spawn {SPAWNS} >\"$R/spawn.out\" 2>\"$R/spawn.err\"\n\
@@ -876,12 +881,18 @@ fn main() {
             "throughput per CPU core, shim / librspreload; failed runs",
             format!(
                 "{}; failed runs: shim {shim_f}/{reps}, librspreload {rs_f}/{reps}",
-                eff.map_or_else(|| "n/a".into(), |e| format!("{e:.3}"))
+                eff.map_or_else(
+                    || "n/a".into(),
+                    |e| format!(
+                        "{e:.3} ({} 1.00)",
+                        if e > 1.0 { "above" } else { "not above" }
+                    )
+                )
             ),
             // Not held against the run: librspreload's select() spins in rpoll before it
             // sleeps, which on loopback iperf3 saves wake-ups; the shim's pass-through is plain
             // TCP (the rows above). docs/benchmarks.md discusses it.
-            "issue goal > 1.00: not met here (reported)",
+            "> 1.00 to beat it per core: reported, not judged",
             None,
         ));
     }
