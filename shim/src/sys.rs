@@ -264,40 +264,6 @@ pub fn shutdown_both(fd: c_int) {
     let _ = unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
 }
 
-/// What a look at a kernel stream socket's receive queue found ([`peek_kernel`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Peeked {
-    /// Open, nothing to read yet.
-    Nothing,
-    /// Bytes are waiting.
-    Bytes,
-    /// The peer half-closed (FIN).
-    Fin,
-    /// Reset or failed.
-    Failed,
-}
-
-/// Looks at `fd`'s receive queue without taking anything or blocking (`MSG_PEEK |
-/// MSG_DONTWAIT`, one byte).
-pub fn peek_kernel(fd: BorrowedFd<'_>) -> Peeked {
-    let mut byte = 0u8;
-    // SAFETY: `byte` is one writable byte; MSG_PEEK leaves the queue as it is.
-    let n = unsafe {
-        libc::recv(
-            fd.as_raw_fd(),
-            std::ptr::addr_of_mut!(byte).cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    match n {
-        0 => Peeked::Fin,
-        n if n > 0 => Peeked::Bytes,
-        _ if matches!(errno(), libc::EAGAIN | libc::EINTR) => Peeked::Nothing,
-        _ => Peeked::Failed,
-    }
-}
-
 /// SO_LINGER {on, 0}: the next close sends an RST. Errors ignored.
 pub fn set_linger_zero(fd: BorrowedFd<'_>) {
     let l = libc::linger {

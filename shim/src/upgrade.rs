@@ -39,8 +39,8 @@ use rdma_streams_transport::policy::canonical_ip;
 use rdma_streams_transport::reason::{Path, Reason, Role};
 use rdma_streams_transport::stats::Stats;
 use rdma_streams_transport::{
-    Events, PollFd, Provider, PumpControl, PumpOptions, PumpReport, RSocket, RSocketError, poll,
-    pump, relay,
+    Events, Peeked, PollFd, Provider, PumpControl, PumpOptions, PumpReport, RSocket, RSocketError,
+    peek, poll, pump, relay,
 };
 
 use crate::decision;
@@ -448,12 +448,14 @@ fn run_pump(fd: c_int, local: OwnedFd, start: Start, kept: Arc<OwnedFd>) {
                         "server fd {fd}: the client stayed on TCP after ACCEPT: relaying"
                     );
                     drop(accepted);
-                    relay_tcp(local, &kept, &provider, &control)
+                    Some(relay_tcp(local, &kept, &provider, &control))
                 }
                 Confirmation::Broken(reason) => {
                     record(Role::Server, fd, peer, Path::Tcp, reason);
                     drop(accepted);
-                    reset(&local, &kept);
+                    // The app reads EOF, the peer's TCP gets an RST.
+                    sys::shutdown_both(local.as_raw_fd());
+                    reset_tcp(&kept);
                     None
                 }
             }
@@ -471,7 +473,6 @@ fn run_pump(fd: c_int, local: OwnedFd, start: Start, kept: Arc<OwnedFd>) {
             report.end
         );
     }
-    drop(kept);
 }
 
 /// The upgraded connection: app socketpair <-> rsocket, the kept TCP socket watched.
@@ -494,9 +495,7 @@ fn pump_rsocket(
     let clean = report.end.is_clean();
     stats.record_rdma_close(!clean);
     if !clean {
-        // The peer's TCP fails too, so its shim tears its side down the same way.
-        sys::set_linger_zero(kept.as_fd());
-        sys::shutdown_both(kept.as_raw_fd());
+        reset_tcp(kept);
     }
     report
 }
@@ -508,31 +507,20 @@ fn relay_tcp(
     kept: &Arc<OwnedFd>,
     provider: &Provider,
     control: &Arc<PumpControl>,
-) -> Option<PumpReport> {
-    let far = match sys::dup_cloexec(kept.as_raw_fd()) {
-        Ok(far) => far,
-        Err(e) => {
-            log_at!(Level::Info, "cannot relay over TCP ({e}): resetting");
-            reset(&local, kept);
-            return None;
-        }
-    };
-    fdtable::set(far.as_raw_fd(), SHIM_OWNED);
+) -> PumpReport {
     let opts = PumpOptions {
         control: Arc::clone(control),
         ..PumpOptions::default()
     };
-    let report = relay(local, far, provider, opts);
+    let report = relay(local, Arc::clone(kept), provider, opts);
     if !report.end.is_clean() {
-        sys::set_linger_zero(kept.as_fd());
-        sys::shutdown_both(kept.as_raw_fd());
+        reset_tcp(kept);
     }
-    Some(report)
+    report
 }
 
-/// Fails the connection on both paths: the app reads EOF, the peer's TCP gets an RST.
-fn reset(local: &OwnedFd, kept: &Arc<OwnedFd>) {
-    sys::shutdown_both(local.as_raw_fd());
+/// The peer's TCP connection gets an RST, so its shim tears its side down the same way.
+fn reset_tcp(kept: &OwnedFd) {
     sys::set_linger_zero(kept.as_fd());
     sys::shutdown_both(kept.as_raw_fd());
 }
@@ -585,12 +573,12 @@ fn await_confirm(accepted: &Accepted, kept: BorrowedFd<'_>, bound: Duration) -> 
             Err(_) => return Confirmation::StayedTcp(Reason::Timeout),
         }
         if watch_tcp {
-            match sys::peek_kernel(kept) {
-                sys::Peeked::Nothing => {}
-                sys::Peeked::Fin => watch_tcp = false,
+            match peek(kept) {
+                Peeked::Nothing => {}
+                Peeked::Fin => watch_tcp = false,
                 // A client that swapped never writes to TCP.
-                sys::Peeked::Bytes => return Confirmation::StayedTcp(Reason::Timeout),
-                sys::Peeked::Failed => return Confirmation::Broken(Reason::RdmaError),
+                Peeked::Bytes => return Confirmation::StayedTcp(Reason::Timeout),
+                Peeked::Failed(_) => return Confirmation::Broken(Reason::RdmaError),
             }
         }
         let now = Instant::now();
@@ -601,13 +589,14 @@ fn await_confirm(accepted: &Accepted, kept: BorrowedFd<'_>, bound: Duration) -> 
             );
             return Confirmation::StayedTcp(Reason::Timeout);
         }
-        let mut fds = vec![PollFd::rsocket(rs, Events::READABLE)];
-        if watch_tcp {
-            fds.push(PollFd::fd(kept, Events::READABLE));
-        }
+        let mut fds = [
+            PollFd::rsocket(rs, Events::READABLE),
+            PollFd::fd(kept, Events::READABLE),
+        ];
+        let watched = if watch_tcp { 2 } else { 1 };
         // A provider that misses a wake-up costs at most one tick.
         let wait = (deadline - now).min(Duration::from_millis(100));
-        if poll(rs.provider(), &mut fds, Some(wait)).is_err() {
+        if poll(rs.provider(), &mut fds[..watched], Some(wait)).is_err() {
             thread::sleep(Duration::from_millis(1));
         }
     }

@@ -32,5 +32,7 @@ pub use poll::{Events, PollError, PollFd, poll};
 pub use provider::{
     DEFAULT_PROVIDER, ENV_PROVIDER, NoDevice, Provider, ProviderError, RawFns, provider_name,
 };
-pub use pump::{PumpControl, PumpEnd, PumpError, PumpOptions, PumpReport, pump, relay};
+pub use pump::{
+    Peeked, PumpControl, PumpEnd, PumpError, PumpOptions, PumpReport, peek, pump, relay,
+};
 pub use rsocket::{Family, RSocket, RSocketError, RdmaOption, SOL_RDMA};

@@ -215,20 +215,27 @@ impl Far for RSocket {
     }
 }
 
-/// A kernel stream socket as the far side ([`relay`]): its errors are the remote side's.
-struct KernelFar(Socket);
+/// A kernel stream socket as the far side ([`relay`]): its errors are the remote side's. Shared
+/// (the shim keeps answering `getpeername` from it while the relay runs).
+struct KernelFar(Arc<OwnedFd>);
+
+impl KernelFar {
+    fn socket(&self) -> socket2::SockRef<'_> {
+        socket2::SockRef::from(&*self.0)
+    }
+}
 
 impl Side for KernelFar {
     fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        Side::recv(&self.0, buf)
+        Side::recv(&*self.socket(), buf)
     }
 
     fn send(&self, buf: &[u8]) -> io::Result<usize> {
-        Side::send(&self.0, buf)
+        Side::send(&*self.socket(), buf)
     }
 
     fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        Side::shutdown(&self.0, how)
+        Side::shutdown(&*self.socket(), how)
     }
 
     fn fail(e: io::Error) -> PumpError {
@@ -242,7 +249,7 @@ impl Far for KernelFar {
     }
 
     fn set_nonblocking(&self) -> io::Result<()> {
-        self.0.set_nonblocking(true)
+        self.socket().set_nonblocking(true)
     }
 }
 
@@ -350,11 +357,11 @@ pub fn pump(local: OwnedFd, remote: RSocket, opts: PumpOptions) -> PumpReport {
 /// (the far side is the socket a watch would look at).
 pub fn relay(
     local: OwnedFd,
-    remote: OwnedFd,
+    remote: Arc<OwnedFd>,
     provider: &Provider,
     opts: PumpOptions,
 ) -> PumpReport {
-    drive(local, &KernelFar(Socket::from(remote)), provider, &opts)
+    drive(local, &KernelFar(remote), provider, &opts)
 }
 
 fn drive<R: Far>(
@@ -435,19 +442,44 @@ fn run<R: Far>(
     }
 }
 
-/// Looks at the watched socket after `rpoll` flagged it: true while it is open and silent,
-/// false after a FIN (stop watching), an error for a reset, an error or stray bytes.
-fn still_silent(fd: BorrowedFd<'_>) -> Result<bool, PumpError> {
+/// What a look at a kernel stream socket's receive queue found ([`peek`]).
+#[derive(Debug)]
+pub enum Peeked {
+    /// Open, nothing to read yet.
+    Nothing,
+    /// Bytes are waiting.
+    Bytes,
+    /// The peer half-closed (FIN).
+    Fin,
+    /// Reset or failed.
+    Failed(io::Error),
+}
+
+/// Looks at `fd`'s receive queue without taking anything or blocking (`MSG_PEEK |
+/// MSG_DONTWAIT`, one byte): how the pump watches the shim's kept TCP socket, and how the shim
+/// tells whether a client that was offered the rsocket stayed on TCP.
+pub fn peek(fd: BorrowedFd<'_>) -> Peeked {
     let sock = socket2::SockRef::from(&fd);
     let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     match sock.recv_with_flags(&mut probe, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
-        Ok(0) => Ok(false),
-        Ok(_) => Err(PumpError::Watched(io::Error::new(
+        Ok(0) => Peeked::Fin,
+        Ok(_) => Peeked::Bytes,
+        Err(e) if transient(&e) => Peeked::Nothing,
+        Err(e) => Peeked::Failed(e),
+    }
+}
+
+/// Looks at the watched socket after `rpoll` flagged it: true while it is open and silent,
+/// false after a FIN (stop watching), an error for a reset, an error or stray bytes.
+fn still_silent(fd: BorrowedFd<'_>) -> Result<bool, PumpError> {
+    match peek(fd) {
+        Peeked::Nothing => Ok(true),
+        Peeked::Fin => Ok(false),
+        Peeked::Bytes => Err(PumpError::Watched(io::Error::new(
             io::ErrorKind::InvalidData,
             "bytes arrived on the kept TCP connection",
         ))),
-        Err(e) if transient(&e) => Ok(true),
-        Err(e) => Err(PumpError::Watched(e)),
+        Peeked::Failed(e) => Err(PumpError::Watched(e)),
     }
 }
 

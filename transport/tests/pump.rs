@@ -387,7 +387,7 @@ fn start_relay(p: &Provider) -> (UnixStream, TcpStream, thread::JoinHandle<PumpR
     let handle = thread::spawn(move || {
         relay(
             OwnedFd::from(pump_end),
-            OwnedFd::from(kept),
+            Arc::new(OwnedFd::from(kept)),
             &provider,
             PumpOptions::default(),
         )
