@@ -1,7 +1,10 @@
 //! Pieces shared by the rdma-streams binaries.
 
 pub mod admin;
+pub mod file_id;
 pub mod reload_metrics;
 pub mod shutdown;
 pub mod telemetry;
+#[cfg(feature = "uds")]
+pub mod uds;
 pub mod watched_file;

@@ -30,8 +30,7 @@ pub mod resource_name;
 pub mod runner;
 pub mod selector;
 pub mod service;
-pub use rdma_streams_common::{shutdown, telemetry};
-pub mod uds;
+pub use rdma_streams_common::{shutdown, telemetry, uds};
 pub mod verbs;
 
 /// Test support shared by unit tests, integration tests and benchmarks: a fixture builder for

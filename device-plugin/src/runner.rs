@@ -11,11 +11,7 @@
 //! Nothing here ends the process: a failed bind, Register or watcher notification is logged,
 //! counted and retried until the plugin drains.
 
-use std::{
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Duration,
-};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tokio::{
     sync::{broadcast, mpsc, watch},
@@ -275,7 +271,7 @@ impl Runner {
             server.abort();
         }
         if outcome == Outcome::Shutdown {
-            remove_if_ours(&sock_path, my_id);
+            uds::remove_if_ours(&sock_path, my_id);
         }
         outcome
     }
@@ -298,12 +294,5 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Removes the socket only if it is still the one we bound (never a successor's).
-fn remove_if_ours(path: &Path, id: Option<uds::FileId>) {
-    if id.is_some() && uds::file_id(path) == id {
-        let _ = std::fs::remove_file(path);
     }
 }

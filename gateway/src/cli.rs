@@ -244,7 +244,8 @@ impl Args {
                         warn!("node hooks without --node-name (RDMA_GW_NODE_NAME): each call is judged for the node virt-handler names");
                     }
                     let server =
-                        NodeHookServer::new(node_name.clone(), events_tx.clone(), hook_metrics);
+                        NodeHookServer::new(node_name.clone(), events_tx.clone(), hook_metrics)
+                            .with_peers(cluster_peers.clone());
                     let stop = shutdown.clone();
                     Some(tokio::spawn(async move {
                         if let Err(error) = hooks_server::serve(socket, server, stop).await {

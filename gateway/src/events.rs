@@ -111,15 +111,3 @@ pub enum Handled {
     /// The migration ended (or was not active: nothing to do).
     Ended,
 }
-
-impl Handled {
-    /// `started`, `already_started`, `uncaptured`, `ended`: for logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Handled::Started => "started",
-            Handled::AlreadyStarted => "already_started",
-            Handled::Uncaptured => "uncaptured",
-            Handled::Ended => "ended",
-        }
-    }
-}

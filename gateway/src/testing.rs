@@ -100,12 +100,17 @@ pub fn migrating_vmi(opted_in: bool, address: Option<&str>) -> Value {
 
 /// The `Started` of [`migrating_vmi`] (target 10.244.2.7) for the node in `role`.
 pub fn migrating_vmi_started(role: Role) -> MigrationEvent {
-    MigrationEvent::Started(Migration {
+    MigrationEvent::Started(migrating_vmi_migration(role))
+}
+
+/// The migration inside [`migrating_vmi_started`].
+pub fn migrating_vmi_migration(role: Role) -> Migration {
+    Migration {
         uid: "u1".into(),
         id: "m1".into(),
         vmi: "ns/vm".into(),
         role,
         target: "10.244.2.7".parse().expect("address"),
         ports: vec![40000, 40001],
-    })
+    }
 }

@@ -374,15 +374,7 @@ fn call_node_hook(ready: &Path, socket: PathBuf, script_done: impl Fn() -> bool)
         .unwrap();
     runtime.block_on(async move {
         let call = async {
-            let channel = tonic::transport::Endpoint::from_static("http://localhost")
-                .connect_with_connector(tower::service_fn(move |_| {
-                    let socket = socket.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                            tokio::net::UnixStream::connect(socket).await?,
-                        ))
-                    }
-                }))
+            let channel = rdma_streams_common::uds::channel(&socket, Duration::from_secs(5), None)
                 .await
                 .map_err(|e| format!("connect: {e}"))?;
             let response = NodeHookServiceClient::new(channel)

@@ -23,7 +23,7 @@
 //! event is produced and the VMI watch starts the migration.
 
 use crate::{
-    events::{MigrationEvent, Role},
+    events::{Migration, MigrationEvent, Role},
     kube::vmi::{VirtualMachineInstance, VmiView, events_for},
 };
 
@@ -48,10 +48,19 @@ pub enum HookError {
     Vmi(#[from] serde_json::Error),
 }
 
-/// The `Started` event a hook call means for the gateway on `call.node_name`, if any: only for
-/// the two Pre-migration hook points, an opted-in VMI, this node in the matching role, and a
-/// target address and ports already published. Every other call means nothing (`Ok(None)`).
-pub fn event_for_hook(call: NodeHookCall<'_>) -> Result<Option<MigrationEvent>, HookError> {
+/// What a hook call starts on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookStart {
+    /// The migration, as the VMI watch builds it for the same VMI.
+    pub migration: Migration,
+    /// The node the target runs on (`migrationState.targetNode`), for the peer directory.
+    pub target_node: Option<String>,
+}
+
+/// The migration a hook call starts for the gateway on `call.node_name`, if any: only for the
+/// two Pre-migration hook points, an opted-in VMI, this node in the matching role, and a target
+/// address and ports already published. Every other call means nothing (`Ok(None)`).
+pub fn event_for_hook(call: NodeHookCall<'_>) -> Result<Option<HookStart>, HookError> {
     let role = match call.hook_point {
         PRE_MIGRATION_SOURCE => Role::Source,
         PRE_MIGRATION_TARGET => Role::Target,
@@ -59,9 +68,17 @@ pub fn event_for_hook(call: NodeHookCall<'_>) -> Result<Option<MigrationEvent>, 
     };
     let vmi: VirtualMachineInstance = serde_json::from_slice(call.vmi)?;
     let view = VmiView::of(&vmi);
+    let target_node = view.migration.as_ref().and_then(|m| m.target_node.clone());
     Ok(events_for(call.node_name, None, &view)
         .into_iter()
-        .find(|e| matches!(e, MigrationEvent::Started(m) if m.role == role)))
+        .find_map(|e| match e {
+            MigrationEvent::Started(m) if m.role == role => Some(m),
+            _ => None,
+        })
+        .map(|migration| HookStart {
+            migration,
+            target_node,
+        }))
 }
 
 #[cfg(test)]
@@ -76,15 +93,11 @@ mod tests {
     use crate::{
         events::{Delivery, Handled},
         metrics::EndLabels,
-        testing::{CountingLocator, core_with, migrating_vmi, migrating_vmi_started, within},
+        testing::{CountingLocator, core_with, migrating_vmi, migrating_vmi_migration, within},
     };
 
     fn vmi(opted_in: bool, address: Option<&str>) -> Vec<u8> {
-        serde_json::to_vec(&vmi_json(opted_in, address)).unwrap()
-    }
-
-    fn vmi_json(opted_in: bool, address: Option<&str>) -> Value {
-        migrating_vmi(opted_in, address)
+        serde_json::to_vec(&migrating_vmi(opted_in, address)).unwrap()
     }
 
     fn call<'a>(hook_point: &'a str, vmi: &'a [u8], node_name: &'a str) -> NodeHookCall<'a> {
@@ -98,7 +111,12 @@ mod tests {
     #[test]
     fn pre_migration_hooks_start_migrations() {
         let ready = vmi(true, Some("10.244.2.7"));
-        let want = |role| Some(migrating_vmi_started(role));
+        let want = |role| {
+            Some(HookStart {
+                migration: migrating_vmi_migration(role),
+                target_node: Some("node-b".into()),
+            })
+        };
         assert_eq!(
             event_for_hook(call(PRE_MIGRATION_SOURCE, &ready, "node-a")).unwrap(),
             want(Role::Source)
@@ -140,13 +158,15 @@ mod tests {
     }
 
     async fn hook_then_watch_body() {
-        let ready = vmi_json(true, Some("10.244.2.7"));
+        let ready = migrating_vmi(true, Some("10.244.2.7"));
         let bytes = serde_json::to_vec(&ready).unwrap();
         let from_hook = event_for_hook(call(PRE_MIGRATION_SOURCE, &bytes, "node-a"))
             .unwrap()
-            .expect("the hook starts the migration");
+            .expect("the hook starts the migration")
+            .migration;
         // The watch, seeing the same VMI for the first time, builds the equal event.
         let from_watch = events_for("node-a", None, &watched(&ready));
+        let from_hook = MigrationEvent::Started(from_hook);
         assert_eq!(from_watch, vec![from_hook.clone()]);
 
         let locator = CountingLocator::default();

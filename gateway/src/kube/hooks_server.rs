@@ -34,11 +34,12 @@
 
 use std::{
     io,
-    os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt},
+    os::unix::fs::{FileTypeExt, PermissionsExt},
     path::{Path, PathBuf},
     time::Duration,
 };
 
+use rdma_streams_common::file_id::{FileId, file_id, remove_if_ours};
 use tokio::{net::UnixListener, sync::mpsc};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -46,7 +47,7 @@ use tonic::{Request, Response, Status, transport::Server};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{
-    hooks::{NodeHookCall, event_for_hook},
+    hooks::{HookStart, NodeHookCall, event_for_hook},
     hooks_api::{
         hook_label,
         v1alpha1::{
@@ -54,6 +55,7 @@ use super::{
             node_hook_service_server::{NodeHookService, NodeHookServiceServer},
         },
     },
+    node::PeerDirectory,
 };
 use crate::{
     events::{Delivery, Handled, MigrationEvent},
@@ -123,6 +125,7 @@ pub struct NodeHookServer {
     events: mpsc::Sender<Delivery>,
     metrics: Metrics,
     timeout: Duration,
+    peers: Option<PeerDirectory>,
 }
 
 impl NodeHookServer {
@@ -134,7 +137,15 @@ impl NodeHookServer {
             events,
             metrics,
             timeout: DEFAULT_CALL_TIMEOUT,
+            peers: None,
         }
+    }
+
+    /// Tells `peers` which node a source migration's target runs on before the migration is
+    /// started, as the VMI watch does ([`PeerDirectory::learn_migration`]).
+    pub fn with_peers(mut self, peers: Option<PeerDirectory>) -> Self {
+        self.peers = peers;
+        self
     }
 
     /// Bounds the wait for the core by `timeout` instead of [`DEFAULT_CALL_TIMEOUT`].
@@ -185,17 +196,21 @@ impl NodeHookServer {
                     "rdma-migration-gateway: nothing to do",
                 )
             }
-            Ok(Some(event)) => self.deliver(event).await,
+            Ok(Some(start)) => self.deliver(start).await,
         }
     }
 
-    /// Hands `event` to the core and waits (bounded) until it was handled.
-    async fn deliver(&self, event: MigrationEvent) -> Answer {
-        let described = match &event {
-            MigrationEvent::Started(m) => format!("{} ({}, {})", m.vmi, m.uid, m.role.as_str()),
-            MigrationEvent::Ended { uid, .. } => uid.clone(),
-        };
-        let (delivery, handled) = Delivery::acknowledged(event);
+    /// Hands the migration to the core and waits (bounded) until it was handled.
+    async fn deliver(&self, start: HookStart) -> Answer {
+        let HookStart {
+            migration: m,
+            target_node,
+        } = start;
+        if let Some(peers) = &self.peers {
+            peers.learn_migration(&m, target_node.as_deref());
+        }
+        let described = format!("{} ({}, {})", m.vmi, m.uid, m.role.as_str());
+        let (delivery, handled) = Delivery::acknowledged(MigrationEvent::Started(m));
         let handled = tokio::time::timeout(self.timeout, async {
             self.events.send(delivery).await.ok()?;
             handled.await.ok()
@@ -229,6 +244,7 @@ impl NodeHookServer {
                 "capture_failed",
                 "capture not installed (its connections go over TCP without the gateway)",
             ),
+            // A Started is never answered as an end.
             Ok(Some(Handled::Ended)) => error("unexpected", "the core ended instead of starting"),
             Ok(None) => error("gateway_stopping", "gateway stopping"),
             // The event stays queued: the capture may still come before the first connect.
@@ -260,20 +276,14 @@ impl NodeHookService for NodeHookServer {
 pub struct HookSocket {
     listener: UnixListener,
     path: PathBuf,
-    /// `(device, inode, ctime, ctime_ns)` of our socket file, to remove only ours.
-    id: Option<(u64, u64, i64, i64)>,
+    /// Our socket file's identity, to remove only ours.
+    id: Option<FileId>,
 }
 
 impl HookSocket {
     pub fn path(&self) -> &Path {
         &self.path
     }
-}
-
-fn file_id(path: &Path) -> Option<(u64, u64, i64, i64)> {
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 /// Binds the socket at `path`: creates the parent directory, replaces a stale socket (refuses
@@ -333,9 +343,7 @@ pub async fn serve(
             shutdown.cancelled_owned(),
         )
         .await;
-    if id.is_some() && file_id(&path) == id {
-        let _ = std::fs::remove_file(&path);
-    }
+    remove_if_ours(&path, id);
     info!(path = %path.display(), "node hook server stopped");
     result.map_err(HookServerError::Serve)
 }

@@ -59,6 +59,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::FIELD_MANAGER;
+use crate::events::{Migration, Role};
 
 /// Node annotation: where peers reach this node's gateway (`ip:port`).
 pub const GATEWAY_ADDRESS_ANNOTATION: &str = "rdma-streams.io/gateway-address";
@@ -284,6 +285,16 @@ impl PeerDirectory {
             learned.clear();
         }
         learned.insert(target, node.to_owned());
+    }
+
+    /// Before a source migration starts: its target's migration address lives on
+    /// `target_node` (`migrationState.targetNode`), so the first captured connection finds that
+    /// node's gateway without waiting for the node's published addresses. Both triggers (the
+    /// VMI watch and the node hook) call this; a target migration learns nothing.
+    pub fn learn_migration(&self, m: &Migration, target_node: Option<&str>) {
+        if let (Role::Source, Some(node)) = (m.role, target_node) {
+            self.learn(m.target, node);
+        }
     }
 
     /// The node learned for `target`, if any.

@@ -197,7 +197,7 @@ enum Stage {
     /// Concerns this node, target address/ports not published yet.
     Pending { id: String },
     /// Concerns this node and can be carried.
-    Ready { id: String, migration: Migration },
+    Ready { migration: Migration },
     /// Concerns this node and is over.
     Over { id: String, aborted: bool },
     /// Concerns this node but what the target published cannot be read.
@@ -208,10 +208,10 @@ impl Stage {
     fn id(&self) -> Option<&str> {
         match self {
             Stage::None => None,
-            Stage::Pending { id }
-            | Stage::Ready { id, .. }
-            | Stage::Over { id, .. }
-            | Stage::Malformed { id, .. } => Some(id),
+            Stage::Ready { migration } => Some(&migration.id),
+            Stage::Pending { id } | Stage::Over { id, .. } | Stage::Malformed { id, .. } => {
+                Some(id)
+            }
         }
     }
 }
@@ -282,13 +282,12 @@ fn stage(node: &str, view: &VmiView) -> Stage {
     Stage::Ready {
         migration: Migration {
             uid: view.uid.clone(),
-            id: id.clone(),
+            id,
             vmi: view.key(),
             role,
             target,
             ports: parsed,
         },
-        id,
     }
 }
 
@@ -328,7 +327,7 @@ pub fn events_for(node: &str, old: Option<&VmiView>, new: &VmiView) -> Vec<Migra
     };
     let mut events = Vec::new();
     match &after {
-        Stage::Ready { migration, .. } => {
+        Stage::Ready { migration } => {
             if was_active && same {
                 return events;
             }
@@ -393,11 +392,8 @@ pub async fn watch_migrations(
             }
         };
         for (event, target_node) in out {
-            if let (Some(peers), Some(target_node), MigrationEvent::Started(m)) =
-                (&peers, &target_node, &event)
-                && m.role == Role::Source
-            {
-                peers.learn(m.target, target_node);
+            if let (Some(peers), MigrationEvent::Started(m)) = (&peers, &event) {
+                peers.learn_migration(m, target_node.as_deref());
             }
             debug!(?event, "migration event");
             tokio::select! {

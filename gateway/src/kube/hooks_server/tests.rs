@@ -2,17 +2,15 @@
 //! the generated client as virt-handler would.
 
 use std::{
-    io,
     os::unix::fs::PermissionsExt,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use hyper_util::rt::TokioIo;
 use prost::Message;
 use serde_json::Value;
-use tokio::{net::UnixStream, sync::mpsc, task::JoinHandle};
-use tonic::transport::{Channel, Endpoint};
+use tokio::{sync::mpsc, task::JoinHandle};
+use tonic::transport::Channel;
 
 use super::*;
 use crate::{
@@ -44,14 +42,7 @@ fn request(hook_point: &str, vmi: &[u8], node: &str) -> ExecuteNodeHookRequest {
 
 /// A channel to the socket at `path`.
 async fn channel(path: &Path) -> Channel {
-    let path = path.to_path_buf();
-    // The URI is required but unused: the connector dials the socket.
-    Endpoint::from_static("http://localhost")
-        .connect_timeout(Duration::from_secs(5))
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
+    rdma_streams_common::uds::channel(path, Duration::from_secs(5), None)
         .await
         .expect("connect to the node hook socket")
 }
@@ -64,6 +55,8 @@ struct Fixture {
     metrics: Metrics,
     shutdown: CancellationToken,
     server: JoinHandle<Result<(), HookServerError>>,
+    /// What the server told the peer directory.
+    peers: PeerDirectory,
 }
 
 impl Fixture {
@@ -73,8 +66,10 @@ impl Fixture {
         let path = dir.path().join("plugins/rdma-migration-gateway/node.sock");
         let (tx, events) = mpsc::channel(8);
         let metrics = Metrics::default();
-        let server =
-            NodeHookServer::new(node_name.into(), tx, metrics.clone()).with_timeout(timeout);
+        let peers = PeerDirectory::detached();
+        let server = NodeHookServer::new(node_name.into(), tx, metrics.clone())
+            .with_timeout(timeout)
+            .with_peers(Some(peers.clone()));
         let socket = bind(&path).expect("bind");
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(serve(socket, server, shutdown.clone()));
@@ -85,6 +80,7 @@ impl Fixture {
             metrics,
             shutdown,
             server,
+            peers,
         }
     }
 
@@ -168,6 +164,14 @@ async fn pre_migration_source_body() {
     assert!(response.message.contains("ns/vm"), "{}", response.message);
     let (event, _events) = core.await.unwrap();
     assert_eq!(event, migrating_vmi_started(Role::Source));
+    // As the VMI watch does: the target's migration address is known to live on the target
+    // node before the first connection is captured.
+    assert_eq!(
+        fx.peers
+            .learned_node("10.244.2.7".parse().unwrap())
+            .as_deref(),
+        Some("node-b")
+    );
     assert_eq!(
         *log.lock().unwrap(),
         [
@@ -197,6 +201,7 @@ async fn pre_migration_target_body() {
     assert!(response.success);
     let (event, _events) = core.await.unwrap();
     assert_eq!(event, migrating_vmi_started(Role::Target));
+    assert_eq!(fx.peers.learned_node("10.244.2.7".parse().unwrap()), None);
     assert_eq!(
         fx.count(PRE_MIGRATION_TARGET, HookOutcome::AlreadyStarted),
         1

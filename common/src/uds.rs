@@ -1,4 +1,6 @@
-//! gRPC over unix sockets: a tonic channel to a socket path, and a listener bound afresh.
+//! gRPC over unix sockets (feature `uds`): a tonic channel to a socket path, a listener bound
+//! afresh, and the identity of the socket file (kubelet's device plugin sockets, KubeVirt's
+//! node hook socket).
 
 use std::{io, path::Path, time::Duration};
 
@@ -41,14 +43,4 @@ pub fn bind_fresh(path: &Path) -> io::Result<UnixListener> {
     UnixListener::bind(path)
 }
 
-/// A file's identity, to tell our socket from a new one with the same name.
-pub type FileId = (u64, u64, i64, i64);
-
-/// `(device, inode, ctime, ctime_ns)` of `path`. Inode numbers are reused at once on tmpfs
-/// and ext4, so a re-created socket is told apart by its creation time as well.
-pub fn file_id(path: &Path) -> Option<FileId> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
-}
+pub use crate::file_id::{FileId, file_id, remove_if_ours};
