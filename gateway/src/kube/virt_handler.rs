@@ -1,7 +1,7 @@
 //! The local virt-handler's addresses, read inside its network namespace and handed to the
 //! node publisher, which writes them as [`super::VIRT_HANDLER_ADDRESSES_ANNOTATION`]. A peer
 //! gateway maps a migration's `targetNodeAddress` to this node with them when it did not learn
-//! the target node from the VMI (a NodeHook call, or a VMI status without `targetNode`).
+//! the target node from the VMI (a VMI status without `targetNode`).
 //!
 //! The namespace is located again at every refresh (virt-handler restarts with a new pod IP);
 //! while it cannot be read, the last addresses read stay published.
