@@ -377,7 +377,7 @@ mod tests {
     use super::*;
     use crate::{
         netns::PathLocator,
-        testing::{CountingLocator, core_with},
+        testing::{CountingLocator, core_with, spawn_core},
     };
 
     fn core() -> GatewayCore {
@@ -411,9 +411,7 @@ mod tests {
     async fn target_migrations_body() {
         let core = core();
         let shared = core.shared().clone();
-        let (tx, rx) = mpsc::channel(4);
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(core.run(rx, shutdown.clone()));
+        let (tx, shutdown, task) = spawn_core(core);
         tx.send(MigrationEvent::Started(migration(Role::Target)).into())
             .await
             .unwrap();
@@ -532,9 +530,7 @@ mod tests {
         };
         let core = core_with(locator.clone());
         let shared = core.shared().clone();
-        let (tx, rx) = mpsc::channel(4);
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(core.run(rx, shutdown.clone()));
+        let (tx, shutdown, task) = spawn_core(core);
         // A fire-and-forget event first: the acknowledged one is handled after it.
         tx.send(MigrationEvent::Started(migration(Role::Target)).into())
             .await

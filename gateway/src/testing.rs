@@ -13,10 +13,12 @@ use std::{
 };
 
 use serde_json::{Value, json};
+use tokio::{sync::mpsc, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     core::{GatewayCore, Settings, Shared},
-    events::{Migration, MigrationEvent, Role},
+    events::{Delivery, Migration, MigrationEvent, Role},
     fallback::Fallback,
     metrics::Metrics,
     netns::{NetnsError, NetnsLocator},
@@ -67,6 +69,16 @@ pub fn core_with(locator: impl NetnsLocator) -> GatewayCore {
         Metrics::default(),
         Settings::default(),
     )))
+}
+
+/// Runs `core` on a task fed through the returned sender, until the token is cancelled.
+pub fn spawn_core(
+    core: GatewayCore,
+) -> (mpsc::Sender<Delivery>, CancellationToken, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(4);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(core.run(rx, shutdown.clone()));
+    (tx, shutdown, task)
 }
 
 /// VMI `ns/vm` (uid `u1`) in migration `m1` from node-a to node-b, as virt-handler sends it to

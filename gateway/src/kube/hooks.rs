@@ -86,14 +86,14 @@ mod tests {
     use std::time::Duration;
 
     use serde_json::{Value, json};
-    use tokio::sync::mpsc;
-    use tokio_util::sync::CancellationToken;
 
     use super::*;
     use crate::{
         events::{Delivery, Handled},
         metrics::EndLabels,
-        testing::{CountingLocator, core_with, migrating_vmi, migrating_vmi_migration, within},
+        testing::{
+            CountingLocator, core_with, migrating_vmi, migrating_vmi_migration, spawn_core, within,
+        },
     };
 
     fn vmi(opted_in: bool, address: Option<&str>) -> Vec<u8> {
@@ -172,9 +172,7 @@ mod tests {
         let locator = CountingLocator::default();
         let core = core_with(locator.clone());
         let shared = core.shared().clone();
-        let (tx, rx) = mpsc::channel(4);
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(core.run(rx, shutdown.clone()));
+        let (tx, shutdown, task) = spawn_core(core);
         let send = |event: MigrationEvent| {
             let tx = tx.clone();
             async move {
