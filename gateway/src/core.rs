@@ -6,6 +6,9 @@
 //!   connections then go over plain TCP as without the gateway.
 //! - `Started` (target): remember the migration, so [`crate::inbound`] accepts streams for
 //!   its destinations.
+//! - A `Started` for a migration that already ended, or that a different migration of its VMI
+//!   replaced, is ignored ([`Handled::Stale`]; a VMI watch lagging behind the node hooks sends
+//!   those, see [`crate::ended`]).
 //! - `Ended`: close the uid's capture listener and remove its table at once; stop its pumps
 //!   and relays at once when aborted, else after [`Settings::drain_grace`] (a completed
 //!   migration's connections are closing by themselves; this only bounds stragglers).
@@ -33,6 +36,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
     capture,
+    ended::EndedMigrations,
     events::{Delivery, Handled, Migration, MigrationEvent, Role},
     fallback::Fallback,
     metrics::{EndLabels, Metrics, RoleLabels},
@@ -90,6 +94,8 @@ pub struct Shared {
     pub metrics: Metrics,
     pub settings: Settings,
     migrations: Mutex<HashMap<String, Active>>,
+    /// Migrations that ended or were replaced; only the core's event loop touches it.
+    ended: Mutex<EndedMigrations>,
 }
 
 /// One migration's live state.
@@ -130,12 +136,19 @@ impl Shared {
             metrics,
             settings,
             migrations: Mutex::new(HashMap::new()),
+            ended: Mutex::new(EndedMigrations::default()),
         }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
         // A poisoned map still holds consistent entries (no invariant spans an insert).
         self.migrations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn ended(&self) -> std::sync::MutexGuard<'_, EndedMigrations> {
+        self.ended
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -231,6 +244,10 @@ impl GatewayCore {
                 self.end(&uid, aborted, migration.as_deref())
                     .instrument(span)
                     .await;
+                if let Some(id) = &migration {
+                    // Even if it never started here: a late Started for it must not start it.
+                    self.shared.ended().record(&uid, id);
+                }
                 Handled::Ended
             }
         }
@@ -244,7 +261,22 @@ impl GatewayCore {
             info!("already started");
             return Handled::AlreadyStarted;
         }
-        // A changed migration with the same uid (a retry): start afresh.
+        if self.shared.ended().contains(&migration.uid, &migration.id) {
+            info!(migration = %migration.id, "start of a migration that is over: ignored");
+            return Handled::Stale;
+        }
+        // A different migration of the VMI replaces the active one (that one is over), and a
+        // changed report of the same migration (ports published later) starts it afresh.
+        let replaced = self
+            .shared
+            .table()
+            .get(&migration.uid)
+            .map(|active| active.migration.id.clone())
+            .filter(|id| *id != migration.id);
+        if let Some(id) = replaced {
+            info!(replaced = %id, "a new migration of this VMI replaces the active one");
+            self.shared.ended().record(&migration.uid, &id);
+        }
         self.end(&migration.uid, true, None).await;
         let cancel = CancellationToken::new();
         let handles = Handles {
@@ -560,5 +592,86 @@ mod tests {
         let _ = tx.send(delivery).await;
         assert!(ack.await.is_err());
         assert_eq!(shared.active(), 0, "shutdown tore everything down");
+    }
+
+    #[test]
+    fn a_late_start_of_an_ended_or_replaced_migration_changes_nothing() {
+        within(late_start_body);
+    }
+
+    async fn late_start_body() {
+        let core = core();
+        let shared = core.shared().clone();
+        let dst: SocketAddr = "10.2.0.2:49152".parse().unwrap();
+        let m = |id: &str| Migration {
+            id: id.into(),
+            ..migration(Role::Target)
+        };
+        assert_eq!(
+            core.handle(MigrationEvent::Started(m("m1"))).await,
+            Handled::Started
+        );
+        assert_eq!(
+            core.handle(MigrationEvent::Started(m("m2"))).await,
+            Handled::Started
+        );
+        let m2 = shared.target_handles("u1", dst).expect("m2 active");
+        assert_eq!(m2.migration.id, "m2");
+        // m2 replaced m1: a late start of m1 neither stops m2 nor comes back.
+        assert_eq!(
+            core.handle(MigrationEvent::Started(m("m1"))).await,
+            Handled::Stale
+        );
+        assert!(!m2.cancel.is_cancelled() && !m2.stop.load(Ordering::Acquire));
+        // A changed report of the active migration (another port published) restarts it and
+        // is no late start.
+        let wider = Migration {
+            ports: vec![49152, 49153, 49154],
+            ..m("m2")
+        };
+        assert_eq!(
+            core.handle(MigrationEvent::Started(wider.clone())).await,
+            Handled::Started
+        );
+        assert!(m2.cancel.is_cancelled(), "the narrower m2 was replaced");
+        assert_eq!(
+            core.handle(MigrationEvent::Started(wider)).await,
+            Handled::AlreadyStarted
+        );
+        // A named end makes a later start of it stale, even of one never seen starting here.
+        let end = |id: &str| MigrationEvent::Ended {
+            uid: "u1".into(),
+            aborted: false,
+            migration: Some(id.into()),
+        };
+        assert_eq!(core.handle(end("m2")).await, Handled::Ended);
+        assert_eq!(
+            core.handle(MigrationEvent::Started(m("m2"))).await,
+            Handled::Stale
+        );
+        assert_eq!(core.handle(end("m3")).await, Handled::Ended);
+        assert_eq!(
+            core.handle(MigrationEvent::Started(m("m3"))).await,
+            Handled::Stale
+        );
+        assert_eq!(shared.active(), 0);
+        // Producers that do not know the migration (empty id) are never stale.
+        let anonymous = m("");
+        assert_eq!(
+            core.handle(MigrationEvent::Started(anonymous.clone()))
+                .await,
+            Handled::Started
+        );
+        let unnamed_end = MigrationEvent::Ended {
+            uid: "u1".into(),
+            aborted: true,
+            migration: None,
+        };
+        assert_eq!(core.handle(unnamed_end).await, Handled::Ended);
+        assert_eq!(
+            core.handle(MigrationEvent::Started(anonymous)).await,
+            Handled::Started
+        );
+        assert_eq!(shared.metrics.migrations_active.get(), 1);
     }
 }

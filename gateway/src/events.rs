@@ -108,6 +108,9 @@ pub enum Handled {
     /// A source migration started but its capture could not be installed: its connections go
     /// over TCP without the gateway.
     Uncaptured,
+    /// A start of a migration that already ended, or that a newer migration of its VMI
+    /// replaced (a late report): ignored, nothing changed.
+    Stale,
     /// The migration ended (or was not active: nothing to do).
     Ended,
 }

@@ -12,7 +12,8 @@
 //! - [`events`]: what the gateway is told ([`events::MigrationEvent`]), by the kube watchers,
 //!   KubeVirt's node hooks or the test hook [`test_events`], and the acknowledgement a producer
 //!   may wait for.
-//! - [`core`]: [`core::GatewayCore`] consumes the events and owns every migration's state.
+//! - [`core`]: [`core::GatewayCore`] consumes the events and owns every migration's state;
+//!   [`ended`] remembers which migrations are over.
 //! - Capture: [`netns`] (find and enter a network namespace), [`nft`] (per-migration
 //!   tables), [`capture`] (the listener and `SO_ORIGINAL_DST`).
 //! - Transport: [`peers`] (where the peer gateway is), [`frame`] (the first frame and its
@@ -27,6 +28,7 @@ pub mod admin;
 pub mod capture;
 pub mod cli;
 pub mod core;
+pub mod ended;
 pub mod events;
 pub mod fallback;
 pub mod frame;

@@ -51,7 +51,8 @@ pub enum HookOutcome {
     Started,
     /// The migration was already active (the VMI watch reported it first).
     AlreadyStarted,
-    /// Nothing to do: another hook point, not opted in, not this node, target not published.
+    /// Nothing to do: another hook point, not opted in, not this node, target not published,
+    /// the migration already over.
     Ignored,
     /// Something went wrong (unreadable VMI, capture failed, no answer from the core in time,
     /// gateway stopping); the log line says which. KubeVirt was still told success.

@@ -224,4 +224,79 @@ mod tests {
         shutdown.cancel();
         task.await.unwrap();
     }
+
+    #[test]
+    fn a_watch_a_whole_migration_behind_the_hooks_never_restarts_the_old_one() {
+        within(Duration::from_secs(10), lagging_watch_body);
+    }
+
+    async fn lagging_watch_body() {
+        let first = migrating_vmi(true, Some("10.244.2.7"));
+        let mut second = first.clone();
+        second["status"]["migrationState"]["migrationUid"] = json!("m2");
+        let hook = |vmi: &Value| {
+            let bytes = serde_json::to_vec(vmi).unwrap();
+            let start = event_for_hook(call(PRE_MIGRATION_SOURCE, &bytes, "node-a"))
+                .unwrap()
+                .expect("the hook starts the migration");
+            MigrationEvent::Started(start.migration)
+        };
+
+        let locator = CountingLocator::default();
+        let core = core_with(locator.clone());
+        let shared = core.shared().clone();
+        let (tx, shutdown, task) = spawn_core(core);
+        let send = |event: MigrationEvent| {
+            let tx = tx.clone();
+            async move {
+                let (delivery, handled) = Delivery::acknowledged(event);
+                tx.send(delivery).await.unwrap();
+                handled.await.unwrap()
+            }
+        };
+
+        // The hooks start m1, then (m1 failed, KubeVirt retries) m2, which replaces it.
+        assert_eq!(send(hook(&first)).await, Handled::Uncaptured);
+        assert_eq!(send(hook(&second)).await, Handled::Uncaptured);
+        assert_eq!(locator.calls(), 2);
+
+        // Only now does the watch deliver what it saw: m1 starting, m1 failing, m2 starting.
+        let mut failed = first.clone();
+        failed["status"]["migrationState"]["completed"] = json!(true);
+        failed["status"]["migrationState"]["failed"] = json!(true);
+        let replay = [
+            (events_for("node-a", None, &watched(&first)), Handled::Stale),
+            (
+                events_for("node-a", Some(&watched(&first)), &watched(&failed)),
+                Handled::Ended,
+            ),
+            (
+                events_for("node-a", Some(&watched(&failed)), &watched(&second)),
+                Handled::AlreadyStarted,
+            ),
+        ];
+        for (events, want) in replay {
+            assert_eq!(events.len(), 1, "{events:?}");
+            for event in events {
+                assert_eq!(send(event.clone()).await, want, "{event:?}");
+            }
+        }
+        assert_eq!(
+            locator.calls(),
+            2,
+            "the watch's replay re-programmed a capture"
+        );
+        assert_eq!(shared.active(), 1, "m2 is still carried");
+        let aborted = shared
+            .metrics
+            .migrations_ended
+            .get_or_create(&EndLabels {
+                role: "source".into(),
+                outcome: "aborted".into(),
+            })
+            .get();
+        assert_eq!(aborted, 1, "only m1 ended, when m2 replaced it");
+        shutdown.cancel();
+        task.await.unwrap();
+    }
 }

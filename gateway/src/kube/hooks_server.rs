@@ -26,7 +26,8 @@
 //! **De-duplication.** The VMI watch reports the same migration moments later; both build the
 //! `Migration` with [`crate::kube::vmi::events_for`], so the core sees an equal `Started` and
 //! treats it as a no-op ([`Handled::AlreadyStarted`]). Whichever trigger comes first starts it;
-//! the watch ends it.
+//! the watch ends it. A call for a migration that is already over changes nothing
+//! ([`Handled::Stale`], answered as ignored).
 //!
 //! **The socket.** A stale socket file is replaced at start (anything else at the path is an
 //! error), the parent directory is created, the mode is [`SOCKET_MODE`]; the file is removed
@@ -238,6 +239,13 @@ impl NodeHookServer {
                 Answer::new(
                     HookOutcome::AlreadyStarted,
                     format!("rdma-migration-gateway: already carrying {described}"),
+                )
+            }
+            Ok(Some(Handled::Stale)) => {
+                info!(migration = %described, "node hook: that migration is already over");
+                Answer::new(
+                    HookOutcome::Ignored,
+                    format!("rdma-migration-gateway: {described} is already over; nothing to do"),
                 )
             }
             Ok(Some(Handled::Uncaptured)) => error(

@@ -287,6 +287,31 @@ async fn unreadable_body() {
 }
 
 #[test]
+fn a_migration_already_over_is_answered_as_nothing_to_do() {
+    within(LIMIT, stale_body);
+}
+
+async fn stale_body() {
+    let mut fx = Fixture::start("node-a", DEFAULT_CALL_TIMEOUT).await;
+    let events = std::mem::replace(&mut fx.events, mpsc::channel(1).1);
+    let core = fake_core(events, Duration::ZERO, Handled::Stale, Arc::default());
+    let bytes = serde_json::to_vec(&vmi(true)).unwrap();
+    let response = fx
+        .call(request(PRE_MIGRATION_SOURCE, &bytes, "node-a"))
+        .await;
+    assert!(response.success);
+    assert!(
+        response.message.contains("already over"),
+        "{}",
+        response.message
+    );
+    let _ = core.await.unwrap();
+    assert_eq!(fx.count(PRE_MIGRATION_SOURCE, HookOutcome::Ignored), 1);
+    assert_eq!(fx.count(PRE_MIGRATION_SOURCE, HookOutcome::Error), 0);
+    fx.stop().await;
+}
+
+#[test]
 fn a_core_that_fails_stalls_or_stops_still_gets_success() {
     within(LIMIT, core_failures_body);
 }
