@@ -398,17 +398,25 @@ async fn self_managed_certs(
         }
     };
     info!(origin = ?boot.origin, "serving certificate issued");
+    let (ca_tx, ca_rx) = tokio::sync::watch::channel(std::sync::Arc::new(boot.ca));
     tokio::spawn(certs::run_ca_bundle_controller(
         client.clone(),
         args.webhook_config.clone(),
-        boot.ca.cert_pem().to_owned(),
+        certs::rotation::bundle_targets(ca_rx.clone()),
         shutdown.clone(),
     ));
     tokio::spawn(certs::run_serving_cert_renewal(
-        boot.ca,
+        ca_rx,
         cfg.identity.clone(),
         cfg.cert_dir.clone(),
         boot.serving,
+        shutdown.clone(),
+    ));
+    tokio::spawn(certs::run_ca_follower(
+        client.clone(),
+        cfg.namespace.clone(),
+        cfg.ca_secret.clone(),
+        ca_tx,
         shutdown.clone(),
     ));
     Ok(true)

@@ -189,7 +189,7 @@ fn ca_secret(namespace: &str, name: &str, ca: &CertAuthority) -> Secret {
     }
 }
 
-fn ca_from_secret(
+pub(crate) fn ca_from_secret(
     namespace: &str,
     name: &str,
     secret: &Secret,

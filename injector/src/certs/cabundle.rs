@@ -14,7 +14,7 @@
 //! list would replace the list and clobber concurrent edits of rules or selectors; a JSON
 //! patch needs kube's `jsonpatch` feature and index-based paths.)
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, stream::BoxStream};
 use k8s_openapi::{ByteString, api::admissionregistration::v1::MutatingWebhookConfiguration};
@@ -28,11 +28,11 @@ use kube::{
     },
 };
 use serde_json::{Value, json};
-use tokio::time::Instant;
+use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{CertError, bootstrap::FIELD_MANAGER};
+use super::{CertError, bootstrap::FIELD_MANAGER, rotation::BundleTarget};
 
 /// Longest pause between two attempts to repair a drifted caBundle.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
@@ -49,29 +49,42 @@ pub enum CaBundleChange {
     },
 }
 
-/// Names of the webhooks of `mwc` whose caBundle is not exactly `ca_pem`.
-pub fn stale_webhooks(mwc: &MutatingWebhookConfiguration, ca_pem: &str) -> Vec<String> {
+/// The webhooks of `mwc` whose caBundle is not what `target` wants at `now`, each with the
+/// bundle it should get (see [`BundleTarget::wanted`]).
+pub fn stale_webhooks(
+    mwc: &MutatingWebhookConfiguration,
+    target: &BundleTarget,
+    now: SystemTime,
+) -> Vec<(String, String)> {
     mwc.webhooks
         .iter()
         .flatten()
-        .filter(|w| {
-            w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()) != Some(ca_pem.as_bytes())
+        .filter_map(|w| {
+            let current = w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice());
+            target
+                .wanted(current, now)
+                .map(|bundle| (w.name.clone(), bundle))
         })
-        .map(|w| w.name.clone())
         .collect()
 }
 
-/// The strategic merge patch that sets `ca_pem` as caBundle of every stale webhook of `mwc`,
-/// conditional on `mwc`'s resourceVersion; `None` if nothing is stale.
-pub fn ca_bundle_patch(mwc: &MutatingWebhookConfiguration, ca_pem: &str) -> Option<Value> {
-    let stale = stale_webhooks(mwc, ca_pem);
+/// The strategic merge patch that gives every stale webhook of `mwc` the bundle `target`
+/// wants, conditional on `mwc`'s resourceVersion; `None` if nothing is stale.
+pub fn ca_bundle_patch(
+    mwc: &MutatingWebhookConfiguration,
+    target: &BundleTarget,
+    now: SystemTime,
+) -> Option<Value> {
+    let stale = stale_webhooks(mwc, target, now);
     if stale.is_empty() {
         return None;
     }
-    let bundle = ByteString(ca_pem.as_bytes().to_vec());
     let webhooks: Vec<Value> = stale
         .iter()
-        .map(|name| json!({ "name": name, "clientConfig": { "caBundle": bundle } }))
+        .map(|(name, bundle)| {
+            let bundle = ByteString(bundle.as_bytes().to_vec());
+            json!({ "name": name, "clientConfig": { "caBundle": bundle } })
+        })
         .collect();
     let mut patch = json!({ "webhooks": webhooks });
     if let Some(rv) = &mwc.metadata.resource_version {
@@ -80,12 +93,12 @@ pub fn ca_bundle_patch(mwc: &MutatingWebhookConfiguration, ca_pem: &str) -> Opti
     Some(patch)
 }
 
-/// GETs the MWC `mwc_name` and, if any of its webhooks' caBundle differs from `ca_pem`,
+/// GETs the MWC `mwc_name` and, if any of its webhooks' caBundle is not what `target` wants,
 /// patches those webhooks (see the module docs for why a strategic merge patch).
 pub async fn ensure_ca_bundle(
     client: &Client,
     mwc_name: &str,
-    ca_pem: &str,
+    target: &BundleTarget,
 ) -> Result<CaBundleChange, CertError> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let mwc = api
@@ -95,19 +108,23 @@ pub async fn ensure_ca_bundle(
         .ok_or_else(|| CertError::WebhookConfigNotFound {
             name: mwc_name.to_owned(),
         })?;
-    patch_if_stale(&api, mwc_name, &mwc, ca_pem).await
+    patch_if_stale(&api, mwc_name, &mwc, target).await
 }
 
 async fn patch_if_stale(
     api: &Api<MutatingWebhookConfiguration>,
     mwc_name: &str,
     mwc: &MutatingWebhookConfiguration,
-    ca_pem: &str,
+    target: &BundleTarget,
 ) -> Result<CaBundleChange, CertError> {
-    let Some(patch) = ca_bundle_patch(mwc, ca_pem) else {
+    let now = SystemTime::now();
+    let Some(patch) = ca_bundle_patch(mwc, target, now) else {
         return Ok(CaBundleChange::Unchanged);
     };
-    let webhooks = stale_webhooks(mwc, ca_pem);
+    let webhooks: Vec<String> = stale_webhooks(mwc, target, now)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
@@ -125,15 +142,15 @@ async fn patch_if_stale(
 }
 
 /// Watches the MWC `mwc_name` (a watcher with field selector `metadata.name=<mwc_name>`) and
-/// re-patches its caBundle whenever it drifts from `ca_pem` (created without one, overwritten
-/// by a re-apply or GitOps sync, ...), until `shutdown` is cancelled. Never returns on API
-/// errors: watch errors are retried with kube's default backoff, failed patches are retried
-/// (GET + patch) with backoff until they succeed or the watch shows no drift. A missing MWC is
-/// waited for.
+/// re-patches its caBundle whenever it is not what the current `target` wants (created without
+/// one, overwritten by a re-apply or GitOps sync, a new CA from [`super::follow`], the end of a
+/// new CA's overlap), until `shutdown` is cancelled. Never returns on API errors: watch errors
+/// are retried with kube's default backoff, failed patches are retried (GET + patch) with
+/// backoff until they succeed or the watch shows no drift. A missing MWC is waited for.
 pub async fn run_ca_bundle_controller(
     client: Client,
     mwc_name: String,
-    ca_pem: String,
+    mut target: watch::Receiver<BundleTarget>,
     shutdown: CancellationToken,
 ) {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -147,6 +164,9 @@ pub async fn run_ca_bundle_controller(
     let mut events = watch();
     let mut backoff = DefaultBackoff::default();
     let mut retry_at: Option<Instant> = None;
+    let mut current = target.borrow_and_update().clone();
+    let mut overlap_end = overlap_deadline(&current);
+    let mut target_open = true;
 
     loop {
         let retry = async {
@@ -155,14 +175,44 @@ pub async fn run_ca_bundle_controller(
                 None => std::future::pending().await,
             }
         };
+        let overlap_over = async {
+            match overlap_end {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let changed = async {
+            if target_open {
+                target.changed().await
+            } else {
+                std::future::pending().await
+            }
+        };
         tokio::select! {
             biased;
             () = shutdown.cancelled() => {
                 debug!(mwc = %mwc_name, "caBundle controller stopped");
                 return;
             }
+            result = changed => {
+                if result.is_err() {
+                    // Nobody changes the CA any more: keep the last one.
+                    target_open = false;
+                    continue;
+                }
+                current = target.borrow_and_update().clone();
+                overlap_end = overlap_deadline(&current);
+                info!(mwc = %mwc_name, overlap = overlap_end.is_some(), "new CA: updating the caBundle");
+                backoff.reset();
+                retry_at = Some(Instant::now());
+            }
+            () = overlap_over => {
+                debug!(mwc = %mwc_name, "the CA's overlap is over: the caBundle becomes the CA alone");
+                overlap_end = None;
+                retry_at = Some(Instant::now());
+            }
             () = retry => {
-                let Some(result) = until_shutdown(&shutdown, ensure_ca_bundle(&client, &mwc_name, &ca_pem)).await else {
+                let Some(result) = until_shutdown(&shutdown, ensure_ca_bundle(&client, &mwc_name, &current)).await else {
                     return;
                 };
                 retry_at = match result {
@@ -184,7 +234,7 @@ pub async fn run_ca_bundle_controller(
             }
             event = events.next() => match event {
                 Some(Ok(Event::Apply(mwc) | Event::InitApply(mwc))) => {
-                    let Some(result) = until_shutdown(&shutdown, patch_if_stale(&api, &mwc_name, &mwc, &ca_pem)).await else {
+                    let Some(result) = until_shutdown(&shutdown, patch_if_stale(&api, &mwc_name, &mwc, &current)).await else {
                         return;
                     };
                     retry_at = match result {
@@ -212,6 +262,15 @@ pub async fn run_ca_bundle_controller(
             },
         }
     }
+}
+
+/// When `target`'s overlap ends (a moment after, so the check sees it over), if still ahead.
+fn overlap_deadline(target: &BundleTarget) -> Option<Instant> {
+    let left = target
+        .overlap_until?
+        .duration_since(SystemTime::now())
+        .ok()?;
+    Some(Instant::now() + left + Duration::from_secs(1))
 }
 
 /// Runs `call` unless `shutdown` is cancelled first (an API call may hang for minutes).
@@ -410,10 +469,18 @@ mod tests {
             &[("a", Some(CA)), ("b", Some(OLD_CA)), ("c", None)],
         ))
         .unwrap();
-        assert_eq!(stale_webhooks(&m, CA), ["b", "c"]);
+        let now = SystemTime::now();
+        let stale: Vec<String> = stale_webhooks(&m, &BundleTarget::exact(CA), now)
+            .into_iter()
+            .map(|(name, bundle)| {
+                assert_eq!(bundle, CA);
+                name
+            })
+            .collect();
+        assert_eq!(stale, ["b", "c"]);
         let none: MutatingWebhookConfiguration =
             serde_json::from_value(json!({ "metadata": { "name": "x" } })).unwrap();
-        assert_eq!(ca_bundle_patch(&none, CA), None);
+        assert_eq!(ca_bundle_patch(&none, &BundleTarget::exact(CA), now), None);
     }
 
     #[tokio::test]
@@ -434,7 +501,9 @@ mod tests {
                 expect_patched: vec!["inject.rdma-streams.io", "new.rdma-streams.io"],
             },
         );
-        let change = ensure_ca_bundle(&client, MWC, CA).await.unwrap();
+        let change = ensure_ca_bundle(&client, MWC, &BundleTarget::exact(CA))
+            .await
+            .unwrap();
         timeout_after_1s(scenario).await;
         assert_eq!(
             change,
@@ -456,7 +525,9 @@ mod tests {
                 current: mwc("5", &[("inject.rdma-streams.io", Some(CA))]),
             },
         );
-        let change = ensure_ca_bundle(&client, MWC, CA).await.unwrap();
+        let change = ensure_ca_bundle(&client, MWC, &BundleTarget::exact(CA))
+            .await
+            .unwrap();
         assert_eq!(change, CaBundleChange::Unchanged);
         timeout_after_1s(scenario).await;
     }
@@ -465,7 +536,9 @@ mod tests {
     async fn api_error_is_returned_not_panicked() {
         let (client, verifier) = mock_client();
         let scenario = run(verifier, Scenario::GetFails { code: 500 });
-        let err = ensure_ca_bundle(&client, MWC, CA).await.unwrap_err();
+        let err = ensure_ca_bundle(&client, MWC, &BundleTarget::exact(CA))
+            .await
+            .unwrap_err();
         timeout_after_1s(scenario).await;
         assert!(matches!(err, CertError::Kube { .. }), "{err}");
         assert!(err.is_transient());
@@ -475,7 +548,9 @@ mod tests {
     async fn missing_configuration_is_its_own_error() {
         let (client, verifier) = mock_client();
         let scenario = run(verifier, Scenario::GetFails { code: 404 });
-        let err = ensure_ca_bundle(&client, MWC, CA).await.unwrap_err();
+        let err = ensure_ca_bundle(&client, MWC, &BundleTarget::exact(CA))
+            .await
+            .unwrap_err();
         timeout_after_1s(scenario).await;
         assert!(
             matches!(err, CertError::WebhookConfigNotFound { .. }),
@@ -496,7 +571,7 @@ mod tests {
         let controller = tokio::spawn(run_ca_bundle_controller(
             client,
             MWC.to_owned(),
-            CA.to_owned(),
+            watch::channel(BundleTarget::exact(CA)).1,
             shutdown.clone(),
         ));
         timeout_after(limit, scenario).await;
@@ -527,7 +602,7 @@ mod tests {
         let controller = tokio::spawn(run_ca_bundle_controller(
             client,
             MWC.to_owned(),
-            CA.to_owned(),
+            watch::channel(BundleTarget::exact(CA)).1,
             shutdown.clone(),
         ));
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -544,8 +619,91 @@ mod tests {
         let m: MutatingWebhookConfiguration =
             serde_json::from_value(mwc("3", &[("w", None)])).unwrap();
         assert_eq!(
-            ca_bundle_patch(&m, CA).unwrap(),
+            ca_bundle_patch(&m, &BundleTarget::exact(CA), SystemTime::now()).unwrap(),
             json!({ "metadata": { "resourceVersion": "3" }, "webhooks": [ { "name": "w", "clientConfig": { "caBundle": b64(CA) } } ] })
         );
+    }
+
+    /// Expects a GET of the MWC, answered with one webhook carrying `bundle` at `rv`.
+    async fn expect_get(api: &mut ApiServerVerifier, rv: &str, bundle: &str) {
+        let (_, send) = api.expect(Method::GET, MWC_PATH).await;
+        respond(
+            send,
+            200,
+            &mwc(rv, &[("inject.rdma-streams.io", Some(bundle))]),
+        );
+    }
+
+    /// Expects the patch giving the webhook `bundle` at `rv`, answered 200.
+    async fn expect_bundle_patch(api: &mut ApiServerVerifier, rv: &str, bundle: &str) {
+        let (request, send) = api.expect(Method::PATCH, MWC_PATH).await;
+        let body = body_json(request).await;
+        assert_eq!(
+            body,
+            json!({
+                "metadata": { "resourceVersion": rv },
+                "webhooks": [{ "name": "inject.rdma-streams.io", "clientConfig": { "caBundle": b64(bundle) } }],
+            })
+        );
+        respond(
+            send,
+            200,
+            &mwc("99", &[("inject.rdma-streams.io", Some(bundle))]),
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_ca_joins_the_bundle_and_replaces_it_when_its_overlap_is_over() {
+        const NEWER: &str = "-----BEGIN CERTIFICATE-----\nMIIBnewer\n-----END CERTIFICATE-----\n";
+        let (client, mut api) = mock_client();
+        let (target_tx, target_rx) = watch::channel(BundleTarget::exact(CA));
+        let shutdown = CancellationToken::new();
+        let controller = tokio::spawn(run_ca_bundle_controller(
+            client,
+            MWC.to_owned(),
+            target_rx,
+            shutdown.clone(),
+        ));
+        let scenario = async move {
+            // Start: the bundle is the CA already; the watch opens and nothing is patched.
+            let (_, send) = api.expect(Method::GET, MWCS_PATH).await;
+            respond(
+                send,
+                200,
+                &json!({
+                    "apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "MutatingWebhookConfigurationList",
+                    "metadata": { "resourceVersion": "10" },
+                    "items": [mwc("7", &[("inject.rdma-streams.io", Some(CA))])],
+                }),
+            );
+            let (_, watch) = api.expect(Method::GET, MWCS_PATH).await;
+            api.expect_quiet(Duration::from_millis(50)).await;
+            // A new CA, young: it joins the bundle, in front of the one there.
+            let overlap = Duration::from_millis(600);
+            target_tx.send_replace(BundleTarget {
+                ca_pem: NEWER.into(),
+                overlap_until: Some(SystemTime::now() + overlap),
+            });
+            let joined = format!("{NEWER}{CA}");
+            expect_get(&mut api, "8", CA).await;
+            expect_bundle_patch(&mut api, "8", &joined).await;
+            // Its overlap over: the bundle becomes the new CA alone, with no other trigger.
+            let started = std::time::Instant::now();
+            expect_get(&mut api, "9", &joined).await;
+            assert!(
+                started.elapsed() >= overlap / 2,
+                "pruned before the overlap ended"
+            );
+            expect_bundle_patch(&mut api, "9", NEWER).await;
+            api.expect_quiet(Duration::from_millis(100)).await;
+            drop(watch);
+        };
+        timeout_after(Duration::from_secs(5), tokio::spawn(scenario)).await;
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(1), controller)
+            .await
+            .expect("controller stops on shutdown")
+            .unwrap();
     }
 }

@@ -37,7 +37,7 @@ pub mod handler;
 pub mod https;
 pub mod metrics;
 pub mod tls;
-mod x509;
+pub(crate) mod x509;
 
 #[cfg(test)]
 mod tests;

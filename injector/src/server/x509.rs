@@ -1,7 +1,8 @@
-//! Just enough DER reading to name a serving certificate: its serial number and `notAfter`.
+//! Just enough DER reading to name a certificate: its serial number, `notBefore` and `notAfter`.
 //!
 //! These feed `/ready`, the rotation test and the `tls_cert_not_after_seconds` gauge (expiry is
-//! the most common webhook outage). rustls has already checked that the certificate parses as
+//! the most common webhook outage), and the CA's age to the caBundle rotation overlap
+//! ([`crate::certs::rotation`]). rustls has already checked that the certificate parses as
 //! X.509 by the time this runs; anything unexpected here yields `None`, never an error.
 //!
 //! ```text
@@ -21,11 +22,13 @@ const GENERALIZED_TIME: u8 = 0x18;
 pub struct CertSummary {
     /// Serial number as lowercase hex, leading zero bytes removed (`"03e9"` for 1001).
     pub serial: Option<String>,
+    /// `notBefore` as seconds since the Unix epoch.
+    pub not_before: Option<i64>,
     /// `notAfter` as seconds since the Unix epoch.
     pub not_after: Option<i64>,
 }
 
-/// Reads the serial and `notAfter` of a DER certificate.
+/// Reads the serial, `notBefore` and `notAfter` of a DER certificate.
 pub fn summarize(der: &[u8]) -> CertSummary {
     let mut out = CertSummary::default();
     let Some((cert, _)) = element(der, SEQUENCE) else {
@@ -53,12 +56,13 @@ pub fn summarize(der: &[u8]) -> CertSummary {
     let Some((validity, _)) = element(rest, SEQUENCE) else {
         return out;
     };
-    let Some((tag, _not_before, rest)) = any_element(validity) else {
+    let Some((tag, not_before, rest)) = any_element(validity) else {
         return out;
     };
     if tag != UTC_TIME && tag != GENERALIZED_TIME {
         return out;
     }
+    out.not_before = parse_time(tag, not_before);
     if let Some((tag, not_after, _)) = any_element(rest) {
         out.not_after = parse_time(tag, not_after);
     }
