@@ -1,5 +1,5 @@
 //! The admin endpoint (`/live`, `/ready`, `/metrics`, shared in `rdma_streams_common::admin`):
-//! ready when every pool is registered with kubelet.
+//! ready when every pool is registered with kubelet or stands by for another instance.
 
 use rdma_streams_common::admin::ReadinessReport;
 pub use rdma_streams_common::admin::{BindError, bind, router, serve};
@@ -11,12 +11,7 @@ impl ReadinessReport for Readiness {
         let body: String = self
             .snapshot()
             .iter()
-            .map(|(r, ok)| {
-                format!(
-                    "{r} {}\n",
-                    if *ok { "registered" } else { "not registered" }
-                )
-            })
+            .map(|(r, state)| format!("{r} {}\n", state.as_str()))
             .collect();
         let body = if body.is_empty() {
             "no pools\n".to_string()

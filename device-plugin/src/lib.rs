@@ -3,7 +3,7 @@
 //! ```text
 //!  sysfs + dev tree --discovery--> Inventory --(per pool)--> PoolSnapshot --watch--> gRPC service
 //!  config file -----config_watch--> Config ------^                                  (ListAndWatch,
-//!  kubelet dir --dir_watch--> runner: serve fresh socket, Register, restart on loss   Allocate, ...)
+//!  kubelet dir --dir_watch--> runner: lock, serve fresh socket, Register, restart    Allocate, ...)
 //! ```
 //!
 //! One concept per module; `cli` wires them together.
@@ -19,6 +19,7 @@ pub mod dir_watch;
 pub mod discovery;
 pub mod hca;
 pub mod health;
+pub mod instance_lock;
 pub mod inventory_watch;
 pub mod manager;
 pub mod metrics;

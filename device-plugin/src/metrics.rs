@@ -49,6 +49,8 @@ pub struct Metrics {
     pub allocate_seconds: Family<ResourceLabels, Histogram>,
     /// Open ListAndWatch streams.
     pub streams: Family<ResourceLabels, Gauge>,
+    /// 1 while another instance on this node holds the pool's lock and serves it.
+    pub standby: Family<ResourceLabels, Gauge>,
 }
 
 fn allocate_histogram() -> Histogram {
@@ -67,6 +69,7 @@ impl Metrics {
             allocations: Family::default(),
             allocate_seconds: Family::new_with_constructor(allocate_histogram),
             streams: Family::default(),
+            standby: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("rdma_dp");
         r.register(
@@ -99,6 +102,11 @@ impl Metrics {
             "listandwatch_streams",
             "Open ListAndWatch streams",
             m.streams.clone(),
+        );
+        r.register(
+            "standby",
+            "1 while another instance on this node serves the pool",
+            m.standby.clone(),
         );
         m
     }

@@ -1,4 +1,6 @@
-//! Readiness: the plugin is ready when every configured pool is registered with kubelet.
+//! Readiness: the plugin is ready when every configured pool is registered with kubelet, or
+//! stands by because another instance on the node serves it ([`crate::instance_lock`]; ready,
+//! so that a DaemonSet rollout with `maxSurge` can go on and end the old instance).
 
 use std::{
     collections::BTreeMap,
@@ -8,15 +10,43 @@ use std::{
 /// Shared registration state of the pools, read by `/ready`.
 #[derive(Clone, Debug, Default)]
 pub struct Readiness {
-    pools: Arc<Mutex<BTreeMap<String, bool>>>,
+    pools: Arc<Mutex<BTreeMap<String, PoolState>>>,
+}
+
+/// Where one pool stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolState {
+    NotRegistered,
+    Registered,
+    /// Another instance on this node holds the pool's lock and serves it.
+    Standby,
+}
+
+impl PoolState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolState::NotRegistered => "not registered",
+            PoolState::Registered => "registered",
+            PoolState::Standby => "standby (another instance on this node serves it)",
+        }
+    }
 }
 
 impl Readiness {
     pub fn set(&self, resource: &str, registered: bool) {
+        let state = if registered {
+            PoolState::Registered
+        } else {
+            PoolState::NotRegistered
+        };
+        self.set_state(resource, state);
+    }
+
+    pub fn set_state(&self, resource: &str, state: PoolState) {
         self.pools
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(resource.to_string(), registered);
+            .insert(resource.to_string(), state);
     }
 
     pub fn remove(&self, resource: &str) {
@@ -31,18 +61,17 @@ impl Readiness {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(resource)
-            .copied()
-            .unwrap_or(false)
+            .is_some_and(|s| *s == PoolState::Registered)
     }
 
-    /// Ready: at least one pool, all registered.
+    /// Ready: at least one pool, each registered or standing by.
     pub fn is_ready(&self) -> bool {
         let pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
-        !pools.is_empty() && pools.values().all(|r| *r)
+        !pools.is_empty() && pools.values().all(|s| *s != PoolState::NotRegistered)
     }
 
-    /// `resource -> registered`, for the `/ready` body.
-    pub fn snapshot(&self) -> BTreeMap<String, bool> {
+    /// `resource -> state`, for the `/ready` body.
+    pub fn snapshot(&self) -> BTreeMap<String, PoolState> {
         self.pools
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -1,17 +1,24 @@
-//! The lifecycle of one pool's gRPC server: serve on a fresh socket, then register, then watch
-//! for anything that means kubelet lost us, and start over.
+//! The lifecycle of one pool's gRPC server: take the pool's instance lock, serve on a fresh
+//! socket, then register, then watch for anything that means kubelet lost us, and start over.
 //!
 //! ```text
+//!   instance lock (standby while another instance holds it; crate::instance_lock)
+//!     |
 //!   bind fresh socket -> serve -> Register (retry with backoff) -> registered
 //!        ^                                                            |
 //!        +---- kubelet.sock created again / own socket gone ----------+
 //!        +---- NotifyRegistrationStatus(false) / server died (after backoff)
+//!   lock file replaced -> re-take it, or stand by if another instance took it first
 //! ```
 //!
 //! Nothing here ends the process: a failed bind, Register or watcher notification is logged,
 //! counted and retried until the plugin drains.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use tokio::{
     sync::{broadcast, mpsc, watch},
@@ -29,9 +36,10 @@ use crate::{
         v1beta1::device_plugin_server::DevicePluginServer,
     },
     dir_watch::DirEvent,
+    instance_lock::{self, InstanceLock},
     metrics::Metrics,
     pool::PoolSnapshot,
-    readiness::Readiness,
+    readiness::{PoolState, Readiness},
     registration::{self, Backoff, RegistrationMode, WatcherRegistration, WatcherStatus},
     resource_name::socket_file_name,
     service::PoolService,
@@ -78,6 +86,8 @@ enum Outcome {
     Restart(&'static str),
     /// Something failed: start over after a backoff delay.
     Failed(String),
+    /// Our lock file was deleted or replaced: take the lock again before serving on.
+    LockLost,
 }
 
 /// Runs one pool until `shutdown` is cancelled.
@@ -97,24 +107,37 @@ impl Runner {
         async move {
             let mut backoff = Backoff::default();
             self.readiness.set(&self.resource_name, false);
-            loop {
-                let outcome = self.serve_once(&mut backoff).await;
-                self.readiness.set(&self.resource_name, false);
-                match outcome {
-                    Outcome::Shutdown => break,
-                    Outcome::Restart(reason) => {
-                        info!(reason, "serving on a fresh socket and registering again");
-                        self.metrics
-                            .kubelet_restarts
-                            .get_or_create(&Metrics::resource(&self.resource_name))
-                            .inc();
-                    }
-                    Outcome::Failed(error) => {
-                        let delay = backoff.next_delay();
-                        error!(%error, retry_in = ?delay, "device plugin server failed");
-                        tokio::select! {
-                            () = self.shutdown.cancelled() => break,
-                            () = tokio::time::sleep(delay) => {}
+            let lock_path = instance_lock::lock_path(
+                &self.settings.socket_dir(),
+                &socket_file_name(&self.resource_name),
+            );
+            'locked: loop {
+                let Some(lock) = self.lock(&lock_path).await else {
+                    break;
+                };
+                loop {
+                    let outcome = self.serve_once(&mut backoff, lock.as_ref()).await;
+                    self.readiness.set(&self.resource_name, false);
+                    match outcome {
+                        Outcome::Shutdown => break 'locked,
+                        Outcome::LockLost => {
+                            warn!(lock = %lock_path.display(), "the instance lock file was replaced; taking the lock again");
+                            continue 'locked;
+                        }
+                        Outcome::Restart(reason) => {
+                            info!(reason, "serving on a fresh socket and registering again");
+                            self.metrics
+                                .kubelet_restarts
+                                .get_or_create(&Metrics::resource(&self.resource_name))
+                                .inc();
+                        }
+                        Outcome::Failed(error) => {
+                            let delay = backoff.next_delay();
+                            error!(%error, retry_in = ?delay, "device plugin server failed");
+                            tokio::select! {
+                                () = self.shutdown.cancelled() => break 'locked,
+                                () = tokio::time::sleep(delay) => {}
+                            }
                         }
                     }
                 }
@@ -126,7 +149,48 @@ impl Runner {
         .await;
     }
 
-    async fn serve_once(&mut self, backoff: &mut Backoff) -> Outcome {
+    /// Takes the pool's instance lock, standing by while another instance holds it. `None` on
+    /// shutdown; `Some(None)` when no lock can be had at all (unwritable folder): serving
+    /// without one beats not serving.
+    async fn lock(&mut self, path: &Path) -> Option<Option<InstanceLock>> {
+        let standby = self
+            .metrics
+            .standby
+            .get_or_create(&Metrics::resource(&self.resource_name))
+            .clone();
+        let mut said = false;
+        loop {
+            match instance_lock::try_lock(path) {
+                Ok(Some(lock)) => {
+                    if said {
+                        info!(lock = %path.display(), "the other instance is gone; taking over");
+                    }
+                    standby.set(0);
+                    return Some(Some(lock));
+                }
+                Ok(None) => {
+                    if !said {
+                        warn!(lock = %path.display(), "another rdma-device-plugin on this node serves this pool; standing by until it exits");
+                        said = true;
+                    }
+                    standby.set(1);
+                    self.readiness
+                        .set_state(&self.resource_name, PoolState::Standby);
+                }
+                Err(error) => {
+                    warn!(%error, lock = %path.display(), "cannot take the instance lock; serving without it");
+                    standby.set(0);
+                    return Some(None);
+                }
+            }
+            tokio::select! {
+                () = self.shutdown.cancelled() => return None,
+                () = tokio::time::sleep(self.settings.poll) => {}
+            }
+        }
+    }
+
+    async fn serve_once(&mut self, backoff: &mut Backoff, lock: Option<&InstanceLock>) -> Outcome {
         let dir = self.settings.socket_dir();
         let sock_name = socket_file_name(&self.resource_name);
         let sock_path = dir.join(&sock_name);
@@ -252,6 +316,9 @@ impl Runner {
                     }
                 },
                 _ = poll.tick() => {
+                    if lock.is_some_and(|l| !l.still_held()) {
+                        break Outcome::LockLost;
+                    }
                     if uds::file_id(&sock_path) != my_id {
                         break Outcome::Restart("own socket removed");
                     }

@@ -276,3 +276,105 @@ async fn a_closed_log_pipe_does_not_kill_the_plugin() {
     })
     .await;
 }
+
+/// GETs `path` from the admin endpoint at `addr` until `done` holds for the answer.
+async fn wait_admin(
+    addr: &str,
+    path: &'static str,
+    what: &str,
+    done: impl Fn(u16, &str) -> bool,
+) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = addr.to_owned();
+        let answer = tokio::task::spawn_blocking(move || {
+            TcpStream::connect(&a).ok().map(|_| http_get(&a, path))
+        })
+        .await
+        .unwrap();
+        if let Some((code, body)) = answer
+            && done(code, &body)
+        {
+            return body;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: never");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_instance_stands_by_and_takes_over_when_the_first_exits() {
+    within(60, async {
+        let h = Harness::new(Harness::two_hcas()).await;
+        let spawn = |addr: &str| {
+            Plugin(
+                h.plugin_command(BIN)
+                    .args(["--admin-listen", addr, "--socket-poll-ms", "200"])
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn plugin"),
+            )
+        };
+        let (addr_a, addr_b) = (
+            format!("127.0.0.1:{}", free_port()),
+            format!("127.0.0.1:{}", free_port()),
+        );
+        let first = spawn(&addr_a);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let sock = h.kubelet.endpoint(RESOURCE).unwrap();
+        let sock_id = rdma_streams_common::file_id::file_id(&sock);
+
+        // A second instance (a maxSurge rollout): ready, but standing by.
+        let _second = spawn(&addr_b);
+        let ready = wait_admin(
+            &addr_b,
+            "/ready",
+            "the second instance ready",
+            |code, body| code == 200 && body.contains("standby"),
+        )
+        .await;
+        assert!(ready.contains("rdma-streams.io/hca standby"), "{ready}");
+        wait_admin(&addr_b, "/metrics", "the standby gauge", |_, body| {
+            body.contains("rdma_dp_standby{resource=\"rdma-streams.io/hca\"} 1")
+        })
+        .await;
+        // It leaves the first one's socket and registration alone (it used to take the socket
+        // and both re-registered in a loop).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(h.kubelet.registrations(RESOURCE), 1);
+        assert_eq!(rdma_streams_common::file_id::file_id(&sock), sock_id);
+        assert!(h.kubelet.stream_open(RESOURCE));
+
+        // The first one ends (SIGTERM drain): the second takes over within a poll interval.
+        let pid = first.0.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+            .await
+            .unwrap();
+        let ready = wait_admin(
+            &addr_b,
+            "/ready",
+            "the second instance registered",
+            |code, body| code == 200 && body.contains("rdma-streams.io/hca registered"),
+        )
+        .await;
+        assert!(!ready.contains("standby"), "{ready}");
+        wait_admin(
+            &addr_b,
+            "/metrics",
+            "the standby gauge back at 0",
+            |_, body| body.contains("rdma_dp_standby{resource=\"rdma-streams.io/hca\"} 0"),
+        )
+        .await;
+        drop(first);
+    })
+    .await;
+}
