@@ -120,6 +120,13 @@ impl Drop for Plugin {
     }
 }
 
+/// Sends SIGTERM to `child` (a drain, as kubelet stops a pod).
+fn sigterm(child: &Child) {
+    let pid = child.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success());
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -181,14 +188,7 @@ async fn serves_admin_endpoint_and_drains_on_sigterm() {
         let sock = h.kubelet.endpoint(RESOURCE).unwrap();
         assert!(sock.exists());
         // SIGTERM: streams end, the socket goes, exit 0.
-        let pid = plugin.0.id().to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
+        sigterm(&plugin.0);
         let status = tokio::task::spawn_blocking(move || {
             let s = plugin.0.wait().unwrap();
             let mut err = String::new();
@@ -261,14 +261,7 @@ async fn a_closed_log_pipe_does_not_kill_the_plugin() {
             child.try_wait().unwrap().is_none(),
             "plugin died on a closed stderr"
         );
-        let pid = child.id().to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
+        sigterm(&child);
         let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
             .await
             .unwrap();
@@ -346,14 +339,7 @@ async fn a_second_instance_stands_by_and_takes_over_when_the_first_exits() {
         assert!(h.kubelet.stream_open(RESOURCE));
 
         // The first one ends (SIGTERM drain): the second takes over within a poll interval.
-        let pid = first.0.id().to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
+        sigterm(&first.0);
         h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
         h.kubelet
             .wait_devices(RESOURCE, SOON, |d| d.len() == 128)

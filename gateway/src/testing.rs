@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     core::{GatewayCore, Settings, Shared},
-    events::{Delivery, Migration, MigrationEvent, Role},
+    events::{Delivery, Handled, Migration, MigrationEvent, Role},
     fallback::Fallback,
     metrics::Metrics,
     netns::{NetnsError, NetnsLocator},
@@ -69,6 +69,39 @@ pub fn core_with(locator: impl NetnsLocator) -> GatewayCore {
         Metrics::default(),
         Settings::default(),
     )))
+}
+
+/// A core running on its own task, fed with acknowledged deliveries.
+pub struct RunningCore {
+    pub shared: Arc<Shared>,
+    tx: mpsc::Sender<Delivery>,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl RunningCore {
+    pub fn start(core: GatewayCore) -> RunningCore {
+        let shared = core.shared().clone();
+        let (tx, shutdown, task) = spawn_core(core);
+        RunningCore {
+            shared,
+            tx,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Sends `event` and waits until the core has handled it.
+    pub async fn send(&self, event: MigrationEvent) -> Handled {
+        let (delivery, handled) = Delivery::acknowledged(event);
+        self.tx.send(delivery).await.expect("core running");
+        handled.await.expect("core answered")
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("core task");
+    }
 }
 
 /// Runs `core` on a task fed through the returned sender, until the token is cancelled.

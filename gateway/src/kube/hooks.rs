@@ -89,10 +89,10 @@ mod tests {
 
     use super::*;
     use crate::{
-        events::{Delivery, Handled},
+        events::Handled,
         metrics::EndLabels,
         testing::{
-            CountingLocator, core_with, migrating_vmi, migrating_vmi_migration, spawn_core, within,
+            CountingLocator, RunningCore, core_with, migrating_vmi, migrating_vmi_migration, within,
         },
     };
 
@@ -170,17 +170,9 @@ mod tests {
         assert_eq!(from_watch, vec![from_hook.clone()]);
 
         let locator = CountingLocator::default();
-        let core = core_with(locator.clone());
-        let shared = core.shared().clone();
-        let (tx, shutdown, task) = spawn_core(core);
-        let send = |event: MigrationEvent| {
-            let tx = tx.clone();
-            async move {
-                let (delivery, handled) = Delivery::acknowledged(event);
-                tx.send(delivery).await.unwrap();
-                handled.await.unwrap()
-            }
-        };
+        let core = RunningCore::start(core_with(locator.clone()));
+        let shared = core.shared.clone();
+        let send = |event: MigrationEvent| core.send(event);
 
         // No capture namespace in a unit test: the capture is attempted (and fails) once.
         assert_eq!(send(from_hook).await, Handled::Uncaptured);
@@ -221,8 +213,7 @@ mod tests {
             })
             .get();
         assert_eq!(completed, 1);
-        shutdown.cancel();
-        task.await.unwrap();
+        core.stop().await;
     }
 
     #[test]
@@ -243,17 +234,9 @@ mod tests {
         };
 
         let locator = CountingLocator::default();
-        let core = core_with(locator.clone());
-        let shared = core.shared().clone();
-        let (tx, shutdown, task) = spawn_core(core);
-        let send = |event: MigrationEvent| {
-            let tx = tx.clone();
-            async move {
-                let (delivery, handled) = Delivery::acknowledged(event);
-                tx.send(delivery).await.unwrap();
-                handled.await.unwrap()
-            }
-        };
+        let core = RunningCore::start(core_with(locator.clone()));
+        let shared = core.shared.clone();
+        let send = |event: MigrationEvent| core.send(event);
 
         // The hooks start m1, then (m1 failed, KubeVirt retries) m2, which replaces it.
         assert_eq!(send(hook(&first)).await, Handled::Uncaptured);
@@ -296,7 +279,6 @@ mod tests {
             })
             .get();
         assert_eq!(aborted, 1, "only m1 ended, when m2 replaced it");
-        shutdown.cancel();
-        task.await.unwrap();
+        core.stop().await;
     }
 }

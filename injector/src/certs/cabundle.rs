@@ -340,6 +340,16 @@ mod tests {
         })
     }
 
+    /// A LIST answer holding `item`.
+    fn mwc_list(item: Value) -> Value {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfigurationList",
+            "metadata": { "resourceVersion": "10" },
+            "items": [item],
+        })
+    }
+
     /// The API calls a test expects, in order.
     enum Scenario {
         /// GET answered with `current`, then the strategic merge patch for `expect_patched`
@@ -397,16 +407,7 @@ mod tests {
                         "{q}"
                     );
                     assert!(!q.contains("watch=true"), "{q}");
-                    respond(
-                        send,
-                        200,
-                        &json!({
-                            "apiVersion": "admissionregistration.k8s.io/v1",
-                            "kind": "MutatingWebhookConfigurationList",
-                            "metadata": { "resourceVersion": "10" },
-                            "items": [current],
-                        }),
-                    );
+                    respond(send, 200, &mwc_list(current));
                     handle_patch(&mut api, "7", &["inject.rdma-streams.io"], patch_code).await;
                     let (request, watch) = api.expect(Method::GET, MWCS_PATH).await;
                     let q = query(&request);
@@ -670,12 +671,7 @@ mod tests {
             respond(
                 send,
                 200,
-                &json!({
-                    "apiVersion": "admissionregistration.k8s.io/v1",
-                    "kind": "MutatingWebhookConfigurationList",
-                    "metadata": { "resourceVersion": "10" },
-                    "items": [mwc("7", &[("inject.rdma-streams.io", Some(CA))])],
-                }),
+                &mwc_list(mwc("7", &[("inject.rdma-streams.io", Some(CA))])),
             );
             let (_, watch) = api.expect(Method::GET, MWCS_PATH).await;
             api.expect_quiet(Duration::from_millis(50)).await;
