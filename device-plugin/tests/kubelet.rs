@@ -7,6 +7,7 @@ use std::time::Duration;
 use common::{Harness, RESOURCE, SOON, all_of, within};
 use rdma_device_plugin::{
     api::v1beta1::{self as pb, device_plugin_client::DevicePluginClient},
+    instance_lock::{lock_path, try_lock},
     testing::fixture::HcaSpec,
 };
 
@@ -161,6 +162,52 @@ async fn own_socket_deleted_underneath() {
         std::fs::remove_file(&sock).unwrap();
         h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
         assert!(sock.exists(), "served again on a fresh socket");
+        h.kubelet
+            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
+            .await
+            .unwrap();
+        h.stop_plugin().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_instance_lock_is_taken_again_or_yielded() {
+    within(60, async {
+        let mut h = Harness::new(Harness::two_hcas()).await;
+        h.start_plugin(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let sock = h.kubelet.endpoint(RESOURCE).unwrap();
+        let name = sock.file_name().unwrap().to_str().unwrap();
+        let lock = lock_path(sock.parent().unwrap(), name);
+        assert!(lock.exists(), "{}", lock.display());
+
+        // Deleted (as a cleanup of the folder might): the plugin takes the lock on a new file
+        // and serves on.
+        std::fs::remove_file(&lock).unwrap();
+        h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
+        assert!(lock.exists(), "lock file re-created");
+        assert!(
+            try_lock(&lock).unwrap().is_none(),
+            "the plugin holds the new lock"
+        );
+
+        // Replaced, and another instance holds the new file first: the plugin stands by and
+        // serves again once that one lets go.
+        std::fs::remove_file(&lock).unwrap();
+        let other = try_lock(&lock).unwrap().expect("the new file is free");
+        h.kubelet
+            .wait_for("the stream to end", SOON, |k| !k.stream_open(RESOURCE))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            h.kubelet.registrations(RESOURCE),
+            2,
+            "registered while standing by"
+        );
+        drop(other);
+        h.kubelet.wait_registered(RESOURCE, 3, SOON).await.unwrap();
         h.kubelet
             .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
             .await
