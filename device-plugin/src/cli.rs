@@ -319,6 +319,9 @@ pub fn discover_report(
             dev_root.join("infiniband/rdma_cm").display()
         ));
     }
+    if let Some(advice) = crate::netns_mode::advice(inventory.netns_mode) {
+        notes.push(advice.to_string());
+    }
     let pools = cfg
         .pools
         .iter()

@@ -34,6 +34,7 @@ use tracing::{debug, warn};
 use crate::{
     hca::{Bus, CharDev, CharDevKind, Hca, Health, Inventory, LinkLayer, Port},
     health::assess,
+    netns_mode::NetnsMode,
 };
 
 /// Discovery could not read one of its roots at all.
@@ -85,6 +86,7 @@ pub fn discover(sys_root: &Path, dev_root: &Path) -> Result<Inventory, Discovery
             return Ok(Inventory {
                 hcas: Vec::new(),
                 rdma_cm,
+                netns_mode: NetnsMode::read(&sys.root),
             });
         }
         Err(source) => {
@@ -117,7 +119,11 @@ pub fn discover(sys_root: &Path, dev_root: &Path) -> Result<Inventory, Discovery
             hca
         })
         .collect();
-    Ok(Inventory { hcas, rdma_cm })
+    Ok(Inventory {
+        hcas,
+        rdma_cm,
+        netns_mode: NetnsMode::read(&sys.root),
+    })
 }
 
 fn check_dev_root(dev_root: &Path) -> Result<PathBuf, DiscoveryError> {
@@ -1141,5 +1147,22 @@ mod tests {
             bus_from_link_text(Path::new("../../devices/virtual/infiniband/rxe0")),
             None
         );
+    }
+
+    #[test]
+    fn the_netns_mode_comes_from_ib_core() {
+        let (_d, tree) = tree();
+        tree.add_hca(HcaSpec::connectx_ib("mlx5_0", "0000:3b:00.0"))
+            .unwrap();
+        assert_eq!(discover_tree(&tree).netns_mode, NetnsMode::Unknown);
+        tree.write_sys(crate::netns_mode::PARAM, "N\n").unwrap();
+        let inv = discover_tree(&tree);
+        assert_eq!(inv.netns_mode, NetnsMode::Exclusive);
+        assert!(
+            inv.hcas[0].health.is_healthy(),
+            "the mode is reported, not judged"
+        );
+        tree.write_sys(crate::netns_mode::PARAM, "Y\n").unwrap();
+        assert_eq!(discover_tree(&tree).netns_mode, NetnsMode::Shared);
     }
 }

@@ -5,6 +5,8 @@
 
 use serde::Serialize;
 
+use crate::netns_mode::NetnsMode;
+
 /// How a port carries RDMA (`ports/<n>/link_layer`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum LinkLayer {
@@ -226,6 +228,8 @@ pub struct Inventory {
     pub hcas: Vec<Hca>,
     /// The shared `rdma_cm` node (`<dev-root>/infiniband/rdma_cm`).
     pub rdma_cm: CharDev,
+    /// The kernel's RDMA network-namespace mode ([`crate::netns_mode`]).
+    pub netns_mode: NetnsMode,
 }
 
 impl Default for CharDev {

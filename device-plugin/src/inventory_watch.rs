@@ -8,12 +8,13 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     discovery,
     hca::{Hca, Inventory},
     metrics::{HcaHealthLabels, Metrics},
+    netns_mode::{self, NetnsMode},
 };
 
 /// Where and how often to look.
@@ -58,6 +59,15 @@ pub fn log_transitions(old: &Inventory, new: &Inventory) {
     if old.rdma_cm.present != new.rdma_cm.present {
         info!(present = new.rdma_cm.present, "rdma_cm device changed");
     }
+    if old.netns_mode != new.netns_mode {
+        match netns_mode::advice(new.netns_mode) {
+            Some(advice) => warn!(mode = new.netns_mode.as_str(), "{advice}"),
+            None if old.netns_mode == NetnsMode::Unknown => {
+                debug!(mode = new.netns_mode.as_str(), "RDMA netns mode")
+            }
+            None => info!(mode = new.netns_mode.as_str(), "RDMA netns mode changed"),
+        }
+    }
 }
 
 fn log_health_change(prev: &Hca, hca: &Hca) {
@@ -74,6 +84,9 @@ fn log_health_change(prev: &Hca, hca: &Hca) {
 }
 
 fn record(metrics: &Metrics, inv: &Inventory) {
+    metrics
+        .netns_exclusive
+        .set(i64::from(inv.netns_mode == NetnsMode::Exclusive));
     let healthy = inv.hcas.iter().filter(|h| h.health.is_healthy()).count();
     for (health, n) in [
         ("Healthy", healthy),

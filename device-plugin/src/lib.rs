@@ -23,6 +23,7 @@ pub mod instance_lock;
 pub mod inventory_watch;
 pub mod manager;
 pub mod metrics;
+pub mod netns_mode;
 pub mod pool;
 pub mod preferred;
 pub mod readiness;

@@ -51,6 +51,8 @@ pub struct Metrics {
     pub streams: Family<ResourceLabels, Gauge>,
     /// 1 while another instance on this node holds the pool's lock and serves it.
     pub standby: Family<ResourceLabels, Gauge>,
+    /// 1 while the kernel's RDMA netns mode is exclusive (shared slots do not work there).
+    pub netns_exclusive: Gauge,
 }
 
 fn allocate_histogram() -> Histogram {
@@ -70,6 +72,7 @@ impl Metrics {
             allocate_seconds: Family::new_with_constructor(allocate_histogram),
             streams: Family::default(),
             standby: Family::default(),
+            netns_exclusive: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("rdma_dp");
         r.register(
@@ -107,6 +110,11 @@ impl Metrics {
             "standby",
             "1 while another instance on this node serves the pool",
             m.standby.clone(),
+        );
+        r.register(
+            "netns_exclusive",
+            "1 while the kernel's RDMA netns mode is exclusive",
+            m.netns_exclusive.clone(),
         );
         m
     }

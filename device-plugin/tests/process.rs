@@ -51,6 +51,8 @@ fn discover_example_tree_as_yaml_and_json() {
         .map(|h| h["name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(names, ["mlx5_0", "mlx5_1", "mlx5_2"]);
+    assert_eq!(v["netnsMode"].as_str(), Some("shared"));
+    assert!(v.get("notes").is_none(), "{yaml}");
     assert_eq!(v["hcas"][0]["numaNode"].as_i64(), Some(0));
     assert_eq!(v["hcas"][1]["numaNode"].as_i64(), Some(1));
     assert_eq!(v["hcas"][2]["bus"]["kind"].as_str(), Some("auxiliary"));
@@ -78,6 +80,30 @@ fn discover_with_no_rdma_says_so() {
     assert!(ok, "{err}");
     assert!(yaml.contains("no RDMA device found"), "{yaml}");
     assert!(yaml.contains("hcas: []"), "{yaml}");
+}
+
+#[test]
+fn discover_warns_about_exclusive_netns_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = rdma_device_plugin::testing::fixture::FixtureTree::new(dir.path()).unwrap();
+    tree.add_hca(rdma_device_plugin::testing::fixture::HcaSpec::connectx_ib(
+        "mlx5_0",
+        "0000:3b:00.0",
+    ))
+    .unwrap();
+    tree.write_sys("module/ib_core/parameters/netns_mode", "N\n")
+        .unwrap();
+    let (ok, yaml, err) = discover(&tree.sys_root(), &tree.dev_root(), &[]);
+    assert!(ok, "{err}");
+    let v: serde_yaml::Value = serde_yaml::from_str(&yaml).expect("yaml");
+    assert_eq!(v["netnsMode"].as_str(), Some("exclusive"));
+    let notes = v["notes"].as_sequence().expect("notes");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("rdma system set netns shared")),
+        "{yaml}"
+    );
 }
 
 #[test]

@@ -775,6 +775,8 @@ pub fn example_two_hca_node(root: &Path) -> io::Result<FixtureTree> {
             .netdev("ens2f0np0"),
     )?;
     tree.add_hca(HcaSpec::sf("mlx5_2", "mlx5_core.sf.2", "0000:af:00.0").netdev("enp175s0f0s2"))?;
+    // ib_core's RDMA netns mode: shared, the kernel default.
+    tree.write_sys(crate::netns_mode::PARAM, "Y\n")?;
     Ok(tree)
 }
 
