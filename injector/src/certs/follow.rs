@@ -23,7 +23,7 @@ use kube::{
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{CertAuthority, CertError, bootstrap::ca_from_secret, get_or_create_ca};
 
@@ -69,6 +69,7 @@ pub async fn run_ca_follower(
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher::watcher(api, config).default_backoff().boxed();
     let secret = format!("{namespace}/{name}");
+    let mut forbidden_said = false;
     loop {
         let event = tokio::select! {
             biased;
@@ -99,9 +100,30 @@ pub async fn run_ca_follower(
                 }
             }
             Some(Ok(Event::Init | Event::InitDone)) => {}
+            Some(Err(error)) if is_forbidden(&error) => {
+                // RBAC from before the follower (no list/watch on the Secret): say it once,
+                // keep serving from the CA in use, and keep trying (RBAC may be fixed).
+                if !forbidden_said {
+                    warn!(%secret, %error, "not allowed to list/watch the CA Secret: a new CA reaches this replica only at its next restart; grant get, list, watch on it (the chart does)");
+                    forbidden_said = true;
+                } else {
+                    debug!(%secret, %error, "watch of the CA Secret still forbidden");
+                }
+            }
             Some(Err(error)) => warn!(%secret, %error, "watch of the CA Secret failed; retrying"),
             None => return,
         }
+    }
+}
+
+/// True for an API answer 403 (list or watch not granted).
+fn is_forbidden(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.is_forbidden(),
+        watcher::Error::WatchError(status) => status.is_forbidden(),
+        _ => false,
     }
 }
 
@@ -282,6 +304,57 @@ mod tests {
         timeout_after(Duration::from_secs(5), scenario).await;
         assert_eq!(ca_rx.borrow_and_update().cert_pem(), recreated_pem);
         assert_ne!(replaced_pem, recreated_pem);
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(1), follower)
+            .await
+            .expect("follower stops on shutdown")
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forbidden_watch_keeps_the_ca_and_is_retried() {
+        let first = CertAuthority::generate().unwrap();
+        let later = CertAuthority::generate().unwrap();
+        let later_pem = later.cert_pem().to_owned();
+        let (client, mut api) = mock_client();
+        let (ca_tx, ca_rx) = watch::channel(Arc::new(first));
+        let first_pem = ca_rx.borrow().cert_pem().to_owned();
+        let shutdown = CancellationToken::new();
+        let follower = tokio::spawn(run_ca_follower(
+            client,
+            NS.into(),
+            SECRET.into(),
+            ca_tx,
+            shutdown.clone(),
+        ));
+        let in_use = ca_rx.clone();
+        let scenario = tokio::spawn(async move {
+            // Old RBAC: the list is forbidden, twice. The CA in use stays.
+            for _ in 0..2 {
+                let send = expect_list(&mut api, false).await;
+                respond(
+                    send,
+                    403,
+                    &status_failure(403, "Forbidden", "secrets is forbidden"),
+                );
+            }
+            assert_eq!(in_use.borrow().cert_pem(), first_pem);
+            // RBAC fixed: the next attempt lists a new CA, which is adopted.
+            let send = expect_list(&mut api, false).await;
+            respond(
+                send,
+                200,
+                &json!({
+                    "apiVersion": "v1", "kind": "SecretList",
+                    "metadata": { "resourceVersion": "20" },
+                    "items": [secret_json(&later, "19")],
+                }),
+            );
+            let _watch = expect_list(&mut api, true).await;
+            api.expect_quiet(Duration::from_millis(100)).await;
+        });
+        timeout_after(Duration::from_secs(600), scenario).await;
+        assert_eq!(ca_rx.borrow().cert_pem(), later_pem);
         shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(1), follower)
             .await
