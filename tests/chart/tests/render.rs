@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use rdma_streams_chart_tests::{
-    NAMESPACE, Rendered, SYSTEM_NAMESPACES, VALUE_SETS, all_containers, env_map, helm, ident,
-    named, render, selects, value_set,
+    NAMESPACE, RELEASE, Rendered, SYSTEM_NAMESPACES, VALUE_SETS, all_containers, env_map, helm,
+    ident, named, render, repo_root, selects, value_set,
 };
 use rdma_streams_testkit::within;
 use serde_json::{Map, Value, json};
@@ -1150,6 +1150,46 @@ fn optional_monitoring_and_network_policies() {
             "privileged"
         );
 
+        let rule = r.get("PrometheusRule", RELEASE);
+        let groups: Vec<&str> = rule["spec"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                "rdma-streams.device-plugin",
+                "rdma-streams.injector",
+                "rdma-streams.gateway"
+            ]
+        );
+        let alerts: Vec<&Value> = rule["spec"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .collect();
+        assert!(alerts.len() >= 9, "{alerts:?}");
+        assert!(exported("rdma_dp_devices") && !exported("rdma_dp_no_such_thing_total"));
+        for alert in &alerts {
+            let name = alert["alert"].as_str().unwrap();
+            assert!(alert["labels"]["severity"].is_string(), "{name}");
+            assert_eq!(alert["labels"]["team"], "platform", "{name}");
+            assert!(alert["annotations"]["summary"].is_string(), "{name}");
+            let expr = alert["expr"].as_str().unwrap();
+            for metric in metric_names(expr) {
+                assert!(
+                    exported(&metric),
+                    "{name}: {metric} is not a metric any component exports"
+                );
+            }
+            // Go templates for Prometheus survive helm's own templating.
+            let description = alert["annotations"]["description"].as_str().unwrap();
+            assert!(!description.contains("{{`"), "{name}: {description}");
+        }
+
         let off = render(&helm, value_set("no-cluster-access"), &[]);
         let np = off.get("NetworkPolicy", &named("injector"));
         assert_eq!(np["spec"]["egress"], json!([]), "no API server, no egress");
@@ -1158,7 +1198,57 @@ fn optional_monitoring_and_network_policies() {
         let default = render(&helm, value_set("default"), &[]);
         assert!(default.all("NetworkPolicy").is_empty());
         assert!(default.all("ServiceMonitor").is_empty());
+        assert!(default.all("PrometheusRule").is_empty());
     });
+}
+
+/// The `rdma_*` metric names an alert expression uses.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("rdma_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// True if `metric` (as Prometheus sees it: prefix, name, unit and `_total` suffixes) is
+/// registered by the component its prefix names, read from that component's metrics sources.
+fn exported(metric: &str) -> bool {
+    let sources: &[(&str, &[&str])] = &[
+        (
+            "rdma_dp_",
+            &[
+                "device-plugin/src/metrics.rs",
+                "common/src/reload_metrics.rs",
+            ],
+        ),
+        (
+            "rdma_stream_injector_",
+            &[
+                "injector/src/server/metrics.rs",
+                "common/src/reload_metrics.rs",
+            ],
+        ),
+        ("rdma_gw_", &["gateway/src/metrics.rs"]),
+    ];
+    let Some((prefix, files)) = sources.iter().find(|(p, _)| metric.starts_with(p)) else {
+        return false;
+    };
+    let name = &metric[prefix.len()..];
+    let base = name
+        .strip_suffix("_total")
+        .or_else(|| name.strip_suffix("_seconds"))
+        .unwrap_or(name);
+    files.iter().any(|file| {
+        let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+        text.contains(&format!("\"{base}\"")) || text.contains(&format!("_{base}\""))
+    })
 }
 
 #[test]
