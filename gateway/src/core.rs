@@ -6,8 +6,8 @@
 //!   connections then go over plain TCP as without the gateway.
 //! - `Started` (target): remember the migration, so [`crate::inbound`] accepts streams for
 //!   its destinations.
-//! - A `Started` for a migration that already ended, or that a different migration of its VMI
-//!   replaced, is ignored ([`Handled::Stale`]; a VMI watch lagging behind the node hooks sends
+//! - A `Started` for a migration that already ended, that a different migration of its VMI
+//!   replaced, or that started before the VMI's active one, is ignored ([`Handled::Stale`]; a VMI watch lagging behind the node hooks sends
 //!   those, see [`crate::ended`]).
 //! - `Ended`: close the uid's capture listener and remove its table at once; stop its pumps
 //!   and relays at once when aborted, else after [`Settings::drain_grace`] (a completed
@@ -265,6 +265,18 @@ impl GatewayCore {
             info!(migration = %migration.id, "start of a migration that is over: ignored");
             return Handled::Stale;
         }
+        let newer = self
+            .shared
+            .table()
+            .get(&migration.uid)
+            .filter(|active| {
+                active.migration.id != migration.id && migration.started_before(&active.migration)
+            })
+            .map(|active| active.migration.id.clone());
+        if let Some(newer) = newer {
+            info!(migration = %migration.id, %newer, "start of a migration older than the active one: ignored");
+            return Handled::Stale;
+        }
         // A different migration of the VMI replaces the active one (that one is over), and a
         // changed report of the same migration (ports published later) starts it afresh.
         let replaced = self
@@ -424,6 +436,7 @@ mod tests {
             role,
             target: "10.2.0.2".parse().unwrap(),
             ports: vec![49152, 49153],
+            started: None,
         }
     }
 
@@ -673,5 +686,44 @@ mod tests {
             Handled::Started
         );
         assert_eq!(shared.metrics.migrations_active.get(), 1);
+    }
+
+    #[test]
+    fn a_late_start_of_an_older_migration_never_seen_changes_nothing() {
+        within(older_start_body);
+    }
+
+    async fn older_start_body() {
+        let core = core();
+        let shared = core.shared().clone();
+        let dst: SocketAddr = "10.2.0.2:49152".parse().unwrap();
+        let m = |id: &str, started: &str| Migration {
+            id: id.into(),
+            started: Some(started.into()),
+            ..migration(Role::Target)
+        };
+        let second = m("m2", "2026-11-30T05:10:00Z");
+        assert_eq!(
+            core.handle(MigrationEvent::Started(second)).await,
+            Handled::Started
+        );
+        let active = shared.target_handles("u1", dst).expect("m2 active");
+        // m1 started before m2 and was never seen here (a gateway restart, a missed hook):
+        // its late start leaves m2 alone.
+        let first = m("m1", "2026-11-30T05:00:00Z");
+        assert_eq!(
+            core.handle(MigrationEvent::Started(first)).await,
+            Handled::Stale
+        );
+        assert!(!active.cancel.is_cancelled());
+        assert_eq!(shared.target_handles("u1", dst).unwrap().migration.id, "m2");
+        // A later one replaces it; so does one of the same second (no order claimed).
+        let third = m("m3", "2026-11-30T05:10:00Z");
+        assert_eq!(
+            core.handle(MigrationEvent::Started(third)).await,
+            Handled::Started
+        );
+        assert!(active.cancel.is_cancelled());
+        assert_eq!(shared.target_handles("u1", dst).unwrap().migration.id, "m3");
     }
 }

@@ -25,6 +25,9 @@ pub struct Migration {
     /// (status.migrationState.targetNodeAddress, targetDirectMigrationNodePorts keys).
     pub target: std::net::IpAddr,
     pub ports: Vec<u16>,
+    /// `status.migrationState.startTimestamp` (RFC 3339, UTC), which orders the migrations of
+    /// one VMI; `None` when the producer does not know it (test events).
+    pub started: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +61,25 @@ impl Role {
 }
 
 impl Migration {
+    /// True if this migration started before `other` did, by their start times; false when
+    /// either time is unknown or not in the API server's form (`2026-11-30T05:00:00Z`, which
+    /// sorts as text).
+    pub fn started_before(&self, other: &Migration) -> bool {
+        fn canonical(t: &str) -> bool {
+            let b = t.as_bytes();
+            b.len() == 20
+                && b[19] == b'Z'
+                && b[10] == b'T'
+                && b.iter()
+                    .enumerate()
+                    .all(|(i, c)| matches!(i, 4 | 7 | 10 | 13 | 16 | 19) || c.is_ascii_digit())
+        }
+        match (self.started.as_deref(), other.started.as_deref()) {
+            (Some(a), Some(b)) if canonical(a) && canonical(b) => a < b,
+            _ => false,
+        }
+    }
+
     /// True if `dst` is one of this migration's target ports on its target address.
     pub fn matches(&self, dst: std::net::SocketAddr) -> bool {
         dst.ip() == self.target && self.ports.contains(&dst.port())
@@ -113,4 +135,36 @@ pub enum Handled {
     Stale,
     /// The migration ended (or was not active: nothing to do).
     Ended,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(started: Option<&str>) -> Migration {
+        Migration {
+            uid: "u1".into(),
+            id: "m".into(),
+            vmi: "ns/vm".into(),
+            role: Role::Source,
+            target: "10.2.0.2".parse().unwrap(),
+            ports: vec![1],
+            started: started.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn start_times_order_migrations_only_when_both_are_known_and_canonical() {
+        let early = at(Some("2026-11-30T05:00:00Z"));
+        let late = at(Some("2026-11-30T05:00:01Z"));
+        assert!(early.started_before(&late));
+        assert!(!late.started_before(&early));
+        assert!(!early.started_before(&early), "same second: not before");
+        assert!(!at(None).started_before(&late));
+        assert!(!early.started_before(&at(None)));
+        // Another offset or fractions do not sort as text: no order claimed.
+        assert!(!at(Some("2026-11-30T04:00:00-02:00")).started_before(&late));
+        assert!(!at(Some("2026-11-30T05:00:00.5Z")).started_before(&late));
+        assert!(!at(Some("not a time at all..Z")).started_before(&late));
+    }
 }

@@ -71,6 +71,7 @@ pub fn parse(line: &str) -> Result<MigrationEvent, serde_json::Error> {
             },
             target: m.target,
             ports: m.ports,
+            started: None,
         }),
         Wire::Ended {
             uid,
@@ -148,6 +149,7 @@ mod tests {
                 role: Role::Source,
                 target: "10.2.0.2".parse().unwrap(),
                 ports: vec![1, 2],
+                started: None,
             })
         );
         assert_eq!(

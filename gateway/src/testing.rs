@@ -157,5 +157,6 @@ pub fn migrating_vmi_migration(role: Role) -> Migration {
         role,
         target: "10.244.2.7".parse().expect("address"),
         ports: vec![40000, 40001],
+        started: None,
     }
 }

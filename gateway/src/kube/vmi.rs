@@ -287,6 +287,7 @@ fn stage(node: &str, view: &VmiView) -> Stage {
             role,
             target,
             ports: parsed,
+            started: state.start_timestamp.clone(),
         },
     }
 }
@@ -565,6 +566,7 @@ mod tests {
             role,
             target: target.parse().unwrap(),
             ports: ports.to_vec(),
+            started: Some("2026-11-30T05:00:00Z".into()),
         })
     }
 
@@ -894,6 +896,7 @@ mod tests {
             role,
             target: target.parse().unwrap(),
             ports: ports.to_vec(),
+            started: Some("2026-11-30T05:00:00Z".into()),
         })
     }
 
