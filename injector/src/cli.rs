@@ -398,15 +398,23 @@ async fn self_managed_certs(
         }
     };
     info!(origin = ?boot.origin, "serving certificate issued");
-    let (ca_tx, ca_rx) = tokio::sync::watch::channel(std::sync::Arc::new(boot.ca));
+    let ca = std::sync::Arc::new(boot.ca);
+    let (ca_tx, ca_rx) = tokio::sync::watch::channel(ca.clone());
+    let (bundled_tx, bundled_rx) = tokio::sync::watch::channel(None);
     tokio::spawn(certs::run_ca_bundle_controller(
         client.clone(),
         args.webhook_config.clone(),
         certs::rotation::bundle_targets(ca_rx.clone()),
+        bundled_tx,
         shutdown.clone(),
     ));
     tokio::spawn(certs::run_serving_cert_renewal(
-        ca_rx,
+        certs::renew::CaFeed {
+            ca: ca_rx,
+            bundled: bundled_rx,
+            propagation: certs::renew::DEFAULT_PROPAGATION,
+        },
+        ca,
         cfg.identity.clone(),
         cfg.cert_dir.clone(),
         boot.serving,

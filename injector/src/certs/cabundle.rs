@@ -147,10 +147,13 @@ async fn patch_if_stale(
 /// new CA's overlap), until `shutdown` is cancelled. Never returns on API errors: watch errors
 /// are retried with kube's default backoff, failed patches are retried (GET + patch) with
 /// backoff until they succeed or the watch shows no drift. A missing MWC is waited for.
+/// Whenever the bundle holds the target's CA (patched, or right already), that CA's PEM is
+/// published on `bundled`.
 pub async fn run_ca_bundle_controller(
     client: Client,
     mwc_name: String,
     mut target: watch::Receiver<BundleTarget>,
+    bundled: watch::Sender<Option<String>>,
     shutdown: CancellationToken,
 ) {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -218,6 +221,7 @@ pub async fn run_ca_bundle_controller(
                 retry_at = match result {
                     Ok(_) => {
                         backoff.reset();
+                        bundled.send_replace(Some(current.ca_pem.clone()));
                         None
                     }
                     Err(CertError::WebhookConfigNotFound { .. }) => {
@@ -240,6 +244,7 @@ pub async fn run_ca_bundle_controller(
                     retry_at = match result {
                         Ok(_) => {
                             backoff.reset();
+                            bundled.send_replace(Some(current.ca_pem.clone()));
                             None
                         }
                         Err(error) => {
@@ -573,6 +578,7 @@ mod tests {
             client,
             MWC.to_owned(),
             watch::channel(BundleTarget::exact(CA)).1,
+            watch::channel(None).0,
             shutdown.clone(),
         ));
         timeout_after(limit, scenario).await;
@@ -604,6 +610,7 @@ mod tests {
             client,
             MWC.to_owned(),
             watch::channel(BundleTarget::exact(CA)).1,
+            watch::channel(None).0,
             shutdown.clone(),
         ));
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -658,13 +665,16 @@ mod tests {
         const NEWER: &str = "-----BEGIN CERTIFICATE-----\nMIIBnewer\n-----END CERTIFICATE-----\n";
         let (client, mut api) = mock_client();
         let (target_tx, target_rx) = watch::channel(BundleTarget::exact(CA));
+        let (bundled_tx, bundled) = watch::channel(None);
         let shutdown = CancellationToken::new();
         let controller = tokio::spawn(run_ca_bundle_controller(
             client,
             MWC.to_owned(),
             target_rx,
+            bundled_tx,
             shutdown.clone(),
         ));
+        let held = bundled.clone();
         let scenario = async move {
             // Start: the bundle is the CA already; the watch opens and nothing is patched.
             let (_, send) = api.expect(Method::GET, MWCS_PATH).await;
@@ -675,6 +685,11 @@ mod tests {
             );
             let (_, watch) = api.expect(Method::GET, MWCS_PATH).await;
             api.expect_quiet(Duration::from_millis(50)).await;
+            assert_eq!(
+                held.borrow().as_deref(),
+                Some(CA),
+                "the bundle holds the CA"
+            );
             // A new CA, young: it joins the bundle, in front of the one there.
             let overlap = Duration::from_millis(600);
             target_tx.send_replace(BundleTarget {
@@ -684,6 +699,12 @@ mod tests {
             let joined = format!("{NEWER}{CA}");
             expect_get(&mut api, "8", CA).await;
             expect_bundle_patch(&mut api, "8", &joined).await;
+            api.expect_quiet(Duration::from_millis(50)).await;
+            assert_eq!(
+                held.borrow().as_deref(),
+                Some(NEWER),
+                "the bundle holds the new CA"
+            );
             // Its overlap over: the bundle becomes the new CA alone, with no other trigger.
             let started = std::time::Instant::now();
             expect_get(&mut api, "9", &joined).await;
