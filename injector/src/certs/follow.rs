@@ -186,6 +186,15 @@ mod tests {
         })
     }
 
+    /// A LIST answer at `rv` holding `item`.
+    fn secret_list(rv: &str, item: Value) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "SecretList",
+            "metadata": { "resourceVersion": rv },
+            "items": [item],
+        })
+    }
+
     fn secret(value: Value) -> Secret {
         serde_json::from_value(value).unwrap()
     }
@@ -256,15 +265,7 @@ mod tests {
         let scenario = tokio::spawn(async move {
             // The list shows the CA in use: nothing happens.
             let send = expect_list(&mut api, false).await;
-            respond(
-                send,
-                200,
-                &json!({
-                    "apiVersion": "v1", "kind": "SecretList",
-                    "metadata": { "resourceVersion": "10" },
-                    "items": [secret_json(&first, "5")],
-                }),
-            );
+            respond(send, 200, &secret_list("10", secret_json(&first, "5")));
             // The watch: replaced by an admin, then broken, then deleted.
             let send = expect_list(&mut api, true).await;
             let mut broken = secret_json(&replaced, "12");
@@ -341,15 +342,7 @@ mod tests {
             assert_eq!(in_use.borrow().cert_pem(), first_pem);
             // RBAC fixed: the next attempt lists a new CA, which is adopted.
             let send = expect_list(&mut api, false).await;
-            respond(
-                send,
-                200,
-                &json!({
-                    "apiVersion": "v1", "kind": "SecretList",
-                    "metadata": { "resourceVersion": "20" },
-                    "items": [secret_json(&later, "19")],
-                }),
-            );
+            respond(send, 200, &secret_list("20", secret_json(&later, "19")));
             let _watch = expect_list(&mut api, true).await;
             api.expect_quiet(Duration::from_millis(100)).await;
         });
