@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
-    certs,
+    audit, certs,
     namespaces::NamespaceCache,
     profile::{self, Config},
     profile_watch,
@@ -66,6 +66,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Print manifests with the injection applied, as the webhook would apply it.
     Inject(InjectArgs),
+    /// List running pods that are opted in but were not injected (created while the webhook
+    /// was down, say); exit status 3 if there are any (1: an error). Uses your kubeconfig.
+    Audit(AuditArgs),
 }
 
 /// Whether the injector talks to the API server.
@@ -165,6 +168,25 @@ pub struct InjectArgs {
     pub diff: bool,
 }
 
+#[derive(Debug, ClapArgs)]
+pub struct AuditArgs {
+    /// Profiles (YAML) the webhook runs with; the built-in default when absent.
+    #[arg(long, env = "RDMA_INJECTOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Only this namespace (default: all).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = AuditOutput::Text)]
+    pub output: AuditOutput,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AuditOutput {
+    Text,
+    Json,
+}
+
 /// Failures that end the process, each saying what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -182,6 +204,8 @@ pub enum RunError {
     Server(#[from] ServerError),
     #[error("connecting to the API server (use --cluster-access off to run without one): {0}")]
     Kube(#[source] kube::Error),
+    #[error("reading the cluster (kubeconfig, or the in-cluster service account): {0}")]
+    Audit(#[source] kube::Error),
     #[error("self-managed certificates: {0}")]
     Certs(#[from] certs::CertError),
     #[error("{0}")]
@@ -197,6 +221,15 @@ impl Args {
         telemetry::init(args.log_format, &args.log_level);
         match args.command {
             Command::Inject(inject) => run_inject(&inject),
+            Command::Audit(audit) => {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async {
+                    let client = kube::Client::try_default().await.map_err(RunError::Audit)?;
+                    run_audit(&audit, &client).await
+                })
+            }
             Command::Serve(serve) => {
                 let rt = tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)
@@ -258,6 +291,41 @@ pub fn run_inject(args: &InjectArgs) -> Result<ExitCode, RunError> {
     stdout.write_all(printed.as_bytes())?;
     stdout.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exit status of `audit` when a pod was not injected (1 is any error, 2 a usage error).
+pub const AUDIT_FOUND_UNINJECTED: u8 = 3;
+
+/// `audit` against the cluster `client` talks to: prints the findings; exit status
+/// [`AUDIT_FOUND_UNINJECTED`] if a pod was not injected.
+pub async fn run_audit(args: &AuditArgs, client: &kube::Client) -> Result<ExitCode, RunError> {
+    let config = match &args.config {
+        Some(path) => profile::load(path)?,
+        None => Config::builtin_default(),
+    };
+    let findings = audit::audit_cluster(client, args.namespace.as_deref(), &config)
+        .await
+        .map_err(RunError::Audit)?;
+    let printed = match args.output {
+        AuditOutput::Text => audit::render_text(&findings),
+        AuditOutput::Json => {
+            let mut json =
+                serde_json::to_string_pretty(&findings).map_err(std::io::Error::other)?;
+            json.push('\n');
+            json
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(printed.as_bytes())?;
+    stdout.flush()?;
+    let missing = findings
+        .iter()
+        .any(|f| f.state == audit::State::NotInjected);
+    Ok(if missing {
+        ExitCode::from(AUDIT_FOUND_UNINJECTED)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// A unified diff of two renderings (both through the same serializer, so only the injection

@@ -5,9 +5,11 @@
 //!                                                  │  namespace facts: namespaces (reflector)
 //!                                                  │  profiles: profile_watch (last good wins)
 //!  inject -f FILE ───────────────────────────────> workloads ──> core::plan + apply ──> YAML
+//!  audit (kubeconfig) ── pods, namespaces ───────> audit ──> core::plan ──> not injected?
 //!  certs: self-managed CA in a Secret, serving cert files, caBundle kept patched
 //! ```
 
+pub mod audit;
 pub mod certs;
 pub mod cli;
 pub mod core;
