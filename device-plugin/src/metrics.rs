@@ -51,6 +51,8 @@ pub struct Metrics {
     pub streams: Family<ResourceLabels, Gauge>,
     /// 1 while another instance on this node holds the pool's lock and serves it.
     pub standby: Family<ResourceLabels, Gauge>,
+    /// 1 while the pool is registered with kubelet (removed with the pool).
+    pub registered: Family<ResourceLabels, Gauge>,
     /// 1 while the kernel's RDMA netns mode is exclusive (shared slots do not work there).
     pub netns_exclusive: Gauge,
 }
@@ -72,6 +74,7 @@ impl Metrics {
             allocate_seconds: Family::new_with_constructor(allocate_histogram),
             streams: Family::default(),
             standby: Family::default(),
+            registered: Family::default(),
             netns_exclusive: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("rdma_dp");
@@ -110,6 +113,11 @@ impl Metrics {
             "standby",
             "1 while another instance on this node serves the pool",
             m.standby.clone(),
+        );
+        r.register(
+            "registered",
+            "1 while the pool is registered with kubelet",
+            m.registered.clone(),
         );
         r.register(
             "netns_exclusive",

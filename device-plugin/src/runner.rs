@@ -106,7 +106,7 @@ impl Runner {
         let span = info_span!("pool", resource = %self.resource_name);
         async move {
             let mut backoff = Backoff::default();
-            self.readiness.set(&self.resource_name, false);
+            self.set_registered(false);
             let lock_path = instance_lock::lock_path(
                 &self.settings.socket_dir(),
                 &socket_file_name(&self.resource_name),
@@ -117,7 +117,7 @@ impl Runner {
                 };
                 loop {
                     let outcome = self.serve_once(&mut backoff, lock.as_ref()).await;
-                    self.readiness.set(&self.resource_name, false);
+                    self.set_registered(false);
                     match outcome {
                         Outcome::Shutdown => break 'locked,
                         Outcome::LockLost => {
@@ -143,6 +143,9 @@ impl Runner {
                 }
             }
             self.readiness.remove(&self.resource_name);
+            let labels = Metrics::resource(&self.resource_name);
+            self.metrics.registered.remove(&labels);
+            self.metrics.standby.remove(&labels);
             info!("pool stopped");
         }
         .instrument(span)
@@ -350,9 +353,18 @@ impl Runner {
             .inc();
     }
 
+    /// Readiness and `rdma_dp_registered` together.
+    fn set_registered(&self, registered: bool) {
+        self.readiness.set(&self.resource_name, registered);
+        self.metrics
+            .registered
+            .get_or_create(&Metrics::resource(&self.resource_name))
+            .set(i64::from(registered));
+    }
+
     fn on_registered(&self) {
         self.count_registration("ok");
-        self.readiness.set(&self.resource_name, true);
+        self.set_registered(true);
         info!("registered with kubelet");
     }
 }

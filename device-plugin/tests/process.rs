@@ -201,6 +201,9 @@ async fn serves_admin_endpoint_and_drains_on_sigterm() {
             "rdma_dp_devices{resource=\"rdma-streams.io/hca\",health=\"Healthy\"} 128",
             "rdma_dp_registrations_total{resource=\"rdma-streams.io/hca\",result=\"ok\"} 1",
             "rdma_dp_listandwatch_streams{resource=\"rdma-streams.io/hca\"} 1",
+            "rdma_dp_registered{resource=\"rdma-streams.io/hca\"} 1",
+            "rdma_dp_standby{resource=\"rdma-streams.io/hca\"} 0",
+            "rdma_dp_netns_exclusive 0",
             "rdma_dp_hcas{health=\"Healthy\"} 2",
             "rdma_dp_config_reloads_total 0",
         ] {
@@ -355,6 +358,7 @@ async fn a_second_instance_stands_by_and_takes_over_when_the_first_exits() {
         assert!(ready.contains("rdma-streams.io/hca standby"), "{ready}");
         wait_admin(&addr_b, "/metrics", "the standby gauge", |_, body| {
             body.contains("rdma_dp_standby{resource=\"rdma-streams.io/hca\"} 1")
+                && body.contains("rdma_dp_registered{resource=\"rdma-streams.io/hca\"} 0")
         })
         .await;
         // It leaves the first one's socket and registration alone (it used to take the socket
@@ -383,7 +387,10 @@ async fn a_second_instance_stands_by_and_takes_over_when_the_first_exits() {
             &addr_b,
             "/metrics",
             "the standby gauge back at 0",
-            |_, body| body.contains("rdma_dp_standby{resource=\"rdma-streams.io/hca\"} 0"),
+            |_, body| {
+                body.contains("rdma_dp_standby{resource=\"rdma-streams.io/hca\"} 0")
+                    && body.contains("rdma_dp_registered{resource=\"rdma-streams.io/hca\"} 1")
+            },
         )
         .await;
         drop(first);
