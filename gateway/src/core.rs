@@ -263,6 +263,7 @@ impl GatewayCore {
         }
         if self.shared.ended().contains(&migration.uid, &migration.id) {
             info!(migration = %migration.id, "start of a migration that is over: ignored");
+            self.shared.metrics.late_starts.inc();
             return Handled::Stale;
         }
         let newer = self
@@ -275,6 +276,7 @@ impl GatewayCore {
             .map(|active| active.migration.id.clone());
         if let Some(newer) = newer {
             info!(migration = %migration.id, %newer, "start of a migration older than the active one: ignored");
+            self.shared.metrics.late_starts.inc();
             return Handled::Stale;
         }
         // A different migration of the VMI replaces the active one (that one is over), and a
@@ -717,6 +719,7 @@ mod tests {
         );
         assert!(!active.cancel.is_cancelled());
         assert_eq!(shared.target_handles("u1", dst).unwrap().migration.id, "m2");
+        assert_eq!(shared.metrics.late_starts.get(), 1);
         // A later one replaces it; so does one of the same second (no order claimed).
         let third = m("m3", "2026-11-30T05:10:00Z");
         assert_eq!(

@@ -107,6 +107,9 @@ pub struct Metrics {
     pub unmatched: Counter,
     /// KubeVirt node hook calls answered, by hook point and outcome.
     pub node_hook_calls: Family<HookLabels, Counter>,
+    /// Starts of migrations that were already over or older than the active one (a lagging
+    /// VMI watch), ignored.
+    pub late_starts: Counter,
 }
 
 impl Metrics {
@@ -150,6 +153,11 @@ impl Metrics {
             "node_hook_calls",
             "KubeVirt node hook calls answered, by hook point and outcome",
             m.node_hook_calls.clone(),
+        );
+        r.register(
+            "late_starts",
+            "Starts of migrations already over or older than the active one, ignored",
+            m.late_starts.clone(),
         );
         for reason in Fallback::ALL {
             let _ = m.fallbacks.get_or_create(&ReasonLabels {
