@@ -167,6 +167,7 @@ impl Runner {
                 Ok(Some(lock)) => {
                     if said {
                         info!(lock = %path.display(), "the other instance is gone; taking over");
+                        self.set_registered(false);
                     }
                     standby.set(0);
                     return Some(Some(lock));
