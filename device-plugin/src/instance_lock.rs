@@ -6,8 +6,10 @@
 //! from each other and re-register in a loop. Now a pool's runner first takes
 //! `<socket dir>/.rdma-device-plugin/<socket name>.lock` with `flock(LOCK_EX | LOCK_NB)`. The
 //! instance that holds it serves; another one stands by (logged once, `/ready` says
-//! `standby`, metric `rdma_dp_standby`) and takes over within a poll interval of the holder's
-//! exit, because the kernel drops the lock when the holder's process ends, however it ends.
+//! `standby`, metric `rdma_dp_standby`), tries the lock every
+//! [`STANDBY_POLL`](crate::runner::STANDBY_POLL), and so takes over within about that long of
+//! the holder's exit: the kernel drops the lock when the holder's process ends, however it
+//! ends.
 //!
 //! The lock lives in a subfolder because kubelet, when it starts, deletes the files in
 //! `device-plugins/` (but not folders). If the lock file is deleted or replaced anyway, the

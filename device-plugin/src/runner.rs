@@ -50,6 +50,10 @@ use crate::{
 pub const DEVICE_PLUGINS_DIR: &str = "device-plugins";
 pub const PLUGINS_REGISTRY_DIR: &str = "plugins_registry";
 
+/// How often a standby pool tries the instance lock (two syscalls a try): the takeover after
+/// the holder exits takes at most this long plus a Register.
+pub const STANDBY_POLL: Duration = Duration::from_millis(100);
+
 /// Settings shared by every pool's runner.
 #[derive(Clone, Debug)]
 pub struct RunnerSettings {
@@ -189,7 +193,7 @@ impl Runner {
             }
             tokio::select! {
                 () = self.shutdown.cancelled() => return None,
-                () = tokio::time::sleep(self.settings.poll) => {}
+                () = tokio::time::sleep(self.settings.poll.min(STANDBY_POLL)) => {}
             }
         }
     }
