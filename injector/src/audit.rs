@@ -154,19 +154,25 @@ pub async fn audit_cluster(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let mut all = Vec::new();
+    // Page by page: a large cluster's pods are never all in memory at once.
+    let mut findings = Vec::new();
     let mut params = ListParams::default().limit(PAGE);
     loop {
         let page = pods.list(&params).await?;
-        for pod in page.items {
-            all.push(serde_json::to_value(pod).map_err(kube::Error::SerdeError)?);
-        }
+        let values = page
+            .items
+            .into_iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(kube::Error::SerdeError)?;
+        findings.extend(audit(&values, &labels, config));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => break,
         }
     }
-    Ok(audit(&all, &labels, config))
+    findings.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+    Ok(findings)
 }
 
 /// The findings as a table, with a closing summary line.
