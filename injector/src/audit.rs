@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::{Api, Client, api::ListParams};
 use serde::Serialize;
 use serde_json::Value;
@@ -30,6 +30,53 @@ use crate::{
 
 /// Pods per LIST page.
 const PAGE: u32 = 500;
+
+/// The key of the profiles in the webhook's ConfigMap (the chart mounts it as its `--config`).
+pub const PROFILES_KEY: &str = "profiles.yaml";
+
+/// Reading the profiles from the cluster failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigMapError {
+    #[error("--config-map takes NAMESPACE/NAME, not {0:?}")]
+    Reference(String),
+    #[error("reading ConfigMap {reference}: {source}")]
+    Read {
+        reference: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("ConfigMap {0} has no key {PROFILES_KEY}")]
+    NoProfiles(String),
+    #[error(transparent)]
+    Profiles(#[from] crate::profile::ProfileError),
+}
+
+/// The profiles in ConfigMap `reference` (`NAMESPACE/NAME`), key [`PROFILES_KEY`].
+pub async fn profiles_from_config_map(
+    client: &Client,
+    reference: &str,
+) -> Result<Config, ConfigMapError> {
+    let Some((namespace, name)) = reference
+        .split_once('/')
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+    else {
+        return Err(ConfigMapError::Reference(reference.to_owned()));
+    };
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let map = api.get(name).await.map_err(|source| ConfigMapError::Read {
+        reference: reference.to_owned(),
+        source,
+    })?;
+    let text = map
+        .data
+        .as_ref()
+        .and_then(|d| d.get(PROFILES_KEY))
+        .ok_or_else(|| ConfigMapError::NoProfiles(reference.to_owned()))?;
+    Ok(crate::profile::parse(
+        text,
+        &format!("ConfigMap {reference}"),
+    )?)
+}
 
 /// What is wrong with one pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -423,5 +470,56 @@ mod tests {
         let pods: Vec<&str> = findings.iter().map(|f| f.pod.as_str()).collect();
         assert_eq!(pods, ["a", "b"]);
         assert!(findings.iter().all(|f| f.state == State::NotInjected));
+    }
+
+    #[tokio::test]
+    async fn profiles_come_from_the_webhooks_config_map() {
+        let (client, mut api) = mock_client();
+        let profiles = "profiles:\n  default:\n    resource: {name: rdma-streams.io/hca, count: 2}\n    shim: {delivery: init-copy, image: rdma-streams/shim-bundle:0.1.0}\n";
+        let scenario = tokio::spawn(async move {
+            let (_, send) = api
+                .expect(
+                    Method::GET,
+                    "/api/v1/namespaces/rdma-streams/configmaps/inj",
+                )
+                .await;
+            respond(
+                send,
+                200,
+                &json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": { "name": "inj", "namespace": "rdma-streams" },
+                    "data": { PROFILES_KEY: profiles },
+                }),
+            );
+            let (_, send) = api
+                .expect(
+                    Method::GET,
+                    "/api/v1/namespaces/rdma-streams/configmaps/empty",
+                )
+                .await;
+            respond(
+                send,
+                200,
+                &json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "empty" } }),
+            );
+        });
+        let config = profiles_from_config_map(&client, "rdma-streams/inj")
+            .await
+            .unwrap();
+        assert!(config.profile("default").is_some());
+        let missing = profiles_from_config_map(&client, "rdma-streams/empty").await;
+        assert!(
+            matches!(missing, Err(ConfigMapError::NoProfiles(_))),
+            "{missing:?}"
+        );
+        for bad in ["inj", "/inj", "ns/", "a/b/c"] {
+            let refused = profiles_from_config_map(&client, bad).await;
+            assert!(
+                matches!(refused, Err(ConfigMapError::Reference(_))),
+                "{bad}"
+            );
+        }
+        timeout_after(std::time::Duration::from_secs(5), scenario).await;
     }
 }

@@ -171,8 +171,12 @@ pub struct InjectArgs {
 #[derive(Debug, ClapArgs)]
 pub struct AuditArgs {
     /// Profiles (YAML) the webhook runs with; the built-in default when absent.
-    #[arg(long, env = "RDMA_INJECTOR_CONFIG")]
+    #[arg(long, env = "RDMA_INJECTOR_CONFIG", conflicts_with = "config_map")]
     pub config: Option<PathBuf>,
+    /// Read the profiles from the webhook's own ConfigMap instead (`NAMESPACE/NAME`, key
+    /// `profiles.yaml`), so the audit judges with exactly what the webhook injects.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub config_map: Option<String>,
     /// Only this namespace (default: all).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
@@ -299,9 +303,12 @@ pub const AUDIT_FOUND_UNINJECTED: u8 = 3;
 /// `audit` against the cluster `client` talks to: prints the findings; exit status
 /// [`AUDIT_FOUND_UNINJECTED`] if a pod was not injected.
 pub async fn run_audit(args: &AuditArgs, client: &kube::Client) -> Result<ExitCode, RunError> {
-    let config = match &args.config {
-        Some(path) => profile::load(path)?,
-        None => Config::builtin_default(),
+    let config = match (&args.config, &args.config_map) {
+        (Some(path), _) => profile::load(path)?,
+        (None, Some(reference)) => audit::profiles_from_config_map(client, reference)
+            .await
+            .map_err(|e| RunError::Usage(e.to_string()))?,
+        (None, None) => Config::builtin_default(),
     };
     let findings = audit::audit_cluster(client, args.namespace.as_deref(), &config)
         .await

@@ -17,6 +17,9 @@ use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_rdma-stream-injector");
 
+/// The webhook's profiles, as its ConfigMap holds them: the default asks for 2 slots.
+const PROFILES: &str = "profiles:\n  default:\n    resource: {name: rdma-streams.io/hca, count: 2}\n    shim: {delivery: init-copy, image: rdma-streams/shim-bundle:0.1.0}\n";
+
 fn pod(namespace: &str, name: &str, status_annotation: Option<&str>) -> Value {
     let mut pod = json!({
         "apiVersion": "v1",
@@ -67,7 +70,13 @@ fn api_server(pods: Vec<Value>) -> (String, Arc<AtomicBool>) {
             let mut body = vec![0; length];
             reader.read_exact(&mut body).unwrap();
             let path = request_line.split_whitespace().nth(1).unwrap_or_default();
-            let answer = if path.contains("/pods") {
+            let answer = if path.contains("/configmaps/") {
+                json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": { "name": "inj", "namespace": "rdma-streams" },
+                    "data": { "profiles.yaml": PROFILES },
+                })
+            } else if path.contains("/pods") {
                 json!({ "apiVersion": "v1", "kind": "PodList", "metadata": { "resourceVersion": "2" }, "items": pods })
             } else if path.starts_with("/api/v1/namespaces") {
                 json!({
@@ -139,6 +148,18 @@ fn a_pod_created_while_the_webhook_was_down_fails_the_audit() {
     let findings: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(findings[0]["state"], "not_injected");
     assert_eq!(findings[0]["owner"], "ReplicaSet/web-7d9c");
+    stop.store(true, Ordering::Relaxed);
+}
+
+#[test]
+fn the_profiles_can_come_from_the_webhooks_config_map() {
+    let (url, stop) = api_server(vec![pod("rdma", "web-7d9c-x1", None)]);
+    let (code, stdout, stderr) = run_audit(&url, &["--config-map", "rdma-streams/inj"]);
+    assert_eq!(code, Some(3), "{stdout}{stderr}");
+    assert!(stdout.contains("not_injected"), "{stdout}");
+    let (code, stdout, stderr) = run_audit(&url, &["--config-map", "no-slash"]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("NAMESPACE/NAME"), "{stderr}");
     stop.store(true, Ordering::Relaxed);
 }
 
