@@ -1,6 +1,7 @@
 //! `inject -f`: the webhook's pure core applied offline to manifests.
 //!
-//! Multi-document YAML in, multi-document YAML out. Pods and the pod templates of Deployment,
+//! Multi-document YAML in, multi-document YAML out (a `List`'s items are opened). Pods and the
+//! pod templates of Deployment,
 //! StatefulSet, DaemonSet, ReplicaSet, Job and CronJob are injected exactly as the webhook would
 //! inject the pods they create; a KubeVirt VirtualMachine only gets the migration opt-in label
 //! on its template (its virt-launcher pod is made by KubeVirt and injected by the webhook);
@@ -267,13 +268,94 @@ pub fn inject_yaml(
         if let Value::Object(m) = doc {
             strip_managed_fields(m);
         }
+        // `kubectl get ... -o yaml` of several objects prints one `kind: List`: its items are
+        // injected in place, as separate documents would be.
+        if let Some(items) = list_items(doc) {
+            for item in items {
+                if let Value::Object(m) = item {
+                    strip_managed_fields(m);
+                }
+                reports.push(inject_doc(index, item, config, opts)?);
+            }
+            continue;
+        }
         reports.push(inject_doc(index, doc, config, opts)?);
     }
     Ok((render_documents(&docs)?, reports))
 }
 
+/// The items of a `List` (`kind: List`, or a typed list such as `DeploymentList`).
+fn list_items(doc: &mut Value) -> Option<&mut Vec<Value>> {
+    let kind = str_at(doc, "/kind");
+    if !kind.ends_with("List") {
+        return None;
+    }
+    doc.get_mut("items").and_then(Value::as_array_mut)
+}
+
 fn strip_managed_fields(obj: &mut Map<String, Value>) {
     if let Some(Value::Object(meta)) = obj.get_mut("metadata") {
         meta.remove("managedFields");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_items_of_a_list_are_injected_in_place() {
+        let text = r#"
+apiVersion: v1
+kind: List
+metadata: {resourceVersion: ""}
+items:
+  - apiVersion: apps/v1
+    kind: Deployment
+    metadata: {name: web, namespace: team-a, managedFields: [{manager: kubectl}]}
+    spec:
+      selector: {matchLabels: {app: web}}
+      template:
+        metadata: {labels: {app: web}}
+        spec: {containers: [{name: web, image: nginx}]}
+  - apiVersion: v1
+    kind: Service
+    metadata: {name: web, namespace: team-a}
+    spec: {ports: [{port: 80}]}
+  - apiVersion: v1
+    kind: Pod
+    metadata: {name: tool, labels: {rdma-streams.io/inject: "false"}}
+    spec: {containers: [{name: tool, image: busybox}]}
+"#;
+        let (out, reports) =
+            inject_yaml(text, &Config::builtin_default(), &InjectOptions::default()).unwrap();
+        let outcomes: Vec<(&str, &str)> = reports
+            .iter()
+            .map(|r| (r.kind.as_str(), r.outcome.as_str()))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                ("Deployment", "injected"),
+                ("Service", "passed"),
+                ("Pod", "skipped: opted out")
+            ]
+        );
+        let docs = parse_documents(&out).unwrap();
+        assert_eq!(docs.len(), 1, "still one List");
+        let deployment = &docs[0]["items"][0];
+        let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+        assert!(
+            env.as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["name"] == "LD_PRELOAD"),
+            "{deployment}"
+        );
+        assert!(deployment["metadata"].get("managedFields").is_none());
+        assert_eq!(
+            docs[0]["items"][1],
+            parse_documents(text).unwrap()[0]["items"][1]
+        );
     }
 }
