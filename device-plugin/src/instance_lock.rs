@@ -80,6 +80,18 @@ pub fn try_lock(path: &Path) -> io::Result<Option<InstanceLock>> {
     )))
 }
 
+/// True if a lock file in `lock_dir` is held by someone, this process included (another open of
+/// a file this process has locked conflicts too). Unreadable folder: false.
+pub fn any_held(lock_dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(lock_dir) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        entry.file_name().to_string_lossy().ends_with(".lock")
+            && matches!(try_lock(&entry.path()), Ok(None))
+    })
+}
+
 impl InstanceLock {
     /// True while the lock file at its path is still the one this lock holds.
     pub fn still_held(&self) -> bool {
@@ -113,6 +125,20 @@ mod tests {
             .unwrap()
             .expect("taken after the holder went");
         assert!(second.still_held());
+    }
+
+    #[test]
+    fn any_held_sees_a_held_lock_among_free_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock_dir = dir.path().join(LOCK_DIR);
+        assert!(!any_held(&lock_dir), "no folder");
+        let free = try_lock(&lock_path(dir.path(), "a.sock")).unwrap().unwrap();
+        drop(free);
+        assert!(!any_held(&lock_dir));
+        let held = try_lock(&lock_path(dir.path(), "b.sock")).unwrap().unwrap();
+        assert!(any_held(&lock_dir));
+        drop(held);
+        assert!(!any_held(&lock_dir));
     }
 
     #[test]

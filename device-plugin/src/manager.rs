@@ -3,9 +3,18 @@
 //! One runner per configured pool. Each pool's snapshot is rebuilt whenever the inventory or its
 //! config changes and published to the runner's `watch` channel (only when it changed). A pool
 //! removed from the config is drained; a new one is started; a bad config never reaches here
-//! (the config watch keeps the last good one).
+//! (the config watch keeps the last good one). In CDI mode a pool's spec is written only by
+//! the process that holds the pool's instance lock ([`crate::instance_lock`]).
 
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -16,9 +25,11 @@ use crate::{
     config::{Config, PoolConfig},
     dir_watch::DirWatch,
     hca::Inventory,
+    instance_lock,
     metrics::Metrics,
     pool::PoolSnapshot,
     readiness::Readiness,
+    resource_name::socket_file_name,
     runner::{Runner, RunnerSettings},
 };
 
@@ -27,13 +38,14 @@ struct RunningPool {
     tx: watch::Sender<Arc<PoolSnapshot>>,
     stop: CancellationToken,
     task: JoinHandle<()>,
+    /// Set by the runner while it holds the pool's instance lock.
+    holds_lock: Arc<AtomicBool>,
 }
 
 /// Everything the manager needs.
 pub struct Manager {
+    /// Shared by every runner; `settings.cdi_dir` is `--cdi-dir` when `--cdi` is on.
     pub settings: RunnerSettings,
-    /// `--cdi-dir` when `--cdi` is on.
-    pub cdi_dir: Option<PathBuf>,
     pub metrics: Metrics,
     pub readiness: Readiness,
     pub shutdown: CancellationToken,
@@ -52,10 +64,12 @@ impl Manager {
         loop {
             let cfg = config.borrow_and_update().clone();
             let inv = inventory.borrow_and_update().clone();
-            self.reconcile(&mut pools, &cfg, &inv, &dir_watch);
             if std::mem::take(&mut first) {
+                // Before any runner of ours holds a lock: a lock held now is another
+                // instance's.
                 self.clean_stale_cdi(&cfg);
             }
+            self.reconcile(&mut pools, &cfg, &inv, &dir_watch);
             tokio::select! {
                 () = self.shutdown.cancelled() => break,
                 r = config.changed() => if r.is_err() { break },
@@ -69,10 +83,16 @@ impl Manager {
         .await;
     }
 
-    /// Start-up clean-up of specs a previous run left for pools that no longer exist. Specs of
-    /// current pools were just rewritten, so there is no window without them.
+    /// Start-up clean-up of specs a previous run left for pools that no longer exist (specs of
+    /// current pools are kept and rewritten by their runners). Skipped while another instance
+    /// on this node holds a pool: those specs may be its pools'.
     fn clean_stale_cdi(&self, cfg: &Config) {
-        if let Some(dir) = &self.cdi_dir {
+        if let Some(dir) = &self.settings.cdi_dir {
+            let locks = self.settings.socket_dir().join(instance_lock::LOCK_DIR);
+            if instance_lock::any_held(&locks) {
+                info!(dir = %dir.display(), "another rdma-device-plugin holds pools on this node; stale CDI specs left alone");
+                return;
+            }
             let keep: Vec<PathBuf> = cfg
                 .pools
                 .iter()
@@ -113,13 +133,16 @@ impl Manager {
             let snapshot = PoolSnapshot::build(pool_cfg, inv, cfg.resync);
             let (healthy, unhealthy) = snapshot.health_counts();
             self.metrics.set_devices(name, healthy, unhealthy);
-            if let Some(dir) = &self.cdi_dir
-                && let Err(error) = cdi::write_spec(dir, &snapshot, &self.settings.dev_root)
-            {
-                warn!(resource = %name, %error, "cannot write the CDI spec");
-            }
             match pools.get_mut(name) {
                 Some(running) => {
+                    // The spec first, then the list kubelet allocates from; only the holder
+                    // writes (a new pool's runner writes it once it holds the lock).
+                    if let Some(dir) = &self.settings.cdi_dir
+                        && running.holds_lock.load(Ordering::SeqCst)
+                        && let Err(error) = cdi::write_spec(dir, &snapshot, &self.settings.dev_root)
+                    {
+                        warn!(resource = %name, %error, "cannot write the CDI spec");
+                    }
                     running.tx.send_if_modified(|cur| {
                         if **cur == snapshot {
                             return false;
@@ -132,6 +155,7 @@ impl Manager {
                     info!(resource = %name, healthy, unhealthy, "starting pool");
                     let (tx, rx) = watch::channel(Arc::new(snapshot));
                     let stop = self.shutdown.child_token();
+                    let holds_lock = Arc::new(AtomicBool::new(false));
                     let runner = Runner {
                         resource_name: name.to_string(),
                         settings: self.settings.clone(),
@@ -140,21 +164,39 @@ impl Manager {
                         metrics: self.metrics.clone(),
                         readiness: self.readiness.clone(),
                         shutdown: stop.clone(),
+                        holds_lock: holds_lock.clone(),
                     };
                     let task = tokio::spawn(runner.run());
-                    pools.insert(name.to_string(), RunningPool { tx, stop, task });
+                    pools.insert(
+                        name.to_string(),
+                        RunningPool {
+                            tx,
+                            stop,
+                            task,
+                            holds_lock,
+                        },
+                    );
                 }
             }
         }
     }
 
     fn stop_pool_owned(&self, name: String, pool: RunningPool) -> impl Future<Output = ()> + use<> {
-        let cdi_dir = self.cdi_dir.clone();
+        let cdi_dir = self.settings.cdi_dir.clone();
+        let lock_path =
+            instance_lock::lock_path(&self.settings.socket_dir(), &socket_file_name(&name));
         let metrics = self.metrics.clone();
         async move {
             drain_pool(&name, pool).await;
+            // Our runner has let go of the lock; if another instance holds it now, the spec is
+            // that instance's.
             if let Some(dir) = cdi_dir {
-                cdi::remove_spec(&dir, &name);
+                match instance_lock::try_lock(&lock_path) {
+                    Ok(None) => {
+                        info!(resource = %name, "another instance serves the removed pool; its CDI spec stays")
+                    }
+                    Ok(Some(_)) | Err(_) => cdi::remove_spec(&dir, &name),
+                }
             }
             metrics.forget_resource(&name);
         }

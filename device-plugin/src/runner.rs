@@ -16,7 +16,10 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -62,8 +65,9 @@ pub struct RunnerSettings {
     pub dev_root: PathBuf,
     /// How often the runner checks its own socket and kubelet's.
     pub poll: Duration,
-    /// CDI kind when `--cdi` is on.
-    pub cdi: bool,
+    /// `--cdi-dir` when `--cdi` is on: allocations name CDI devices, and the pool's holder
+    /// keeps the pool's spec there.
+    pub cdi_dir: Option<PathBuf>,
 }
 
 impl RunnerSettings {
@@ -103,6 +107,9 @@ pub struct Runner {
     pub metrics: Metrics,
     pub readiness: Readiness,
     pub shutdown: CancellationToken,
+    /// True while this runner holds the pool's instance lock (or runs without one): only then
+    /// may this process write the pool's CDI spec.
+    pub holds_lock: Arc<AtomicBool>,
 }
 
 impl Runner {
@@ -119,6 +126,8 @@ impl Runner {
                 let Some(lock) = self.lock(&lock_path).await else {
                     break;
                 };
+                self.holds_lock.store(true, Ordering::SeqCst);
+                self.write_cdi_spec();
                 loop {
                     let outcome = self.serve_once(&mut backoff, lock.as_ref()).await;
                     self.set_registered(false);
@@ -126,6 +135,7 @@ impl Runner {
                         Outcome::Shutdown => break 'locked,
                         Outcome::LockLost => {
                             warn!(lock = %lock_path.display(), "the instance lock file was replaced; taking the lock again");
+                            self.holds_lock.store(false, Ordering::SeqCst);
                             continue 'locked;
                         }
                         Outcome::Restart(reason) => {
@@ -146,6 +156,7 @@ impl Runner {
                     }
                 }
             }
+            self.holds_lock.store(false, Ordering::SeqCst);
             self.readiness.remove(&self.resource_name);
             let labels = Metrics::resource(&self.resource_name);
             self.metrics.registered.remove(&labels);
@@ -212,7 +223,7 @@ impl Runner {
         let service = PoolService {
             snapshot: self.snapshot.clone(),
             dev_root: self.settings.dev_root.clone(),
-            delivery: if self.settings.cdi {
+            delivery: if self.settings.cdi_dir.is_some() {
                 Delivery::Cdi {
                     kind: crate::cdi::cdi_kind(&self.resource_name),
                 }
@@ -356,6 +367,17 @@ impl Runner {
             .registrations
             .get_or_create(&Metrics::result(&self.resource_name, result))
             .inc();
+    }
+
+    /// Writes the pool's CDI spec from the current snapshot (CDI mode only), now that this
+    /// process holds the pool: a standby instance never touches the holder's spec.
+    fn write_cdi_spec(&self) {
+        if let Some(dir) = &self.settings.cdi_dir {
+            let snapshot = self.snapshot.borrow().clone();
+            if let Err(error) = crate::cdi::write_spec(dir, &snapshot, &self.settings.dev_root) {
+                warn!(%error, "cannot write the CDI spec");
+            }
+        }
     }
 
     /// Readiness and `rdma_dp_registered` together.

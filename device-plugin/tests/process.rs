@@ -397,3 +397,71 @@ async fn a_second_instance_stands_by_and_takes_over_when_the_first_exits() {
     })
     .await;
 }
+
+/// The names of the devices in a CDI spec file.
+fn cdi_devices(path: &Path) -> Vec<String> {
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_instance_leaves_the_holders_cdi_specs_alone() {
+    within(60, async {
+        let h = Harness::new(Harness::two_hcas()).await;
+        let cdi_dir = h.dir.path().join("cdi");
+        let cdi = cdi_dir.to_string_lossy().into_owned();
+        // The holder serves every HCA; the second instance (another config, as in a rollout
+        // that changes it) would serve mlx5_0 only, and has a second, unrelated spec to keep.
+        let narrow = h.dir.path().join("narrow.yaml");
+        std::fs::write(
+            &narrow,
+            "pools:\n  - resourceName: rdma-streams.io/hca\n    selectors: {rdmaDevices: [mlx5_0]}\n",
+        )
+        .unwrap();
+        let spawn = |extra: &[&str]| {
+            Plugin(
+                h.plugin_command(BIN)
+                    .args(["--cdi", "--cdi-dir", &cdi, "--socket-poll-ms", "200"])
+                    .args(extra)
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn plugin"),
+            )
+        };
+        let first = spawn(&[]);
+        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let spec = cdi_dir.join("rdma-streams-dp_rdma-streams.io_hca.json");
+        assert_eq!(cdi_devices(&spec), ["mlx5_0", "mlx5_1"]);
+
+        let addr = format!("127.0.0.1:{}", free_port());
+        let narrow_arg = narrow.to_string_lossy().into_owned();
+        let _second = spawn(&["--config", &narrow_arg, "--admin-listen", &addr]);
+        wait_admin(&addr, "/ready", "the second instance standing by", |code, body| {
+            code == 200 && body.contains("standby")
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            cdi_devices(&spec),
+            ["mlx5_0", "mlx5_1"],
+            "the standby rewrote the holder's spec: mlx5_1's containers would not start"
+        );
+
+        // The holder goes: the new holder writes its own spec.
+        sigterm(&first.0);
+        h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
+        wait_admin(&addr, "/ready", "the second instance registered", |code, body| {
+            code == 200 && body.contains("rdma-streams.io/hca registered")
+        })
+        .await;
+        assert_eq!(cdi_devices(&spec), ["mlx5_0"]);
+        drop(first);
+    })
+    .await;
+}
