@@ -228,6 +228,27 @@ mod tests {
         ));
     }
 
+    /// The follower of the test Secret on its own task, starting from `ca`.
+    fn spawn_follower(
+        client: Client,
+        ca: CertAuthority,
+    ) -> (
+        watch::Receiver<Arc<CertAuthority>>,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (ca_tx, ca_rx) = watch::channel(Arc::new(ca));
+        let shutdown = CancellationToken::new();
+        let follower = tokio::spawn(run_ca_follower(
+            client,
+            NS.into(),
+            SECRET.into(),
+            ca_tx,
+            shutdown.clone(),
+        ));
+        (ca_rx, shutdown, follower)
+    }
+
     /// Expects a LIST or WATCH of the CA Secret (by field selector); returns the responder.
     async fn expect_list(api: &mut ApiServerVerifier, watch: bool) -> Responder {
         let (request, send) = api.expect(Method::GET, SECRETS_PATH).await;
@@ -246,17 +267,10 @@ mod tests {
         let replaced = CertAuthority::generate().unwrap();
         let recreated = CertAuthority::generate().unwrap();
         let (client, mut api) = mock_client();
-        let (ca_tx, mut ca_rx) = watch::channel(Arc::new(
-            CertAuthority::from_pem(first.cert_pem(), first.key_pem()).unwrap(),
-        ));
-        let shutdown = CancellationToken::new();
-        let follower = tokio::spawn(run_ca_follower(
+        let (mut ca_rx, shutdown, follower) = spawn_follower(
             client,
-            NS.into(),
-            SECRET.into(),
-            ca_tx,
-            shutdown.clone(),
-        ));
+            CertAuthority::from_pem(first.cert_pem(), first.key_pem()).unwrap(),
+        );
         let (replaced_pem, recreated_pem) = (
             replaced.cert_pem().to_owned(),
             recreated.cert_pem().to_owned(),
@@ -318,16 +332,8 @@ mod tests {
         let later = CertAuthority::generate().unwrap();
         let later_pem = later.cert_pem().to_owned();
         let (client, mut api) = mock_client();
-        let (ca_tx, ca_rx) = watch::channel(Arc::new(first));
+        let (ca_rx, shutdown, follower) = spawn_follower(client, first);
         let first_pem = ca_rx.borrow().cert_pem().to_owned();
-        let shutdown = CancellationToken::new();
-        let follower = tokio::spawn(run_ca_follower(
-            client,
-            NS.into(),
-            SECRET.into(),
-            ca_tx,
-            shutdown.clone(),
-        ));
         let in_use = ca_rx.clone();
         let scenario = tokio::spawn(async move {
             // Old RBAC: the list is forbidden, twice. The CA in use stays.
