@@ -370,13 +370,14 @@ pub async fn run_serve(args: ServeArgs, shutdown: CancellationToken) -> Result<(
         None => NamespaceCache::disabled(),
     };
 
-    if args.cert_mode == CertMode::SelfManaged {
+    let ca_metrics = (args.cert_mode == CertMode::SelfManaged).then(certs::CaMetrics::default);
+    if let Some(ca_metrics) = &ca_metrics {
         let Some(client) = &client else {
             return Err(RunError::Usage(
                 "--cert-mode self-managed needs --cluster-access on".to_string(),
             ));
         };
-        if !self_managed_certs(&args, client, &shutdown).await? {
+        if !self_managed_certs(&args, client, ca_metrics, &shutdown).await? {
             info!("shut down before the serving certificate was ready");
             return Ok(());
         }
@@ -395,6 +396,9 @@ pub async fn run_serve(args: ServeArgs, shutdown: CancellationToken) -> Result<(
         crate::server::METRICS_PREFIX,
         profiles.stats(),
     )));
+    if let Some(ca_metrics) = &ca_metrics {
+        ca_metrics.register(registry.sub_registry_with_prefix(crate::server::METRICS_PREFIX));
+    }
     let server = Server::bind(config, handler, readiness.clone(), registry).await?;
     info!(
         listen = %server.local_addr(),
@@ -428,6 +432,7 @@ pub async fn run_serve(args: ServeArgs, shutdown: CancellationToken) -> Result<(
 async fn self_managed_certs(
     args: &ServeArgs,
     client: &kube::Client,
+    ca_metrics: &certs::CaMetrics,
     shutdown: &CancellationToken,
 ) -> Result<bool, RunError> {
     let dir = args
@@ -473,6 +478,7 @@ async fn self_managed_certs(
         }
     };
     info!(origin = ?boot.origin, "serving certificate issued");
+    ca_metrics.in_use(&boot.ca);
     let ca = std::sync::Arc::new(boot.ca);
     let (ca_tx, ca_rx) = tokio::sync::watch::channel(ca.clone());
     let (bundled_tx, bundled_rx) = tokio::sync::watch::channel(None);
@@ -500,6 +506,7 @@ async fn self_managed_certs(
         cfg.namespace.clone(),
         cfg.ca_secret.clone(),
         ca_tx,
+        ca_metrics.clone(),
         shutdown.clone(),
     ));
     Ok(true)

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{CertAuthority, CertError, bootstrap::ca_from_secret, get_or_create_ca};
+use super::{CaMetrics, CertAuthority, CertError, bootstrap::ca_from_secret, get_or_create_ca};
 
 /// Longest pause between attempts to re-create a deleted CA Secret.
 const MAX_RECREATE_DELAY: Duration = Duration::from_secs(10);
@@ -63,6 +63,7 @@ pub async fn run_ca_follower(
     namespace: String,
     name: String,
     ca: watch::Sender<Arc<CertAuthority>>,
+    metrics: CaMetrics,
     shutdown: CancellationToken,
 ) {
     let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
@@ -83,6 +84,7 @@ pub async fn run_ca_follower(
                     SecretChange::Same => {}
                     SecretChange::Adopt(new) => {
                         info!(%secret, "the CA Secret holds a new CA; serving from it");
+                        metrics.changed(&new);
                         ca.send_replace(Arc::from(new));
                     }
                     SecretChange::Broken(error) => {
@@ -96,6 +98,7 @@ pub async fn run_ca_follower(
                     return;
                 };
                 if new.cert_pem() != ca.borrow().cert_pem() {
+                    metrics.changed(&new);
                     ca.send_replace(Arc::new(new));
                 }
             }
@@ -234,19 +237,22 @@ mod tests {
         ca: CertAuthority,
     ) -> (
         watch::Receiver<Arc<CertAuthority>>,
+        CaMetrics,
         CancellationToken,
         tokio::task::JoinHandle<()>,
     ) {
         let (ca_tx, ca_rx) = watch::channel(Arc::new(ca));
+        let metrics = CaMetrics::default();
         let shutdown = CancellationToken::new();
         let follower = tokio::spawn(run_ca_follower(
             client,
             NS.into(),
             SECRET.into(),
             ca_tx,
+            metrics.clone(),
             shutdown.clone(),
         ));
-        (ca_rx, shutdown, follower)
+        (ca_rx, metrics, shutdown, follower)
     }
 
     /// Expects a LIST or WATCH of the CA Secret (by field selector); returns the responder.
@@ -267,7 +273,7 @@ mod tests {
         let replaced = CertAuthority::generate().unwrap();
         let recreated = CertAuthority::generate().unwrap();
         let (client, mut api) = mock_client();
-        let (mut ca_rx, shutdown, follower) = spawn_follower(
+        let (mut ca_rx, metrics, shutdown, follower) = spawn_follower(
             client,
             CertAuthority::from_pem(first.cert_pem(), first.key_pem()).unwrap(),
         );
@@ -319,6 +325,8 @@ mod tests {
         timeout_after(Duration::from_secs(5), scenario).await;
         assert_eq!(ca_rx.borrow_and_update().cert_pem(), recreated_pem);
         assert_ne!(replaced_pem, recreated_pem);
+        assert_eq!(metrics.changes(), 2, "replaced, then re-created");
+        assert!(metrics.not_after() > 0);
         shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(1), follower)
             .await
@@ -332,7 +340,7 @@ mod tests {
         let later = CertAuthority::generate().unwrap();
         let later_pem = later.cert_pem().to_owned();
         let (client, mut api) = mock_client();
-        let (ca_rx, shutdown, follower) = spawn_follower(client, first);
+        let (ca_rx, metrics, shutdown, follower) = spawn_follower(client, first);
         let first_pem = ca_rx.borrow().cert_pem().to_owned();
         let in_use = ca_rx.clone();
         let scenario = tokio::spawn(async move {
@@ -354,6 +362,7 @@ mod tests {
         });
         timeout_after(Duration::from_secs(600), scenario).await;
         assert_eq!(ca_rx.borrow().cert_pem(), later_pem);
+        assert_eq!(metrics.changes(), 1);
         shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(1), follower)
             .await

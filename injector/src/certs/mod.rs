@@ -24,6 +24,7 @@ mod error;
 pub mod files;
 pub mod follow;
 pub mod issue;
+pub mod metrics;
 pub mod renew;
 pub mod rotation;
 
@@ -36,5 +37,6 @@ pub use follow::run_ca_follower;
 pub use issue::{
     ServiceIdentity, ServingCert, issue_serving_cert, issue_serving_cert_for, verify_serving_cert,
 };
+pub use metrics::CaMetrics;
 pub use renew::run_serving_cert_renewal;
 pub use rotation::BundleTarget;

@@ -1165,30 +1165,29 @@ fn optional_monitoring_and_network_policies() {
                 "rdma-streams.gateway"
             ]
         );
-        let alerts: Vec<&Value> = rule["spec"]["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|g| g["rules"].as_array().unwrap())
-            .collect();
+        let alerts = checked_alerts(rule);
         assert!(alerts.len() >= 9, "{alerts:?}");
         assert!(exported("rdma_dp_devices") && !exported("rdma_dp_no_such_thing_total"));
-        for alert in &alerts {
-            let name = alert["alert"].as_str().unwrap();
-            assert!(alert["labels"]["severity"].is_string(), "{name}");
-            assert_eq!(alert["labels"]["team"], "platform", "{name}");
-            assert!(alert["annotations"]["summary"].is_string(), "{name}");
-            let expr = alert["expr"].as_str().unwrap();
-            for metric in metric_names(expr) {
-                assert!(
-                    exported(&metric),
-                    "{name}: {metric} is not a metric any component exports"
-                );
-            }
-            // Go templates for Prometheus survive helm's own templating.
-            let description = alert["annotations"]["description"].as_str().unwrap();
-            assert!(!description.contains("{{`"), "{name}: {description}");
-        }
+        assert!(
+            !alerts.contains(&"RdmaInjectorCaExpiresSoon".to_owned()),
+            "cert-manager mode"
+        );
+        // The injector's own CA mode adds the CA expiry alert.
+        let own_ca = render(
+            &helm,
+            value_set("injector-certs"),
+            &[
+                "--set",
+                "metrics.prometheusRule.enabled=true",
+                "--set",
+                "metrics.prometheusRule.alertLabels.team=platform",
+            ],
+        );
+        let alerts = checked_alerts(own_ca.get("PrometheusRule", RELEASE));
+        assert!(
+            alerts.contains(&"RdmaInjectorCaExpiresSoon".to_owned()),
+            "{alerts:?}"
+        );
 
         let off = render(&helm, value_set("no-cluster-access"), &[]);
         let np = off.get("NetworkPolicy", &named("injector"));
@@ -1200,6 +1199,34 @@ fn optional_monitoring_and_network_policies() {
         assert!(default.all("ServiceMonitor").is_empty());
         assert!(default.all("PrometheusRule").is_empty());
     });
+}
+
+/// The alert names of a PrometheusRule, after checking each alert: severity, the extra label
+/// `team`, a summary, metrics that a component registers, Prometheus templates intact.
+fn checked_alerts(rule: &Value) -> Vec<String> {
+    let mut names = Vec::new();
+    for alert in rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+    {
+        let name = alert["alert"].as_str().unwrap();
+        assert!(alert["labels"]["severity"].is_string(), "{name}");
+        assert_eq!(alert["labels"]["team"], "platform", "{name}");
+        assert!(alert["annotations"]["summary"].is_string(), "{name}");
+        let expr = alert["expr"].as_str().unwrap();
+        for metric in metric_names(expr) {
+            assert!(
+                exported(&metric),
+                "{name}: {metric} is not a metric any component exports"
+            );
+        }
+        let description = alert["annotations"]["description"].as_str().unwrap();
+        assert!(!description.contains("{{`"), "{name}: {description}");
+        names.push(name.to_owned());
+    }
+    names
 }
 
 /// The `rdma_*` metric names an alert expression uses.
@@ -1232,6 +1259,7 @@ fn exported(metric: &str) -> bool {
             "rdma_stream_injector_",
             &[
                 "injector/src/server/metrics.rs",
+                "injector/src/certs/metrics.rs",
                 "common/src/reload_metrics.rs",
             ],
         ),
