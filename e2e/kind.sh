@@ -15,13 +15,16 @@
 #   5. runs an opted-in pod and a plain pod and checks the injection: LD_PRELOAD, the resource,
 #      IPC_LOCK, the status annotation, the shim mapped in the app process, the bundled
 #      librdmacm resolving its libraries from the bundle, /dev/infiniband in the pod;
-#   6. scales the injector to zero: with failurePolicy Fail an opted-in pod is refused with the
+#   6. runs `rdma-stream-injector audit` (a host build, or E2E_INJECTOR_BIN) against the cluster:
+#      nothing to report, then, with the plain pod's namespace labelled after the pod's
+#      creation, that pod reported as not injected (exit 3);
+#   7. scales the injector to zero: with failurePolicy Fail an opted-in pod is refused with the
 #      webhook's message while a plain pod is admitted (objectSelector); with failurePolicy
 #      Ignore the opted-in pod is admitted without the shim; then restores both and checks
 #      injection works again;
-#   7. restarts kubelet in the node and checks that the device plugin registers again
+#   8. restarts kubelet in the node and checks that the device plugin registers again
 #      (its rdma_dp_registrations_total{result="ok"} grows) and allocatable comes back;
-#   8. deletes the cluster (trap; KEEP=1 keeps it, and a cluster that existed before is never
+#   9. deletes the cluster (trap; KEEP=1 keeps it, and a cluster that existed before is never
 #      deleted).
 #
 # Usage: e2e/kind.sh [-h|--help]
@@ -41,6 +44,8 @@
 #   E2E_TIMEOUT         seconds for each wait (default 180)
 #   E2E_REQUIRE=1       a missing tool is an error (exit 77) instead of a skip (exit 0)
 #   HELM                helm binary (default: .tools/bin/helm from `make deps`, else helm)
+#   E2E_INJECTOR_BIN    rdma-stream-injector binary for the audit step (default: cargo build
+#                       --release; without cargo the step is left out)
 #
 # Exit status: 0 passed, or a needed tool is missing (one `SKIP: ...` line); 77 that skip under
 # E2E_REQUIRE=1; 1 a check failed; 2 usage or setup error.
@@ -447,6 +452,36 @@ check_eq "plain status annotation" "" "$(jp e2e-plain '{.metadata.annotations.rd
 check_eq "plain limits[$resource]" "" "$(jp e2e-plain "{.spec.containers[0].resources.limits.${resource//./\\.}}")"
 grep -qx E2E_SHIM_NOT_LOADED <<<"$(k -n "$app_ns" logs e2e-plain)" || fail "the plain pod has the shim loaded"
 ok "plain pod untouched"
+
+# ------------------------------------------------------------------------------------------
+step "audit: opted-in pods that were never injected"
+
+# The audit runs on this machine with the kind context: E2E_INJECTOR_BIN, else a release build.
+audit_bin=${E2E_INJECTOR_BIN:-}
+if [[ -z $audit_bin ]] && command -v cargo >/dev/null; then
+	timeout 1800 cargo build --quiet --release --manifest-path "$ROOT/Cargo.toml" -p rdma-stream-injector ||
+		fail "building rdma-stream-injector for the audit failed"
+	audit_bin=$ROOT/target/release/rdma-stream-injector
+fi
+if [[ -z $audit_bin ]]; then
+	echo "  (no cargo and no E2E_INJECTOR_BIN: the audit step is left out)"
+else
+	inj_cm=$(k -n "$ns" get configmap -l "$(selector injector)" -o name)
+	[[ -n $inj_cm ]] || fail "the release has no injector ConfigMap"
+	run_audit() {
+		"$audit_bin" audit --context "$ctx" --config-map "$ns/${inj_cm#configmap/}" -n "$app_ns"
+	}
+	audit_out=$(run_audit) || fail "audit with every opted-in pod injected failed:"$'\n'"$audit_out"
+	ok "audit: nothing to report"
+	# Labelling the namespace now opts e2e-plain in after its creation: never injected.
+	k label namespace "$app_ns" rdma-streams.io/inject=enabled >/dev/null
+	audit_rc=0
+	audit_out=$(run_audit) || audit_rc=$?
+	k label namespace "$app_ns" rdma-streams.io/inject- >/dev/null
+	[[ $audit_rc == 3 && $audit_out == *e2e-plain*not_injected* ]] ||
+		fail "audit after labelling the namespace: want exit 3 and e2e-plain not_injected, got $audit_rc:"$'\n'"$audit_out"
+	ok "audit: a pod created before its namespace was labelled is reported (exit 3)"
+fi
 
 # ------------------------------------------------------------------------------------------
 step "failure policies with the injector scaled to zero"

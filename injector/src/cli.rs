@@ -180,6 +180,9 @@ pub struct AuditArgs {
     /// Only this namespace (default: all).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
+    /// The kubeconfig context to use (default: the current one).
+    #[arg(long)]
+    pub context: Option<String>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = AuditOutput::Text)]
     pub output: AuditOutput,
@@ -230,7 +233,7 @@ impl Args {
                     .enable_all()
                     .build()?;
                 rt.block_on(async {
-                    let client = kube::Client::try_default().await.map_err(RunError::Audit)?;
+                    let client = audit_client(audit.context.as_deref()).await?;
                     run_audit(&audit, &client).await
                 })
             }
@@ -295,6 +298,25 @@ pub fn run_inject(args: &InjectArgs) -> Result<ExitCode, RunError> {
     stdout.write_all(printed.as_bytes())?;
     stdout.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A client from the kubeconfig (`context`, or the current one), else the in-cluster config.
+async fn audit_client(context: Option<&str>) -> Result<kube::Client, RunError> {
+    let config = match context {
+        Some(context) => {
+            let options = kube::config::KubeConfigOptions {
+                context: Some(context.to_owned()),
+                ..Default::default()
+            };
+            kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| RunError::Usage(format!("kubeconfig context {context:?}: {e}")))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| RunError::Usage(format!("no kubeconfig and not in a cluster: {e}")))?,
+    };
+    kube::Client::try_from(config).map_err(RunError::Audit)
 }
 
 /// Exit status of `audit` when a pod was not injected (1 is any error, 2 a usage error).

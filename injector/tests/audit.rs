@@ -164,6 +164,17 @@ fn the_profiles_can_come_from_the_webhooks_config_map() {
 }
 
 #[test]
+fn a_kubeconfig_context_can_be_named() {
+    let (url, stop) = api_server(vec![pod("rdma", "web-7d9c-x1", None)]);
+    let (code, stdout, stderr) = run_audit(&url, &["--context", "c"]);
+    assert_eq!(code, Some(3), "{stdout}{stderr}");
+    let (code, stdout, stderr) = run_audit(&url, &["--context", "nope"]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("kubeconfig context \"nope\""), "{stderr}");
+    stop.store(true, Ordering::Relaxed);
+}
+
+#[test]
 fn a_cluster_without_such_pods_passes() {
     let (url, stop) = api_server(vec![json!({
         "apiVersion": "v1", "kind": "Pod",
