@@ -9,10 +9,19 @@ pub type FileId = (u64, u64, i64, i64);
 /// The identity of `path` (not following a symlink). Inode numbers are reused at once on tmpfs
 /// and ext4, so a re-created socket is told apart by its creation time as well.
 pub fn file_id(path: &Path) -> Option<FileId> {
-    use std::os::unix::fs::MetadataExt;
     std::fs::symlink_metadata(path)
         .ok()
-        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+        .map(|m| of_metadata(&m))
+}
+
+/// The identity of an open file (what [`file_id`] of its path gives while the path names it).
+pub fn file_id_of(file: &std::fs::File) -> std::io::Result<FileId> {
+    file.metadata().map(|m| of_metadata(&m))
+}
+
+fn of_metadata(m: &std::fs::Metadata) -> FileId {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino(), m.ctime(), m.ctime_nsec())
 }
 
 /// Removes `path` only if it is still the file whose identity is `id` (never a successor's).

@@ -26,7 +26,7 @@ use nix::{
     errno::Errno,
     fcntl::{Flock, FlockArg},
 };
-use rdma_streams_common::file_id::{FileId, file_id};
+use rdma_streams_common::file_id::{FileId, file_id, file_id_of};
 
 /// The folder below the socket folder that holds the locks.
 pub const LOCK_DIR: &str = ".rdma-device-plugin";
@@ -101,12 +101,6 @@ impl InstanceLock {
     pub fn path(&self) -> &Path {
         &self.path
     }
-}
-
-fn file_id_of(file: &File) -> io::Result<FileId> {
-    use std::os::unix::fs::MetadataExt;
-    let m = file.metadata()?;
-    Ok((m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 #[cfg(test)]

@@ -38,7 +38,8 @@ impl CaMetrics {
 
     /// Records the CA in use (at start).
     pub fn in_use(&self, ca: &CertAuthority) {
-        self.not_after.set(not_after(ca).unwrap_or_default());
+        let not_after = x509::summarize_pem(ca.cert_pem()).not_after;
+        self.not_after.set(not_after.unwrap_or_default());
     }
 
     /// Records a new CA taken from the Secret.
@@ -54,13 +55,6 @@ impl CaMetrics {
     pub fn not_after(&self) -> i64 {
         self.not_after.get()
     }
-}
-
-fn not_after(ca: &CertAuthority) -> Option<i64> {
-    let der = rustls_pemfile::certs(&mut ca.cert_pem().as_bytes())
-        .next()?
-        .ok()?;
-    x509::summarize(der.as_ref()).not_after
 }
 
 #[cfg(test)]

@@ -120,8 +120,7 @@ fn pem_blocks(bundle: &str) -> Vec<&str> {
 
 /// `notBefore` of the first certificate of `pem`.
 fn pem_not_before(pem: &str) -> Option<SystemTime> {
-    let der = rustls_pemfile::certs(&mut pem.as_bytes()).next()?.ok()?;
-    let secs = x509::summarize(der.as_ref()).not_before?;
+    let secs = x509::summarize_pem(pem).not_before?;
     Some(UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).ok()?))
 }
 

@@ -69,6 +69,14 @@ pub fn summarize(der: &[u8]) -> CertSummary {
     out
 }
 
+/// [`summarize`] of the first certificate of a PEM text (all `None` when there is none).
+pub fn summarize_pem(pem: &str) -> CertSummary {
+    match rustls_pemfile::certs(&mut pem.as_bytes()).next() {
+        Some(Ok(der)) => summarize(der.as_ref()),
+        _ => CertSummary::default(),
+    }
+}
+
 /// Splits one element with the expected tag off the front: (contents, rest).
 fn element(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
     match any_element(input)? {
