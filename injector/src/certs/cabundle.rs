@@ -75,7 +75,11 @@ pub fn ca_bundle_patch(
     target: &BundleTarget,
     now: SystemTime,
 ) -> Option<Value> {
-    let stale = stale_webhooks(mwc, target, now);
+    patch_for(mwc, &stale_webhooks(mwc, target, now))
+}
+
+/// The patch that gives each of `stale` (name, bundle) its bundle; `None` for none.
+fn patch_for(mwc: &MutatingWebhookConfiguration, stale: &[(String, String)]) -> Option<Value> {
     if stale.is_empty() {
         return None;
     }
@@ -117,14 +121,11 @@ async fn patch_if_stale(
     mwc: &MutatingWebhookConfiguration,
     target: &BundleTarget,
 ) -> Result<CaBundleChange, CertError> {
-    let now = SystemTime::now();
-    let Some(patch) = ca_bundle_patch(mwc, target, now) else {
+    let stale = stale_webhooks(mwc, target, SystemTime::now());
+    let Some(patch) = patch_for(mwc, &stale) else {
         return Ok(CaBundleChange::Unchanged);
     };
-    let webhooks: Vec<String> = stale_webhooks(mwc, target, now)
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
+    let webhooks: Vec<String> = stale.into_iter().map(|(name, _)| name).collect();
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()

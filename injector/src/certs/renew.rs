@@ -26,7 +26,7 @@ const MAX_SLEEP: Duration = Duration::from_secs(60 * 60);
 /// Pause after a failed renewal (the current certificate still has a third of its life).
 const RETRY_AFTER: Duration = Duration::from_secs(60);
 /// How long the API server gets to pick up a caBundle change before a replica serves from the
-/// new CA (it watches webhook configurations; sub-second in practice).
+/// new CA (it watches webhook configurations).
 pub const DEFAULT_PROPAGATION: Duration = Duration::from_secs(5);
 
 /// Where the renewal learns of a new CA and of the caBundle holding it.
@@ -41,19 +41,6 @@ pub struct CaFeed {
 }
 
 impl CaFeed {
-    /// A feed whose CA never changes (tests, and callers without a CA follower).
-    pub fn fixed(ca: Arc<CertAuthority>) -> CaFeed {
-        let (ca_tx, ca) = watch::channel(ca);
-        let (bundled_tx, bundled) = watch::channel(None);
-        // Closed channels: nothing will change.
-        drop((ca_tx, bundled_tx));
-        CaFeed {
-            ca,
-            bundled,
-            propagation: DEFAULT_PROPAGATION,
-        }
-    }
-
     /// The newest CA if it differs from `issuer` and the bundle holds it.
     fn ready_switch(&self, issuer: &CertAuthority) -> Option<Arc<CertAuthority>> {
         let newest = self.ca.borrow().clone();
@@ -146,6 +133,18 @@ mod tests {
     use super::*;
     use crate::certs::{TLS_CERT_FILE, verify_serving_cert};
 
+    /// A feed whose CA never changes (both channels closed).
+    fn fixed(ca: Arc<CertAuthority>) -> CaFeed {
+        let (ca_tx, ca) = watch::channel(ca);
+        let (bundled_tx, bundled) = watch::channel(None);
+        drop((ca_tx, bundled_tx));
+        CaFeed {
+            ca,
+            bundled,
+            propagation: DEFAULT_PROPAGATION,
+        }
+    }
+
     #[tokio::test]
     async fn a_certificate_past_two_thirds_is_replaced_and_the_loop_stops_on_shutdown() {
         let ca = CertAuthority::generate().unwrap();
@@ -162,7 +161,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let ca = Arc::new(ca);
         let task = tokio::spawn(run_serving_cert_renewal(
-            CaFeed::fixed(ca.clone()),
+            fixed(ca.clone()),
             ca,
             identity,
             tmp.path().to_owned(),
