@@ -29,7 +29,6 @@ use crate::{
     metrics::Metrics,
     pool::PoolSnapshot,
     readiness::Readiness,
-    resource_name::socket_file_name,
     runner::{Runner, RunnerSettings},
 };
 
@@ -183,8 +182,7 @@ impl Manager {
 
     fn stop_pool_owned(&self, name: String, pool: RunningPool) -> impl Future<Output = ()> + use<> {
         let cdi_dir = self.settings.cdi_dir.clone();
-        let lock_path =
-            instance_lock::lock_path(&self.settings.socket_dir(), &socket_file_name(&name));
+        let lock_path = self.settings.lock_path(&name);
         let metrics = self.metrics.clone();
         async move {
             drain_pool(&name, pool).await;

@@ -33,15 +33,6 @@ impl PoolState {
 }
 
 impl Readiness {
-    pub fn set(&self, resource: &str, registered: bool) {
-        let state = if registered {
-            PoolState::Registered
-        } else {
-            PoolState::NotRegistered
-        };
-        self.set_state(resource, state);
-    }
-
     pub fn set_state(&self, resource: &str, state: PoolState) {
         self.pools
             .lock()

@@ -79,6 +79,11 @@ impl RunnerSettings {
         }
     }
 
+    /// The instance lock of the pool `resource` ([`crate::instance_lock`]).
+    pub fn lock_path(&self, resource: &str) -> PathBuf {
+        instance_lock::lock_path(&self.socket_dir(), &socket_file_name(resource))
+    }
+
     pub fn kubelet_socket(&self) -> PathBuf {
         self.kubelet_root
             .join(DEVICE_PLUGINS_DIR)
@@ -117,11 +122,8 @@ impl Runner {
         let span = info_span!("pool", resource = %self.resource_name);
         async move {
             let mut backoff = Backoff::default();
-            self.set_registered(false);
-            let lock_path = instance_lock::lock_path(
-                &self.settings.socket_dir(),
-                &socket_file_name(&self.resource_name),
-            );
+            self.set_state(PoolState::NotRegistered);
+            let lock_path = self.settings.lock_path(&self.resource_name);
             'locked: loop {
                 let Some(lock) = self.lock(&lock_path).await else {
                     break;
@@ -130,7 +132,7 @@ impl Runner {
                 self.write_cdi_spec();
                 loop {
                     let outcome = self.serve_once(&mut backoff, lock.as_ref()).await;
-                    self.set_registered(false);
+                    self.set_state(PoolState::NotRegistered);
                     match outcome {
                         Outcome::Shutdown => break 'locked,
                         Outcome::LockLost => {
@@ -171,20 +173,14 @@ impl Runner {
     /// shutdown; `Some(None)` when no lock can be had at all (unwritable folder): serving
     /// without one beats not serving.
     async fn lock(&mut self, path: &Path) -> Option<Option<InstanceLock>> {
-        let standby = self
-            .metrics
-            .standby
-            .get_or_create(&Metrics::resource(&self.resource_name))
-            .clone();
         let mut said = false;
         loop {
             match instance_lock::try_lock(path) {
                 Ok(Some(lock)) => {
                     if said {
                         info!(lock = %path.display(), "the other instance is gone; taking over");
-                        self.set_registered(false);
+                        self.set_state(PoolState::NotRegistered);
                     }
-                    standby.set(0);
                     return Some(Some(lock));
                 }
                 Ok(None) => {
@@ -192,13 +188,11 @@ impl Runner {
                         warn!(lock = %path.display(), "another rdma-device-plugin on this node serves this pool; standing by until it exits");
                         said = true;
                     }
-                    standby.set(1);
-                    self.readiness
-                        .set_state(&self.resource_name, PoolState::Standby);
+                    self.set_state(PoolState::Standby);
                 }
                 Err(error) => {
                     warn!(%error, lock = %path.display(), "cannot take the instance lock; serving without it");
-                    standby.set(0);
+                    self.set_state(PoolState::NotRegistered);
                     return Some(None);
                 }
             }
@@ -380,18 +374,24 @@ impl Runner {
         }
     }
 
-    /// Readiness and `rdma_dp_registered` together.
-    fn set_registered(&self, registered: bool) {
-        self.readiness.set(&self.resource_name, registered);
+    /// Where the pool stands, for `/ready` and the `registered` and `standby` gauges at once.
+    fn set_state(&self, state: PoolState) {
+        self.readiness.set_state(&self.resource_name, state);
+        let labels = Metrics::resource(&self.resource_name);
+        let flag = |wanted: PoolState| i64::from(state == wanted);
         self.metrics
             .registered
-            .get_or_create(&Metrics::resource(&self.resource_name))
-            .set(i64::from(registered));
+            .get_or_create(&labels)
+            .set(flag(PoolState::Registered));
+        self.metrics
+            .standby
+            .get_or_create(&labels)
+            .set(flag(PoolState::Standby));
     }
 
     fn on_registered(&self) {
         self.count_registration("ok");
-        self.set_registered(true);
+        self.set_state(PoolState::Registered);
         info!("registered with kubelet");
     }
 }
