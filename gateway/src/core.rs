@@ -254,42 +254,34 @@ impl GatewayCore {
     }
 
     async fn start(&self, migration: Migration) -> Handled {
-        // Two triggers (node hook, VMI watch) report the same migration: the second is a no-op.
-        if let Some(active) = self.shared.table().get(&migration.uid)
-            && active.migration == migration
-        {
-            info!("already started");
-            return Handled::AlreadyStarted;
-        }
-        if self.shared.ended().contains(&migration.uid, &migration.id) {
-            info!(migration = %migration.id, "start of a migration that is over: ignored");
-            self.shared.metrics.late_starts.inc();
-            return Handled::Stale;
-        }
-        let newer = self
+        let active = self
             .shared
             .table()
             .get(&migration.uid)
-            .filter(|active| {
-                active.migration.id != migration.id && migration.started_before(&active.migration)
-            })
-            .map(|active| active.migration.id.clone());
-        if let Some(newer) = newer {
-            info!(migration = %migration.id, %newer, "start of a migration older than the active one: ignored");
+            .map(|a| a.migration.clone());
+        // Two triggers (node hook, VMI watch) report the same migration: the second is a no-op.
+        if active.as_ref() == Some(&migration) {
+            info!("already started");
+            return Handled::AlreadyStarted;
+        }
+        let other = active.filter(|a| a.id != migration.id);
+        let late = if self.shared.ended().contains(&migration.uid, &migration.id) {
+            Some("start of a migration that is over: ignored")
+        } else if other.as_ref().is_some_and(|a| migration.started_before(a)) {
+            Some("start of a migration older than the active one: ignored")
+        } else {
+            None
+        };
+        if let Some(what) = late {
+            info!(migration = %migration.id, "{what}");
             self.shared.metrics.late_starts.inc();
             return Handled::Stale;
         }
         // A different migration of the VMI replaces the active one (that one is over), and a
         // changed report of the same migration (ports published later) starts it afresh.
-        let replaced = self
-            .shared
-            .table()
-            .get(&migration.uid)
-            .map(|active| active.migration.id.clone())
-            .filter(|id| *id != migration.id);
-        if let Some(id) = replaced {
-            info!(replaced = %id, "a new migration of this VMI replaces the active one");
-            self.shared.ended().record(&migration.uid, &id);
+        if let Some(replaced) = other {
+            info!(replaced = %replaced.id, "a new migration of this VMI replaces the active one");
+            self.shared.ended().record(&migration.uid, &replaced.id);
         }
         self.end(&migration.uid, true, None).await;
         let cancel = CancellationToken::new();
