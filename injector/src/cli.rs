@@ -213,6 +213,8 @@ pub enum RunError {
     Kube(#[source] kube::Error),
     #[error("reading the cluster (kubeconfig, or the in-cluster service account): {0}")]
     Audit(#[source] kube::Error),
+    #[error(transparent)]
+    ConfigMap(#[from] audit::ConfigMapError),
     #[error("self-managed certificates: {0}")]
     Certs(#[from] certs::CertError),
     #[error("{0}")]
@@ -327,9 +329,7 @@ pub const AUDIT_FOUND_UNINJECTED: u8 = 3;
 pub async fn run_audit(args: &AuditArgs, client: &kube::Client) -> Result<ExitCode, RunError> {
     let config = match (&args.config, &args.config_map) {
         (Some(path), _) => profile::load(path)?,
-        (None, Some(reference)) => audit::profiles_from_config_map(client, reference)
-            .await
-            .map_err(|e| RunError::Usage(e.to_string()))?,
+        (None, Some(reference)) => audit::profiles_from_config_map(client, reference).await?,
         (None, None) => Config::builtin_default(),
     };
     let findings = audit::audit_cluster(client, args.namespace.as_deref(), &config)
