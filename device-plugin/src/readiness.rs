@@ -47,14 +47,6 @@ impl Readiness {
             .remove(resource);
     }
 
-    pub fn is_registered(&self, resource: &str) -> bool {
-        self.pools
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(resource)
-            .is_some_and(|s| *s == PoolState::Registered)
-    }
-
     /// Ready: at least one pool, each registered or standing by.
     pub fn is_ready(&self) -> bool {
         let pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
