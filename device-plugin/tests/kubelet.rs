@@ -14,9 +14,7 @@ use rdma_device_plugin::{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_registration_full_list_with_numa() {
     within(60, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let mut h = Harness::registered().await;
         let list = h
             .kubelet
             .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
@@ -48,9 +46,7 @@ async fn first_registration_full_list_with_numa() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_kubelet_restarts_each_reregistered_with_full_list() {
     within(120, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let mut h = Harness::registered().await;
         for n in 2..=21 {
             h.kubelet.restart().await.unwrap();
             h.kubelet
@@ -86,9 +82,7 @@ async fn twenty_kubelet_restarts_each_reregistered_with_full_list() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_while_a_device_changes() {
     within(60, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let mut h = Harness::registered().await;
         h.kubelet
             .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
             .await
@@ -155,9 +149,7 @@ async fn kubelet_absent_at_start_then_appears() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_socket_deleted_underneath() {
     within(60, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let mut h = Harness::registered().await;
         let sock = h.kubelet.endpoint(RESOURCE).unwrap();
         std::fs::remove_file(&sock).unwrap();
         h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
@@ -174,9 +166,7 @@ async fn own_socket_deleted_underneath() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_instance_lock_is_taken_again_or_yielded() {
     within(60, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let mut h = Harness::registered().await;
         let sock = h.kubelet.endpoint(RESOURCE).unwrap();
         let name = sock.file_name().unwrap().to_str().unwrap();
         let lock = lock_path(sock.parent().unwrap(), name);
@@ -220,9 +210,7 @@ async fn a_replaced_instance_lock_is_taken_again_or_yielded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_per_hca_and_unknown_ids() {
     within(60, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let mut h = Harness::registered().await;
         h.kubelet
             .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
             .await
@@ -322,9 +310,7 @@ async fn preferred_allocation_over_grpc() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_flaps_both_ways() {
     within(60, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let mut h = Harness::registered().await;
         h.kubelet
             .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_0", "Healthy"))
             .await
@@ -417,9 +403,7 @@ async fn driver_loaded_after_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_streams_each_get_every_update() {
     within(60, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        let mut h = Harness::registered().await;
         let sock = h.kubelet.endpoint(RESOURCE).unwrap();
         let mut streams = Vec::new();
         for _ in 0..2 {

@@ -65,6 +65,17 @@ impl Harness {
         }
     }
 
+    /// The two-HCA node with the plugin started (default flags) and registered once.
+    pub async fn registered() -> Self {
+        let mut h = Self::new(Self::two_hcas()).await;
+        h.start_plugin(&[]);
+        h.kubelet
+            .wait_registered(RESOURCE, 1, SOON)
+            .await
+            .expect("first registration");
+        h
+    }
+
     pub fn two_hcas() -> Vec<HcaSpec> {
         vec![
             HcaSpec::connectx_ib("mlx5_0", "0000:3b:00.0").numa(0),
