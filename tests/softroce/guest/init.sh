@@ -176,7 +176,7 @@ for d in /sys/class/infiniband/*; do
 done
 
 if [ "$mode" = setup ]; then
-	echo "softroce-init: loop topology ready (undo: $0 --teardown --role loop)"
+	echo "softroce-init: loop topology ready (undo: init.sh --teardown --role loop)"
 	exit 0
 fi
 

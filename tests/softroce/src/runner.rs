@@ -382,7 +382,7 @@ impl Drop for Teardown {
         )
         .and_then(|r| r.wait_timeout(Duration::from_secs(60)))
         {
-            Ok(c) if c.success() => say!("softroce: {}", c.stdout.trim_end()),
+            Ok(c) if c.success() => say!("{}", c.stdout.trim_end()),
             Ok(c) => say!("softroce: teardown failed: {c}"),
             Err(e) => say!("softroce: teardown failed: {e}"),
         }
@@ -674,12 +674,23 @@ fn judge(
     passed
 }
 
+/// How a guest ended, and where its files are; its console's tail too when the guest itself
+/// went wrong (setup failed, timed out, crashed) rather than a scenario in it.
 fn guest_report(o: &Outcome) -> String {
+    let console = o.work_dir.join("console.log");
+    if o.exit.is_some() && !o.timed_out {
+        return format!(
+            "{}\n  work dir {}\n  console {}",
+            o.summary(),
+            o.work_dir.display(),
+            console.display()
+        );
+    }
     format!(
         "{}\n  work dir {}\n  console {} (last 120 lines below)\n{}",
         o.summary(),
         o.work_dir.display(),
-        o.work_dir.join("console.log").display(),
+        console.display(),
         o.console_tail(120)
     )
 }
@@ -690,19 +701,20 @@ fn host(selected: &[&Scenario], filtered_out: usize) -> ExitCode {
     if selected.is_empty() {
         return summary(0, 0, 0, filtered_out, started);
     }
+    let no_guest = |why: String| {
+        say!("softroce: {why}");
+        for s in selected {
+            say!("test {} ... FAILED (no guest)", s.name);
+        }
+        summary(0, selected.len(), 0, filtered_out, started)
+    };
     let tools = match tools() {
         Ok(t) => t,
-        Err(e) => {
-            say!("softroce: cannot boot a guest: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return no_guest(format!("cannot boot a guest: {e}")),
     };
     let accel = match accel(&tools) {
         Ok(a) => a,
-        Err(e) => {
-            say!("softroce: cannot choose an accelerator: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return no_guest(format!("cannot choose an accelerator: {e}")),
     };
     let devices = rdma_devices();
     say!(
@@ -720,10 +732,7 @@ fn host(selected: &[&Scenario], filtered_out: usize) -> ExitCode {
     );
     let exe = match env::current_exe() {
         Ok(exe) => exe,
-        Err(e) => {
-            say!("softroce: cannot find this test binary: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return no_guest(format!("cannot find this test binary: {e}")),
     };
     let verbose = flag("SOFTROCE_VERBOSE");
     let (loops, wires): (Vec<&Scenario>, Vec<&Scenario>) =
