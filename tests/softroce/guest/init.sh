@@ -180,7 +180,7 @@ if [ "$mode" = setup ]; then
 	exit 0
 fi
 
-export SOFTROCE_ROLE=$role SOFTROCE_IN_GUEST=1 SOFTROCE_WORK=${SOFTROCE_WORK:-$work} SOFTROCE_OUT
+export SOFTROCE_ROLE=$role SOFTROCE_IN_GUEST=1 SOFTROCE_WORK=${SOFTROCE_WORK:-$work} SOFTROCE_OUT SOFTROCE_MTU=$mtu
 cd "$TMPDIR" || fail "cd $TMPDIR"
 mark SETUP-DONE
 

@@ -61,9 +61,14 @@ const PROBE_MARKER: &str = "SOFTROCE-KVM-OK";
 /// The accelerator for `tools.kernel`: `SOFTROCE_ACCEL=kvm|tcg`, else the cached probe result,
 /// else a probe ([`probe_kvm`]) whose result is cached.
 pub fn accel(tools: &Tools) -> Result<Accel, Error> {
+    choose(tools).map(|(accel, _)| accel)
+}
+
+/// [`accel`], with why it was chosen.
+pub fn choose(tools: &Tools) -> Result<(Accel, String), Error> {
     match env::var("SOFTROCE_ACCEL").unwrap_or_default().as_str() {
-        "kvm" => return Ok(Accel::Kvm),
-        "tcg" => return Ok(Accel::Tcg),
+        "kvm" => return Ok((Accel::Kvm, "SOFTROCE_ACCEL=kvm".into())),
+        "tcg" => return Ok((Accel::Tcg, "SOFTROCE_ACCEL=tcg".into())),
         "" => {}
         other => {
             return Err(Error::Invalid(format!(
@@ -84,7 +89,8 @@ pub fn accel(tools: &Tools) -> Result<Accel, Error> {
         if let Some(accel) = accel
             && lines.next() == Some(&format!("host {host}"))
         {
-            return Ok(accel);
+            let why = lines.next().unwrap_or_default();
+            return Ok((accel, format!("cached in {}: {why}", cache.display())));
         }
     }
     let (accel, why) = probe_kvm(tools)?;
@@ -94,7 +100,7 @@ pub fn accel(tools: &Tools) -> Result<Accel, Error> {
     fs::write(&tmp, format!("{accel}\nhost {host}\n{why}\n"))
         .and_then(|()| fs::rename(&tmp, &cache))
         .map_err(|e| Error::io(format!("writing {}", cache.display()), e))?;
-    Ok(accel)
+    Ok((accel, why))
 }
 
 /// Boots a trivial guest with KVM (bounded by [`PROBE_TIMEOUT`]) when `/dev/kvm` opens

@@ -195,7 +195,8 @@ pub fn run_pair_with(
             a_done.store(true, Ordering::SeqCst);
             r
         });
-        // B's QEMU connects once at start: wait until A's QEMU listens.
+        // B's QEMU connects once, at start, and neither retries nor fails when nothing
+        // listens: wait until A's QEMU listens.
         let deadline = Instant::now() + Duration::from_secs(120);
         while !listening(port) && !ha.is_finished() && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(100));
@@ -223,11 +224,32 @@ fn listening(port: u16) -> bool {
     })
 }
 
+/// Run directories older than this are removed when a new run starts (no run lasts that long).
+pub const KEEP_RUNS_FOR: Duration = Duration::from_secs(3 * 24 * 3600);
+
+fn prune(runs: &Path, age: Duration) {
+    let Ok(entries) = fs::read_dir(runs) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|elapsed| elapsed > age);
+        if old {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// A new directory `<target>/softroce/runs/<prefix>-<time>-<random>`, kept after the run (the
-/// caller removes it).
+/// caller removes it; directories older than [`KEEP_RUNS_FOR`] are removed here).
 pub fn new_run_dir(prefix: &str) -> Result<PathBuf, Error> {
     let runs = state_dir().join("runs");
     fs::create_dir_all(&runs).map_err(|e| Error::io(format!("creating {}", runs.display()), e))?;
+    prune(&runs, KEEP_RUNS_FOR);
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

@@ -29,7 +29,7 @@ use std::process::{Command, ExitCode};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::accel::accel;
+use crate::accel::choose;
 use crate::cli;
 use crate::guest::{INIT_SH, Outcome, run_pair_with, run_with, tail};
 use crate::helpers::rdma_devices;
@@ -712,13 +712,13 @@ fn host(selected: &[&Scenario], filtered_out: usize) -> ExitCode {
         Ok(t) => t,
         Err(e) => return no_guest(format!("cannot boot a guest: {e}")),
     };
-    let accel = match accel(&tools) {
+    let (accel, why) = match choose(&tools) {
         Ok(a) => a,
         Err(e) => return no_guest(format!("cannot choose an accelerator: {e}")),
     };
     let devices = rdma_devices();
     say!(
-        "softroce: guests boot {} ({accel}) with {}{}",
+        "softroce: guests boot {} with {} under {accel} ({why}){}",
         tools.kernel.image.display(),
         tools.vng.display(),
         if devices.is_empty() {

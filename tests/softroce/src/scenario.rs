@@ -95,6 +95,9 @@ pub struct Ctx {
     pub addr_b: Ipv4Addr,
     /// The RDMA devices of the topology: `rxea rxeb` (loop) or `rxe0` (wire).
     pub devices: Vec<String>,
+    /// The MTU of the topology's links (`SOFTROCE_MTU`, default 9000; rxe's path MTU is 4096
+    /// from about 4200 up).
+    pub mtu: u32,
     /// The run's shared host directory (`SOFTROCE_WORK`; both guests of a pair see it).
     pub work: PathBuf,
     /// A fresh directory for this scenario on a tmpfs (the 9p root cannot ftruncate or bind
@@ -137,6 +140,10 @@ impl Ctx {
                 .split_whitespace()
                 .map(String::from)
                 .collect(),
+            mtu: match env::var("SOFTROCE_MTU") {
+                Ok(v) if !v.is_empty() => v.parse().with_context(|| format!("SOFTROCE_MTU={v}"))?,
+                _ => 9000,
+            },
             work,
             tmp,
             deadline: Instant::now() + timeout,
