@@ -4,12 +4,10 @@
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    os::fd::OwnedFd,
     path::Path,
     sync::Arc,
 };
 
-use rdma_streams_transport::{PumpOptions, pump};
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -17,11 +15,12 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::{
     core::{Handles, Shared},
     fallback::Fallback,
-    frame::Open,
     metrics::PathKind,
     netns::{self, NetnsError},
     nft::NftError,
-    outbound, relay,
+    outbound,
+    payload::Open,
+    relay, stream,
 };
 
 /// Why a capture could not be set up.
@@ -106,7 +105,7 @@ pub async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, handles: Ha
 }
 
 /// Decrements the open-connections gauge when dropped.
-struct OpenGuard(Arc<Shared>);
+pub(crate) struct OpenGuard(pub(crate) Arc<Shared>);
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
@@ -114,63 +113,48 @@ impl Drop for OpenGuard {
     }
 }
 
-/// Carries one captured connection to `dst`.
+/// Carries one captured connection to `dst`: over an RDMA stream to the peer gateway, or, on
+/// any failure before the stream is established (nothing was read from `client` yet), over
+/// TCP from this gateway, counted with the reason.
 pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, handles: Handles) {
     shared.metrics.connections_active.inc();
     let _open = OpenGuard(shared.clone());
     let _ = client.set_nodelay(true);
-    let attempt = match (&shared.provider, shared.peers.lookup(dst.ip())) {
+    let attempt = match (&shared.rdma, shared.peers.lookup(dst.ip())) {
         (Err(reason), _) => Err(*reason),
         (Ok(_), None) => Err(Fallback::NoPeer),
-        (Ok(provider), Some(peer)) => {
-            let provider = provider.clone();
-            let open = Open {
-                destination: dst,
-                uid: handles.migration.uid.clone(),
-            };
+        (Ok(engine), Some(peer)) => {
+            let engine = engine.clone();
+            let open = Open::new(dst, &handles.migration.uid);
             let timeout = shared.settings.stream_timeout;
+            let source = shared.settings.stream_source;
             tokio::task::spawn_blocking(move || {
-                outbound::open_stream(&provider, peer, &open, timeout)
+                outbound::open_stream(&engine, peer, source, &open, timeout)
             })
             .await
             .unwrap_or(Err(Fallback::RdmaError))
         }
     };
     match attempt {
-        Ok(stream) => {
+        Ok(conn) => {
             shared.metrics.connection("source", PathKind::Rdma);
             info!(path = "rdma", "connection carried over an RDMA stream");
-            let client = match client.into_std().and_then(|c| {
-                c.set_nonblocking(false)?;
-                Ok(c)
-            }) {
-                Ok(c) => c,
-                Err(error) => {
-                    warn!(%error, "handing the connection to the pump");
-                    return;
-                }
-            };
-            let opts = PumpOptions {
-                stop: handles.stop.clone(),
-                buffer_size: shared.settings.pump_buffer,
-                ..PumpOptions::default()
-            };
-            let report =
-                tokio::task::spawn_blocking(move || pump(OwnedFd::from(client), stream, opts))
-                    .await;
-            match report {
-                Ok(report) => {
-                    shared
-                        .metrics
-                        .add_bytes(PathKind::Rdma, report.to_remote, report.to_local);
-                    info!(
-                        to_target = report.to_remote,
-                        to_source = report.to_local,
-                        end = ?report.end,
-                        "stream ended"
-                    );
-                }
-                Err(error) => warn!(%error, "pump task failed"),
+            let end = stream::carry(&conn, client, &handles.cancel).await;
+            shared
+                .metrics
+                .add_bytes(PathKind::Rdma, end.sent, end.received);
+            match &end.error {
+                None => info!(
+                    to_target = end.sent,
+                    to_source = end.received,
+                    "stream ended"
+                ),
+                Some(error) => info!(
+                    to_target = end.sent,
+                    to_source = end.received,
+                    %error,
+                    "stream ended with an error"
+                ),
             }
         }
         Err(reason) => {

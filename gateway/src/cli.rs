@@ -6,11 +6,8 @@
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
+    sync::Arc,
+    time::{Duration, Instant},
 };
 
 use clap::Parser;
@@ -19,14 +16,18 @@ use rdma_streams_common::{
     shutdown::spawn_signal_handler,
     telemetry::{self, LogFormat},
 };
-use rdma_streams_transport::Provider;
+use rdma_streams_transport::{
+    Engine, EngineConfig, Unusable,
+    probe::probe_with,
+    rdma::{Lib, PortSpace},
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
     admin::{self, Readiness},
-    core::{DEFAULT_MARK, GatewayCore, ProviderState, Settings, Shared},
+    core::{DEFAULT_MARK, GatewayCore, RdmaState, Settings, Shared},
     events::Delivery,
     fallback::Fallback,
     inbound,
@@ -43,6 +44,10 @@ pub const EVENT_QUEUE: usize = 64;
 /// How long shutdown waits for the node hook server to close its connections.
 const HOOKS_STOP_GRACE: Duration = Duration::from_secs(5);
 
+/// How long shutdown waits for the aborted streams to be torn down (their peers then see a
+/// reset at once instead of noticing the silence).
+const STREAMS_STOP_GRACE: Duration = Duration::from_secs(2);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "rdma-migration-gateway",
@@ -54,7 +59,8 @@ pub struct Args {
     #[arg(long, env = "RDMA_GW_NODE_NAME", default_value = "")]
     pub node_name: String,
 
-    /// rsocket address peer gateways open streams to.
+    /// Address peer gateways open RDMA streams to (rdma_cm, IB port space); when it names an
+    /// address, this gateway's own streams are opened from it too.
     #[arg(long, env = "RDMA_GW_LISTEN", default_value = "0.0.0.0:7471")]
     pub listen: SocketAddr,
 
@@ -62,7 +68,8 @@ pub struct Args {
     #[arg(long, env = "RDMA_GW_ADMIN_LISTEN", default_value = "0.0.0.0:9103")]
     pub admin_listen: SocketAddr,
 
-    /// rsocket provider library (dlopen).
+    /// librdmacm to load (dlopen: a soname or a path); libibverbs is the copy beside a path,
+    /// else the system's.
     #[arg(long, env = "RDMA_GW_PROVIDER", default_value = "librdmacm.so.1")]
     pub provider: String,
 
@@ -88,7 +95,8 @@ pub struct Args {
     #[arg(long = "peer", env = "RDMA_GW_PEERS", value_delimiter = ',')]
     pub peers: Vec<PeerEntry>,
 
-    /// Bound on opening a stream (rsocket connect plus the peer's answer), in ms.
+    /// Bound on opening a stream (the RDMA connect and the peer's answer, which comes after it
+    /// dialed the destination), in ms.
     #[arg(long, env = "RDMA_GW_STREAM_TIMEOUT_MS", default_value_t = 2000)]
     pub stream_timeout_ms: u64,
 
@@ -159,16 +167,17 @@ impl Args {
         telemetry::init(log_format, &log_level);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
-            // Blocking threads (pumps) leave soon after their connection.
+            // Blocking threads (waits for streams to open) leave soon after.
             .thread_keep_alive(Duration::from_secs(1))
             .build()
             .map_err(RunError::Runtime)?;
-        let provider = load_provider(&provider);
         let settings = Settings {
             stream_timeout: Duration::from_millis(stream_timeout_ms),
             mark,
+            stream_source: (!listen.ip().is_unspecified()).then(|| listen.ip()),
             ..Settings::default()
         };
+        let rdma = start_engine(&provider, &settings);
         runtime.block_on(async move {
             let mut registry = Registry::default();
             let metrics = Metrics::register(&mut registry);
@@ -211,24 +220,24 @@ impl Args {
                 directories.push(Arc::new(directory.clone()));
                 directory
             });
+            metrics.rdma_usable.set(i64::from(rdma.is_ok()));
             let shared = Arc::new(Shared::new(
-                provider,
+                rdma,
                 Arc::new(ChainedPeers(directories)),
                 locator.clone(),
                 metrics,
                 settings,
             ));
-            let stop_accept = Arc::new(AtomicBool::new(false));
-            let acceptor = if shared.provider.is_ok() {
-                match inbound::spawn(shared.clone(), listen, stop_accept.clone()) {
-                    Ok(handle) => Some(handle),
+            let engine = shared.rdma.as_ref().ok().cloned();
+            let listener = match &engine {
+                Some(engine) => match inbound::listen(shared.clone(), engine, listen) {
+                    Ok(listener) => Some(listener),
                     Err(error) => {
                         warn!(%error, %listen, "no stream listener: this node accepts no streams");
                         None
                     }
-                }
-            } else {
-                None
+                },
+                None => None,
             };
             let hook_metrics = shared.metrics.clone();
             let core = GatewayCore::new(shared);
@@ -323,9 +332,16 @@ impl Args {
                     warn!("node hook server did not stop in time; leaving its socket behind");
                 }
             }
-            stop_accept.store(true, Ordering::Release);
-            if let Some(handle) = acceptor {
-                let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+            drop(listener);
+            if let Some(engine) = engine {
+                // Every migration was aborted: its streams are being reset.
+                let deadline = Instant::now() + STREAMS_STOP_GRACE;
+                while engine.connections() > 0 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                if engine.connections() > 0 {
+                    warn!(streams = engine.connections(), "streams still open at exit");
+                }
             }
             if let Some((vh_tx, task)) = publisher {
                 // Removes the node annotation (bounded) before the process exits.
@@ -338,23 +354,42 @@ impl Args {
     }
 }
 
-/// Loads and probes the provider once; the answer holds for the process.
-fn load_provider(name: &str) -> ProviderState {
-    match Provider::load(name) {
+/// Loads the RDMA libraries, probes them and starts the process's stream engine, once; the
+/// answer holds for the process (a node without RDMA relays every connection over TCP with
+/// the reason given here).
+fn start_engine(provider: &str, settings: &Settings) -> RdmaState {
+    let lib = match Lib::load(provider) {
+        Ok(lib) => &*Box::leak(Box::new(lib)),
         Err(error) => {
-            warn!(%error, provider = name, "no rsocket provider: every connection goes over TCP");
-            Err(Fallback::NoProvider)
+            warn!(%error, provider, "RDMA libraries not loaded: every connection goes over TCP");
+            return Err(Fallback::NoProvider);
         }
-        Ok(provider) => match provider.probe() {
-            Ok(()) => {
-                info!(provider = name, "rsocket provider loaded");
-                Ok(provider)
-            }
-            Err(error) => {
-                warn!(%error, provider = name, "no usable RDMA device: every connection goes over TCP");
-                Err(Fallback::NoDevice)
-            }
-        },
+    };
+    let usable = match probe_with(lib) {
+        Ok(usable) => usable,
+        Err(why) => {
+            warn!(%why, provider, "no usable RDMA device: every connection goes over TCP");
+            return Err(match why {
+                Unusable::NoLibrary(_) => Fallback::NoProvider,
+                _ => Fallback::NoDevice,
+            });
+        }
+    };
+    let config = EngineConfig {
+        ring_bytes: settings.ring_bytes,
+        port_space: PortSpace::Ib,
+        thread_name: String::from("gw-streams"),
+        ..EngineConfig::default()
+    };
+    match Engine::start(usable.lib, config) {
+        Ok(engine) => {
+            info!(provider, devices = ?usable.devices, ring_bytes = engine.config().ring(), "RDMA stream engine started");
+            Ok(engine)
+        }
+        Err(error) => {
+            warn!(%error, provider, "the RDMA stream engine did not start: every connection goes over TCP");
+            Err(Fallback::RdmaError)
+        }
     }
 }
 

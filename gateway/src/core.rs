@@ -9,9 +9,10 @@
 //! - A `Started` for a migration that already ended, that a different migration of its VMI
 //!   replaced, or that started before the VMI's active one, is ignored ([`Handled::Stale`]; a VMI watch lagging behind the node hooks sends
 //!   those, see [`crate::ended`]).
-//! - `Ended`: close the uid's capture listener and remove its table at once; stop its pumps
-//!   and relays at once when aborted, else after [`Settings::drain_grace`] (a completed
-//!   migration's connections are closing by themselves; this only bounds stragglers).
+//! - `Ended`: close the uid's capture listener and remove its table at once; abort its streams
+//!   and stop its TCP relays at once when aborted, else after [`Settings::drain_grace`] (a
+//!   completed migration's connections are closing by themselves; this only bounds
+//!   stragglers).
 //! - Shutdown: the same for every migration.
 //!
 //! Events are handled one at a time, in order. A [`Delivery`] that asks for it is acknowledged
@@ -20,16 +21,13 @@
 
 use std::{
     collections::HashMap,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     path::PathBuf,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
-use rdma_streams_transport::Provider;
+use rdma_streams_transport::Engine;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -42,21 +40,22 @@ use crate::{
     metrics::{EndLabels, Metrics, RoleLabels},
     netns::NetnsLocator,
     nft::{self, CaptureRule},
+    payload::UidDigest,
     peers::PeerDirectory,
 };
 
 /// Mark on the gateway's own sockets (`RGMW`): capture rules skip marked connections.
 pub const DEFAULT_MARK: u32 = 0x5247_4d57;
 
-/// Pump buffer per direction: 1 MiB (4x transport's default; measured by `benches/chain.rs`,
-/// fewer wake-ups per migrated GiB).
-pub const DEFAULT_PUMP_BUFFER: usize = 1 << 20;
+/// Ring per direction of each stream: 1 MiB (4x the transport's default): a migration is a few
+/// long bulk transfers, and a larger ring keeps more bytes in flight per completion.
+pub const DEFAULT_RING_BYTES: usize = 1 << 20;
 
 /// Tunables.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Bound on rsocket connect plus the peer's answer (rsocket connects take 38-100 ms on
-    /// real fabrics; the peer dials a TCP target before answering).
+    /// Bound on opening a stream: the RDMA connect and the peer's answer (the peer dials the
+    /// TCP destination before it answers).
     pub stream_timeout: Duration,
     /// Bound on TCP dials (fallback and the peer's dial of the original destination).
     pub dial_timeout: Duration,
@@ -64,8 +63,12 @@ pub struct Settings {
     pub announce_grace: Duration,
     /// `SO_MARK` of the gateway's own sockets (0: none).
     pub mark: u32,
-    /// Bytes buffered per direction of each pump.
-    pub pump_buffer: usize,
+    /// Bytes of each stream's ring per direction (the engine's `ring_bytes`; the same on every
+    /// stream of the process).
+    pub ring_bytes: usize,
+    /// The address streams are opened from (the gateway's `--listen` address when it names
+    /// one; else the kernel's choice for the route to the peer).
+    pub stream_source: Option<IpAddr>,
     /// How long connections of a migration that ended without an abort may still run.
     pub drain_grace: Duration,
 }
@@ -77,18 +80,20 @@ impl Default for Settings {
             dial_timeout: Duration::from_secs(5),
             announce_grace: Duration::from_secs(2),
             mark: DEFAULT_MARK,
-            pump_buffer: DEFAULT_PUMP_BUFFER,
+            ring_bytes: DEFAULT_RING_BYTES,
+            stream_source: None,
             drain_grace: Duration::from_secs(10),
         }
     }
 }
 
-/// Whether RDMA streams can be opened at all on this node.
-pub type ProviderState = Result<Provider, Fallback>;
+/// The process's stream engine, or why this node has none (every connection then goes over
+/// TCP with that reason).
+pub type RdmaState = Result<Engine, Fallback>;
 
 /// What the connection handlers share.
 pub struct Shared {
-    pub provider: ProviderState,
+    pub rdma: RdmaState,
     pub peers: Arc<dyn PeerDirectory>,
     pub locator: Arc<dyn NetnsLocator>,
     pub metrics: Metrics,
@@ -101,9 +106,10 @@ pub struct Shared {
 /// One migration's live state.
 struct Active {
     migration: Migration,
-    /// Raised at the end: pumps stop within a tick.
-    stop: Arc<AtomicBool>,
-    /// Cancelled at the end (or after the drain grace): TCP relays and the capture stop.
+    /// The uid's digest, as a peer's connect request names it.
+    digest: UidDigest,
+    /// Cancelled at the end (or after the drain grace): streams are aborted, TCP relays and
+    /// the capture stop.
     cancel: CancellationToken,
     /// Cancelled at the end: the capture listener closes (a child of `cancel`).
     capture_cancel: CancellationToken,
@@ -115,7 +121,8 @@ struct Active {
 #[derive(Clone)]
 pub struct Handles {
     pub migration: Migration,
-    pub stop: Arc<AtomicBool>,
+    /// Cancelled when the migration's connections must stop: at an abort, or after the drain
+    /// grace of a completed migration.
     pub cancel: CancellationToken,
     /// Closes the capture listener only.
     pub capture_cancel: CancellationToken,
@@ -123,14 +130,14 @@ pub struct Handles {
 
 impl Shared {
     pub fn new(
-        provider: ProviderState,
+        rdma: RdmaState,
         peers: Arc<dyn PeerDirectory>,
         locator: Arc<dyn NetnsLocator>,
         metrics: Metrics,
         settings: Settings,
     ) -> Shared {
         Shared {
-            provider,
+            rdma,
             peers,
             locator,
             metrics,
@@ -153,16 +160,18 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The target-role migration `uid` if it names `dst`.
-    pub fn target_handles(&self, uid: &str, dst: SocketAddr) -> Option<Handles> {
-        let table = self.table();
-        let active = table.get(uid)?;
-        (active.migration.role == Role::Target && active.migration.matches(dst)).then(|| Handles {
-            migration: active.migration.clone(),
-            stop: active.stop.clone(),
-            cancel: active.cancel.clone(),
-            capture_cancel: active.capture_cancel.clone(),
-        })
+    /// The target-role migration whose uid has `digest`, if it names `dst`.
+    pub fn target_handles(&self, digest: &UidDigest, dst: SocketAddr) -> Option<Handles> {
+        self.table()
+            .values()
+            .find(|a| {
+                a.digest == *digest && a.migration.role == Role::Target && a.migration.matches(dst)
+            })
+            .map(|active| Handles {
+                migration: active.migration.clone(),
+                cancel: active.cancel.clone(),
+                capture_cancel: active.capture_cancel.clone(),
+            })
     }
 
     /// Number of migrations in progress.
@@ -287,7 +296,6 @@ impl GatewayCore {
         let cancel = CancellationToken::new();
         let handles = Handles {
             migration: migration.clone(),
-            stop: Arc::new(AtomicBool::new(false)),
             capture_cancel: cancel.child_token(),
             cancel,
         };
@@ -295,7 +303,7 @@ impl GatewayCore {
             migration.uid.clone(),
             Active {
                 migration: migration.clone(),
-                stop: handles.stop.clone(),
+                digest: UidDigest::of(&migration.uid),
                 cancel: handles.cancel.clone(),
                 capture_cancel: handles.capture_cancel.clone(),
                 capture: None,
@@ -375,14 +383,12 @@ impl GatewayCore {
         };
         active.capture_cancel.cancel();
         if aborted {
-            active.stop.store(true, Ordering::Release);
             active.cancel.cancel();
         } else {
-            let (stop, cancel) = (active.stop.clone(), active.cancel.clone());
+            let cancel = active.cancel.clone();
             let grace = self.shared.settings.drain_grace;
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
-                stop.store(true, Ordering::Release);
                 cancel.cancel();
             });
         }
@@ -455,18 +461,19 @@ mod tests {
             .await
             .unwrap();
         let dst: SocketAddr = "10.2.0.2:49153".parse().unwrap();
+        let u1 = UidDigest::of("u1");
         let handles = loop {
-            if let Some(h) = shared.target_handles("u1", dst) {
+            if let Some(h) = shared.target_handles(&u1, dst) {
                 break h;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         assert!(
             shared
-                .target_handles("u1", "10.2.0.2:22".parse().unwrap())
+                .target_handles(&u1, "10.2.0.2:22".parse().unwrap())
                 .is_none()
         );
-        assert!(shared.target_handles("u2", dst).is_none());
+        assert!(shared.target_handles(&UidDigest::of("u2"), dst).is_none());
         tx.send(
             MigrationEvent::Ended {
                 uid: "u1".into(),
@@ -480,7 +487,6 @@ mod tests {
         while shared.active() > 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert!(handles.stop.load(Ordering::Acquire));
         assert!(handles.cancel.is_cancelled());
         shutdown.cancel();
         task.await.unwrap();
@@ -546,7 +552,7 @@ mod tests {
         assert_eq!(shared.active(), 1, "the end of m1 left m2 alone");
         assert!(
             shared
-                .target_handles("u1", "10.2.0.2:49152".parse().unwrap())
+                .target_handles(&UidDigest::of("u1"), "10.2.0.2:49152".parse().unwrap())
                 .is_some()
         );
         assert_eq!(core.handle(end("m2")).await, Handled::Ended);
@@ -622,14 +628,16 @@ mod tests {
             core.handle(MigrationEvent::Started(m("m2"))).await,
             Handled::Started
         );
-        let m2 = shared.target_handles("u1", dst).expect("m2 active");
+        let m2 = shared
+            .target_handles(&UidDigest::of("u1"), dst)
+            .expect("m2 active");
         assert_eq!(m2.migration.id, "m2");
         // m2 replaced m1: a late start of m1 neither stops m2 nor comes back.
         assert_eq!(
             core.handle(MigrationEvent::Started(m("m1"))).await,
             Handled::Stale
         );
-        assert!(!m2.cancel.is_cancelled() && !m2.stop.load(Ordering::Acquire));
+        assert!(!m2.cancel.is_cancelled());
         // A changed report of the active migration (another port published) restarts it and
         // is no late start.
         let wider = Migration {
@@ -701,7 +709,9 @@ mod tests {
             core.handle(MigrationEvent::Started(second)).await,
             Handled::Started
         );
-        let active = shared.target_handles("u1", dst).expect("m2 active");
+        let active = shared
+            .target_handles(&UidDigest::of("u1"), dst)
+            .expect("m2 active");
         // m1 started before m2 and was never seen here (a gateway restart, a missed hook):
         // its late start leaves m2 alone.
         let first = m("m1", "2026-11-30T05:00:00Z");
@@ -710,7 +720,14 @@ mod tests {
             Handled::Stale
         );
         assert!(!active.cancel.is_cancelled());
-        assert_eq!(shared.target_handles("u1", dst).unwrap().migration.id, "m2");
+        assert_eq!(
+            shared
+                .target_handles(&UidDigest::of("u1"), dst)
+                .unwrap()
+                .migration
+                .id,
+            "m2"
+        );
         assert_eq!(shared.metrics.late_starts.get(), 1);
         // A later one replaces it; so does one of the same second (no order claimed).
         let third = m("m3", "2026-11-30T05:10:00Z");
@@ -719,6 +736,13 @@ mod tests {
             Handled::Started
         );
         assert!(active.cancel.is_cancelled());
-        assert_eq!(shared.target_handles("u1", dst).unwrap().migration.id, "m3");
+        assert_eq!(
+            shared
+                .target_handles(&UidDigest::of("u1"), dst)
+                .unwrap()
+                .migration
+                .id,
+            "m3"
+        );
     }
 }

@@ -7,15 +7,19 @@ use std::fmt;
 pub enum Fallback {
     /// No peer gateway is known for the target address.
     NoPeer,
-    /// The rsocket provider library could not be loaded.
+    /// librdmacm or libibverbs (`--provider`) could not be loaded.
     NoProvider,
-    /// The provider is loaded but no RDMA device is usable (`rsocket()` failed).
+    /// The libraries load but no RDMA device is usable (probed once at start: none, iWARP
+    /// only, or registered memory not fork-safe), or none is on the route to the peer.
     NoDevice,
-    /// The peer gateway refused the stream (nothing listening, or it answered "no").
+    /// The peer refused the stream: its gateway answered no (unknown migration, destination
+    /// unreachable), its engine did (pinned memory, resources), or nothing of ours listens at
+    /// its address.
     PeerRefused,
-    /// The stream was not connected and confirmed within the connect timeout.
+    /// The stream was not established, with the peer's answer, within `--stream-timeout-ms`.
     Timeout,
-    /// Any other rsocket failure before the first byte.
+    /// Any other failure before the stream carried a byte (a local verbs or CM error, the
+    /// engine could not start, an accept that is not a gateway's).
     RdmaError,
 }
 

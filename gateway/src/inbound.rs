@@ -1,184 +1,245 @@
-//! The target side: accept streams from peer gateways, read the first frame, dial the
-//! original destination over TCP and pump. One thread accepts; one thread per stream.
+//! The target side: the stream listener. Each connect request names a destination and a
+//! migration (`crate::payload`); the listener's acceptor, which runs on the engine thread and
+//! must not block, defers its decision to a tokio task that looks the migration up, dials the
+//! destination over TCP, then accepts the request and hands the dialed socket to the stream, or
+//! rejects it with the reason.
 //!
-//! A stream is accepted only for a target-role migration that names its destination (so
-//! the gateway is never an open relay); a stream that arrives before the migration was
-//! announced here waits up to `announce_grace` for it.
+//! A stream is accepted only for a target-role migration that names its destination (so the
+//! gateway is never an open relay); a request that arrives before the migration was announced
+//! here waits up to `announce_grace` for it. The decision must come within the engine's
+//! `unattached_timeout` (10 s; the grace and the dial bound stay well below it), and the source
+//! waits at most its `--stream-timeout-ms` for it.
 
-use std::{
-    io::Write,
-    net::{SocketAddr, TcpStream},
-    os::fd::OwnedFd,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread,
-    time::{Duration, Instant},
-};
+use std::{io, net::SocketAddr, sync::Arc, time::Instant};
 
-use rdma_streams_transport::{Events, PollFd, PumpOptions, RSocket, RSocketError, poll, pump};
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use tracing::{debug, info, info_span, warn};
+use rdma_streams_transport::{Acceptor, Decision, Engine, Listener, Request};
+use tokio::runtime::Handle;
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
+    capture::OpenGuard,
     core::Shared,
-    frame::{Answer, MAX_OPEN_LEN, Open},
     metrics::PathKind,
+    payload::{Answer, Open},
+    relay,
+    stream::{self, StreamConn},
 };
 
-/// Starts listening for streams on `listen` and accepting on a thread until `stop`.
-pub fn spawn(
+/// Backlog of the stream listener.
+const BACKLOG: i32 = 128;
+
+/// The listener's acceptor (see the module docs).
+struct GatewayAcceptor {
     shared: Arc<Shared>,
-    listen: SocketAddr,
-    stop: Arc<AtomicBool>,
-) -> Result<thread::JoinHandle<()>, RSocketError> {
-    let provider = match &shared.provider {
-        Ok(p) => p.clone(),
-        Err(_) => {
-            return Err(RSocketError::Create(std::io::Error::from_raw_os_error(
-                libc::ENODEV,
-            )));
-        }
-    };
-    let listener = RSocket::listen_on(&provider, listen, 128)?;
-    listener.set_nonblocking(true).map_err(RSocketError::Mode)?;
-    info!(%listen, "stream listener up");
-    thread::Builder::new()
-        .name("gw-accept".into())
-        .spawn(move || accept_loop(shared, listener, stop))
-        .map_err(RSocketError::Mode)
+    runtime: Handle,
 }
 
-fn accept_loop(shared: Arc<Shared>, listener: RSocket, stop: Arc<AtomicBool>) {
-    while !stop.load(Ordering::Acquire) {
-        let mut fds = [PollFd::rsocket(&listener, Events::READABLE)];
-        if poll(
-            listener.provider(),
-            &mut fds,
-            Some(Duration::from_millis(100)),
-        )
-        .is_err()
-        {
-            thread::sleep(Duration::from_millis(100));
-            continue;
-        }
-        match listener.accept() {
-            Ok((stream, from)) => {
-                let shared = shared.clone();
-                let spawned = thread::Builder::new()
-                    .name("gw-stream".into())
-                    .spawn(move || {
-                        let _span = info_span!("stream", %from).entered();
-                        serve(&shared, stream);
-                    });
-                if let Err(error) = spawned {
-                    warn!(%error, "no thread for an incoming stream");
-                }
-            }
-            Err(RSocketError::Accept(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+impl Acceptor for GatewayAcceptor {
+    fn on_request(&self, request: Request<'_>) -> Decision {
+        let peer = request.peer;
+        let open = match Open::decode(request.payload) {
+            Ok(open) => open,
             Err(error) => {
-                warn!(%error, "accept on the stream listener");
-                thread::sleep(Duration::from_millis(50));
+                warn!(%error, ?peer, "a connect request that is not a gateway's; refusing");
+                return Decision::Reject(Answer::BadRequest.encode());
             }
-        }
-    }
-    info!("stream listener closed");
-}
-
-/// Reads the first frame (and any bytes after it) before `deadline`.
-fn read_open(stream: &RSocket, deadline: Instant) -> Option<(Open, Vec<u8>)> {
-    let mut buf = vec![0u8; MAX_OPEN_LEN];
-    let mut got = 0;
-    loop {
-        match Open::decode(&buf[..got]) {
-            Ok(Some((open, used))) => return Some((open, buf[used..got].to_vec())),
-            Ok(None) if got < buf.len() => {}
-            Ok(None) => return None,
-            Err(error) => {
-                warn!(%error, "bad first frame");
-                return None;
-            }
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            warn!("no first frame in time");
-            return None;
-        }
-        let mut fds = [PollFd::rsocket(stream, Events::READABLE)];
-        poll(
-            stream.provider(),
-            &mut fds,
-            Some((deadline - now).min(Duration::from_millis(100))),
-        )
-        .ok()?;
-        if fds[0].revents().is_empty() {
-            continue;
-        }
-        match stream.read(&mut buf[got..]) {
-            Ok(0) => return None,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(_) => return None,
-        }
+        };
+        let span =
+            info_span!("stream", ?peer, dst = %open.destination, migration = %open.migration);
+        self.runtime
+            .spawn(serve(self.shared.clone(), request.conn, open).instrument(span));
+        Decision::Defer
     }
 }
 
-fn dial(dst: SocketAddr, mark: u32, timeout: Duration) -> std::io::Result<TcpStream> {
-    let socket = Socket::new(Domain::for_address(dst), Type::STREAM, Some(Protocol::TCP))?;
-    if mark != 0 {
-        let _ = socket.set_mark(mark);
-    }
-    socket.connect_timeout(&SockAddr::from(dst), timeout)?;
-    let _ = socket.set_tcp_nodelay(true);
-    Ok(socket.into())
+/// Listens for streams on `addr` (the rdma_cm port space of the engine); closes when dropped.
+/// Must be called inside the gateway's runtime (the decisions run on it).
+pub fn listen(shared: Arc<Shared>, engine: &Engine, addr: SocketAddr) -> io::Result<Listener> {
+    let acceptor = Arc::new(GatewayAcceptor {
+        shared,
+        runtime: Handle::current(),
+    });
+    let listener = engine.listen(addr, None, BACKLOG, acceptor)?;
+    info!(%addr, "stream listener up");
+    Ok(listener)
 }
 
-fn serve(shared: &Shared, stream: RSocket) {
+/// Decides on one deferred request and, once accepted, carries it until it ends.
+pub async fn serve<C: StreamConn>(shared: Arc<Shared>, conn: C, open: Open) {
     let settings = &shared.settings;
-    let _ = stream.set_nonblocking(false);
-    let Some((open, early)) = read_open(&stream, Instant::now() + settings.stream_timeout) else {
-        return;
-    };
     let deadline = Instant::now() + settings.announce_grace;
     let handles = loop {
-        if let Some(h) = shared.target_handles(&open.uid, open.destination) {
+        if let Some(h) = shared.target_handles(&open.migration, open.destination) {
             break h;
         }
         if Instant::now() >= deadline {
-            warn!(uid = %open.uid, dst = %open.destination, "no such target migration here; refusing");
-            let _ = stream.write_all(&Answer::UnknownMigration.encode());
+            warn!("no such target migration here; refusing");
+            conn.reject(Answer::UnknownMigration.encode());
             return;
         }
-        thread::sleep(Duration::from_millis(20));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
-    let mut tcp = match dial(open.destination, settings.mark, settings.dial_timeout) {
+    let tcp = match relay::dial(open.destination, settings.mark, settings.dial_timeout).await {
         Ok(tcp) => tcp,
         Err(error) => {
-            warn!(%error, dst = %open.destination, "dialing the original destination");
-            let _ = stream.write_all(&Answer::Unreachable.encode());
+            warn!(%error, "dialing the original destination; refusing");
+            conn.reject(Answer::Unreachable.encode());
             return;
         }
     };
-    if !early.is_empty() && tcp.write_all(&early).is_err() {
-        return;
-    }
-    if stream.write_all(&Answer::Ok.encode()).is_err() {
-        return;
-    }
+    conn.accept(Answer::Ok.encode());
     shared.metrics.connection("target", PathKind::Rdma);
     shared.metrics.connections_active.inc();
-    info!(uid = %open.uid, dst = %open.destination, "stream connected to its destination");
-    let opts = PumpOptions {
-        stop: handles.stop.clone(),
-        buffer_size: settings.pump_buffer,
-        ..PumpOptions::default()
-    };
-    let report = pump(OwnedFd::from(tcp), stream, opts);
-    shared.metrics.connections_active.dec();
-    // The pump's "remote" is the stream from the source: local -> remote flows to the source.
+    let _open = OpenGuard(shared.clone());
+    info!(uid = %handles.migration.uid, "stream connected to its destination");
+    let end = stream::carry(&conn, tcp, &handles.cancel).await;
+    // Our side of the stream is the destination: what we sent went to the source.
     shared
         .metrics
-        .add_bytes(PathKind::Rdma, report.to_local, report.to_remote);
-    debug!(to_target = report.to_local, to_source = report.to_remote, end = ?report.end, "stream ended");
+        .add_bytes(PathKind::Rdma, end.received, end.sent);
+    match &end.error {
+        None => debug!(
+            to_target = end.received,
+            to_source = end.sent,
+            "stream ended"
+        ),
+        Some(error) => info!(
+            to_target = end.received,
+            to_source = end.sent,
+            %error,
+            "stream ended with an error"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::{
+        core::{GatewayCore, Settings},
+        events::{MigrationEvent, Role},
+        netns::PathLocator,
+        stream::double::{Call, FakeConn},
+        testing::{core_with_settings, within},
+    };
+
+    fn core(grace: Duration) -> GatewayCore {
+        core_with_settings(
+            PathLocator("/nonexistent/ns".into()),
+            Settings {
+                announce_grace: grace,
+                dial_timeout: Duration::from_secs(2),
+                mark: 0,
+                ..Settings::default()
+            },
+        )
+    }
+
+    fn started(target: SocketAddr) -> MigrationEvent {
+        MigrationEvent::Started(crate::events::Migration {
+            uid: "u1".into(),
+            id: "m1".into(),
+            vmi: "default/vm1".into(),
+            role: Role::Target,
+            target: target.ip(),
+            ports: vec![target.port()],
+            started: None,
+        })
+    }
+
+    #[test]
+    fn unknown_migrations_and_unreachable_destinations_are_refused_with_their_reason() {
+        within(Duration::from_secs(20), || async {
+            let core = core(Duration::from_millis(200));
+            let shared = core.shared().clone();
+            // A port nothing listens on: the dial is refused.
+            let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let dst = closed.local_addr().unwrap();
+            drop(closed);
+
+            // No migration at all: refused after the grace.
+            let conn = FakeConn::default();
+            let t0 = Instant::now();
+            serve(shared.clone(), conn.clone(), Open::new(dst, "u1")).await;
+            assert!(
+                t0.elapsed() >= Duration::from_millis(200),
+                "waited for the announce"
+            );
+            assert_eq!(
+                conn.calls(),
+                [Call::Reject(Answer::UnknownMigration.encode())]
+            );
+
+            core.handle(started(dst)).await;
+            // Another migration's uid, or another destination of this one: unknown.
+            for open in [
+                Open::new(dst, "u2"),
+                Open::new(SocketAddr::new(dst.ip(), dst.port().wrapping_add(1)), "u1"),
+            ] {
+                let conn = FakeConn::default();
+                serve(shared.clone(), conn.clone(), open).await;
+                assert_eq!(
+                    conn.calls(),
+                    [Call::Reject(Answer::UnknownMigration.encode())]
+                );
+            }
+            // Known, but the destination refuses the dial.
+            let conn = FakeConn::default();
+            serve(shared.clone(), conn.clone(), Open::new(dst, "u1")).await;
+            assert_eq!(conn.calls(), [Call::Reject(Answer::Unreachable.encode())]);
+            assert_eq!(shared.metrics.connections_active.get(), 0);
+        });
+    }
+
+    #[test]
+    fn a_request_waits_for_its_announce_then_carries_until_the_abort() {
+        within(Duration::from_secs(20), || async {
+            let core = core(Duration::from_secs(5));
+            let shared = core.shared().clone();
+            let destination = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let dst = destination.local_addr().unwrap();
+            let conn = FakeConn::default();
+            // The request comes first; the migration is announced 100 ms later.
+            let serving = tokio::spawn(serve(shared.clone(), conn.clone(), Open::new(dst, "u1")));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            core.handle(started(dst)).await;
+            let (mut server, _) = destination.accept().await.unwrap();
+            while conn.calls().len() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(
+                conn.calls(),
+                [Call::Accept(Answer::Ok.encode()), Call::Attach]
+            );
+            assert_eq!(shared.metrics.connections_active.get(), 1);
+            // The attached socket is the dialed one: the destination's bytes reach the stream.
+            server.write_all(b"ping").await.unwrap();
+            let echo = {
+                let conn = conn.clone();
+                tokio::task::spawn_blocking(move || conn.echo(4))
+                    .await
+                    .unwrap()
+                    .unwrap()
+            };
+            assert_eq!(echo, b"ping");
+            let mut back = [0u8; 4];
+            server.read_exact(&mut back).await.unwrap();
+            // The migration is aborted: its stream is reset, the destination sees the end.
+            core.handle(MigrationEvent::Ended {
+                uid: "u1".into(),
+                aborted: true,
+                migration: None,
+            })
+            .await;
+            serving.await.unwrap();
+            assert_eq!(conn.calls().last(), Some(&Call::Abort));
+            let mut rest = Vec::new();
+            assert_eq!(server.read_to_end(&mut rest).await.unwrap_or(0), 0);
+            assert_eq!(shared.metrics.connections_active.get(), 0);
+        });
+    }
 }

@@ -4,10 +4,11 @@
 //! source of, it enters the local virt-handler's network namespace and redirects (nftables)
 //! only the TCP connections to the target virt-handler's migration address and ports to a
 //! capture listener it opens there. Each captured connection becomes one RDMA stream to the
-//! gateway of the target node; the stream's first frame names the original destination,
-//! which the peer gateway dials over plain TCP. Any failure before the first byte (no peer
-//! gateway, no RDMA, a provider fault, a timeout) relays that same connection over TCP
-//! instead, counted with its reason.
+//! gateway of the target node, carried by the transport's stream engine (one event-loop
+//! thread per process); the stream's connect request names the original destination, which
+//! the peer gateway dials over plain TCP before it accepts. Any failure before the stream is
+//! established (no peer gateway, no RDMA, a refusal, a timeout) relays that same connection
+//! over TCP instead, counted with its reason.
 //!
 //! - [`events`]: what the gateway is told ([`events::MigrationEvent`]), by the kube watchers,
 //!   KubeVirt's node hooks or the test hook [`test_events`], and the acknowledgement a producer
@@ -16,9 +17,9 @@
 //!   [`ended`] remembers which migrations are over.
 //! - Capture: [`netns`] (find and enter a network namespace), [`nft`] (per-migration
 //!   tables), [`capture`] (the listener and `SO_ORIGINAL_DST`).
-//! - Transport: [`peers`] (where the peer gateway is), [`frame`] (the first frame and its
-//!   answer), [`outbound`] (source side), [`inbound`] (target side), [`relay`] (TCP
-//!   fallback), [`fallback`] (reasons).
+//! - Transport: [`peers`] (where the peer gateway is), [`payload`] (the connect request and
+//!   its answer), [`outbound`] (source side), [`inbound`] (target side), [`stream`] (a TCP
+//!   connection handed to the engine), [`relay`] (TCP fallback), [`fallback`] (reasons).
 //! - Kubernetes: [`kube`] (the VirtualMachineInstance watch that produces the events, the node
 //!   annotations that publish this gateway's address, the peer directory, and the KubeVirt node
 //!   hook server that starts a migration before its first connect).
@@ -31,15 +32,16 @@ pub mod core;
 pub mod ended;
 pub mod events;
 pub mod fallback;
-pub mod frame;
 pub mod inbound;
 pub mod kube;
 pub mod metrics;
 pub mod netns;
 pub mod nft;
 pub mod outbound;
+pub mod payload;
 pub mod peers;
 pub mod relay;
+pub mod stream;
 pub mod test_events;
 #[cfg(test)]
 mod testing;

@@ -110,6 +110,9 @@ pub struct Metrics {
     /// Starts of migrations that were already over or older than the active one (a lagging
     /// VMI watch), ignored.
     pub late_starts: Counter,
+    /// 1 when this gateway can carry streams (a usable RDMA device, the engine running), else
+    /// 0 (every connection then falls back with the reason the probe gave).
+    pub rdma_usable: Gauge,
 }
 
 impl Metrics {
@@ -158,6 +161,11 @@ impl Metrics {
             "late_starts",
             "Starts of migrations already over or older than the active one, ignored",
             m.late_starts.clone(),
+        );
+        r.register(
+            "rdma_usable",
+            "1 when RDMA streams can be opened from this node (device probed, engine running)",
+            m.rdma_usable.clone(),
         );
         for reason in Fallback::ALL {
             let _ = m.fallbacks.get_or_create(&ReasonLabels {

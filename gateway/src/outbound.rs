@@ -1,95 +1,145 @@
-//! The source side of a stream: connect to the peer gateway, send the first frame, wait
-//! for its answer. Blocking (rsocket calls); run on a blocking thread.
+//! The source side of a stream: connect to the peer gateway with the destination and the
+//! migration in the connect request, and wait for its answer, which comes after the peer
+//! dialed the destination. Blocking (the wait); run on a blocking thread.
+//!
+//! Nothing is read from the captured connection before the stream is established, so every
+//! failure up to there leaves the caller free to relay that same connection over TCP, counted
+//! with the [`Fallback`] reason [`classify`] gives.
 
 use std::{
-    io,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     time::{Duration, Instant},
 };
 
-use rdma_streams_transport::{Events, PollFd, Provider, RSocket, RSocketError, poll};
+use rdma_streams_transport::{Conn, ConnectError, ConnectRequest, Engine, RejectedBy};
 use tracing::debug;
 
 use crate::{
     fallback::Fallback,
-    frame::{ANSWER_LEN, Answer, Open},
+    payload::{Answer, Open},
 };
 
-/// Opens a confirmed stream to `peer` for `open`, or says why not (nothing was read from
-/// the captured connection yet, so the caller can still relay it over TCP).
+/// Opens a stream to the gateway at `peer` for `open` within `timeout`, from `source` (the
+/// gateway's own RDMA address, when it listens on one), or says why not.
 pub fn open_stream(
-    provider: &Provider,
+    engine: &Engine,
     peer: SocketAddr,
+    source: Option<IpAddr>,
     open: &Open,
     timeout: Duration,
-) -> Result<RSocket, Fallback> {
+) -> Result<Conn, Fallback> {
     let deadline = Instant::now() + timeout;
-    let socket = RSocket::connect_to(provider, peer, timeout).map_err(classify)?;
-    let _ = socket.set_nodelay(true);
-    socket.write_all(&open.encode()).map_err(|error| {
-        debug!(%error, %peer, "writing the first frame");
-        Fallback::RdmaError
+    let conn = engine.connect(ConnectRequest {
+        dst: peer,
+        src: source
+            .filter(|ip| ip.is_ipv4() == peer.is_ipv4())
+            .map(|ip| SocketAddr::new(ip, 0)),
+        payload: open.encode(),
+        resolve_timeout: timeout,
+    });
+    let answer = conn.wait_established(deadline).map_err(|error| {
+        // A connect still under way (the timeout) must not go on; any other error already
+        // ended it, and an abort of it changes nothing.
+        conn.abort();
+        debug!(%error, %peer, "stream not established");
+        classify(&error)
     })?;
-    let mut buf = [0u8; ANSWER_LEN];
-    read_exact_by(&socket, &mut buf, deadline)?;
-    match Answer::decode(&buf) {
-        Ok(Answer::Ok) => Ok(socket),
-        Ok(answer) => {
-            debug!(?answer, %peer, "peer gateway declined");
-            Err(Fallback::PeerRefused)
-        }
-        Err(error) => {
-            debug!(%error, %peer, "bad answer");
+    match Answer::decode(&answer) {
+        Ok(Answer::Ok) => Ok(conn),
+        other => {
+            conn.abort();
+            debug!(?other, %peer, "the peer accepted with an answer that is not a gateway's");
             Err(Fallback::RdmaError)
         }
     }
 }
 
 /// Maps a connect failure to a fallback reason.
-pub fn classify(error: RSocketError) -> Fallback {
-    debug!(%error, "rsocket connect failed");
-    match &error {
-        RSocketError::ConnectTimeout { .. } => Fallback::Timeout,
-        RSocketError::Create(_) => Fallback::NoDevice,
-        _ => match error.errno() {
-            Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
-                Fallback::PeerRefused
-            }
-            Some(libc::ETIMEDOUT) => Fallback::Timeout,
-            Some(libc::ENODEV) => Fallback::NoDevice,
-            _ => Fallback::RdmaError,
+pub fn classify(error: &ConnectError) -> Fallback {
+    match error {
+        // The peer gateway said no (unknown migration, destination unreachable, not a
+        // gateway's request), its engine did (pinned memory, resources, no decision in
+        // time), or nothing of ours listens there (the CM's own reject, another program).
+        ConnectError::Rejected(
+            RejectedBy::App(_) | RejectedBy::Transport(_) | RejectedBy::Foreign { .. },
+        ) => Fallback::PeerRefused,
+        ConnectError::Timeout => Fallback::Timeout,
+        ConnectError::Unreachable { status, .. } => match status.saturating_abs() {
+            libc::ETIMEDOUT => Fallback::Timeout,
+            // No RDMA device on the route to the peer.
+            libc::ENODEV | libc::EADDRNOTAVAIL => Fallback::NoDevice,
+            // The CM found no one, or no route: nothing of ours listens there.
+            _ => Fallback::PeerRefused,
         },
+        ConnectError::Iwarp => Fallback::NoDevice,
+        _ => Fallback::RdmaError,
     }
 }
 
-/// Reads exactly `buf.len()` bytes before `deadline` from a blocking rsocket.
-pub fn read_exact_by(socket: &RSocket, buf: &mut [u8], deadline: Instant) -> Result<(), Fallback> {
-    let mut got = 0;
-    while got < buf.len() {
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(Fallback::Timeout);
-        }
-        let mut fds = [PollFd::rsocket(socket, Events::READABLE)];
-        poll(
-            socket.provider(),
-            &mut fds,
-            Some((deadline - now).min(Duration::from_millis(100))),
-        )
-        .map_err(|_| Fallback::RdmaError)?;
-        if fds[0].revents().is_empty() {
-            continue;
-        }
-        match socket.read(&mut buf[got..]) {
-            Ok(0) => return Err(Fallback::PeerRefused),
-            Ok(n) => got += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
-            Err(_) => return Err(Fallback::RdmaError),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdma_streams_transport::wire::BadPrivateData;
+
+    #[test]
+    fn connect_failures_map_to_the_reasons_users_know() {
+        let cases = [
+            (
+                ConnectError::Rejected(RejectedBy::App(Answer::UnknownMigration.encode())),
+                Fallback::PeerRefused,
+            ),
+            (
+                ConnectError::Rejected(RejectedBy::App(b"S\x03".to_vec())),
+                Fallback::PeerRefused,
+            ),
+            (
+                ConnectError::Rejected(RejectedBy::Transport(1)),
+                Fallback::PeerRefused,
+            ),
+            (
+                ConnectError::Rejected(RejectedBy::Foreign { status: 28 }),
+                Fallback::PeerRefused,
+            ),
+            (ConnectError::Timeout, Fallback::Timeout),
+            (
+                ConnectError::Unreachable {
+                    what: "connect (unreachable)",
+                    status: -110,
+                },
+                Fallback::Timeout,
+            ),
+            (
+                ConnectError::Unreachable {
+                    what: "address resolution",
+                    status: -19,
+                },
+                Fallback::NoDevice,
+            ),
+            (
+                ConnectError::Unreachable {
+                    what: "route resolution",
+                    status: -113,
+                },
+                Fallback::PeerRefused,
+            ),
+            (ConnectError::Iwarp, Fallback::NoDevice),
+            (ConnectError::Memlock, Fallback::RdmaError),
+            (
+                ConnectError::NotOurPeer(BadPrivateData::Magic),
+                Fallback::RdmaError,
+            ),
+            (
+                ConnectError::Local {
+                    what: "rdma_connect",
+                    error: "EINVAL".into(),
+                },
+                Fallback::RdmaError,
+            ),
+            (ConnectError::Closed, Fallback::RdmaError),
+            (ConnectError::EngineGone, Fallback::RdmaError),
+        ];
+        for (error, want) in cases {
+            assert_eq!(classify(&error), want, "{error:?}");
         }
     }
-    Ok(())
 }

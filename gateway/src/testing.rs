@@ -1,5 +1,5 @@
 //! Unit-test fixtures shared by the modules' tests: a runtime under a hard timeout, a core
-//! without capture namespace or provider, a namespace lookup that counts its calls, and the
+//! without capture namespace or RDMA, a namespace lookup that counts its calls, and the
 //! migrating VMI a node hook call carries with the event it means.
 
 use std::{
@@ -60,14 +60,19 @@ impl NetnsLocator for CountingLocator {
     }
 }
 
-/// A core with no provider, no peers and `locator` for capture.
+/// A core with no RDMA, no peers and `locator` for capture.
 pub fn core_with(locator: impl NetnsLocator) -> GatewayCore {
+    core_with_settings(locator, Settings::default())
+}
+
+/// [`core_with`] and `settings`.
+pub fn core_with_settings(locator: impl NetnsLocator, settings: Settings) -> GatewayCore {
     GatewayCore::new(Arc::new(Shared::new(
         Err(Fallback::NoProvider),
         Arc::new(StaticPeers::default()),
         Arc::new(locator),
         Metrics::default(),
-        Settings::default(),
+        settings,
     )))
 }
 

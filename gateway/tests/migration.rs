@@ -3,8 +3,22 @@
 //!
 //! ```text
 //! source QEMU -> unix -> relay A (vhA) -> TCP 10.2.0.2:P, captured by nft -> gateway A (nodeA)
-//!   -> RDMA stream (fake provider) -> gateway B (nodeB) -> TCP -> relay B (vhB) -> unix -> dest QEMU
+//!   -> TCP fallback (no RDMA here) -> relay B (vhB) -> unix -> dest QEMU
 //! ```
+//!
+//! These machines have no RDMA device, so gateway A relays every captured connection over TCP
+//! (`NO_DEVICE`, or the reason a scenario provokes) and gateway B accepts no stream. What runs
+//! here for real: the capture (nftables in the virt-handler namespace, `SO_ORIGINAL_DST`),
+//! the fallback relay byte for byte (QEMU migrations with a RAM check, sha256-checked parallel
+//! connections), the fallback reasons that need no RDMA, the abort clean-up, the stale-table
+//! clean-up, the namespace lookup by process name and the node hook.
+//!
+//! What needs a real RDMA path runs in the Soft-RoCE guests
+//! (`scripts/softroce-migration.sh`, by hand with `tests/softroce`'s `guest` example: see the
+//! script's header): a QEMU migration carried end to end over a stream, parallel streams,
+//! `NO_PEER` (judged only once RDMA is usable), the peer gateway down (`PEER_REFUSED`), a
+//! stream that cannot open in time (`TIMEOUT`), and the peer gateway killed mid-migration (the
+//! reset reaches both QEMUs).
 //!
 //! Migrations come from the gateway's test hook (`--test-events-socket`), as the kube
 //! watchers are not part of these tests, except in one scenario where this test process plays
@@ -19,7 +33,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{Run, run, serial};
+use common::{Run, host_has_rdma, run, serial};
 use rdma_migration_gateway::kube::hooks_api::v1alpha1::{
     ExecuteNodeHookRequest, NodeContext, node_hook_service_client::NodeHookServiceClient,
 };
@@ -27,6 +41,7 @@ use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(120);
 const PORT: u16 = 49152;
+const RAM: f64 = (256u64 << 20) as f64;
 
 /// The QEMU tool's JSON result (its last line starting with `{`).
 fn result(run: &Run) -> Value {
@@ -36,22 +51,13 @@ fn result(run: &Run) -> Value {
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("RESULT is not JSON ({e})\n{run}"))
 }
 
-fn stats(run: &Run, node: &str) -> Value {
-    let text = run.value(&format!("STATS_{node}")).unwrap_or_default();
-    serde_json::from_str(&text).unwrap_or(Value::Null)
-}
-
-fn u(v: &Value, key: &str) -> u64 {
-    v.get(key).and_then(Value::as_u64).unwrap_or(0)
-}
-
 /// Both gateways, the migration announced on both, the relays up; then `body`; then the
 /// figures every test reads.
 fn scenario(gw_a: &str, gw_b: Option<&str>, body: &str) -> Run {
     scenario_env("", gw_a, gw_b, body)
 }
 
-/// [`scenario`] with `VAR=value` words before gateway A (fake provider faults).
+/// [`scenario`] with `VAR=value` words before gateway A (`PROVIDER=...`).
 fn scenario_env(a_env: &str, gw_a: &str, gw_b: Option<&str>, body: &str) -> Run {
     let start_b = match gw_b {
         Some(args) => format!("gw nodeB {args}\nstarted nodeB target u1 {PORT}\n"),
@@ -62,33 +68,54 @@ fn scenario_env(a_env: &str, gw_a: &str, gw_b: Option<&str>, body: &str) -> Run 
          {body}\n\
          echo RDMA_A=$(metric nodeA 'rdma_gw_connections_total{{role=\"source\",path=\"rdma\"}}')\n\
          echo TCP_A=$(metric nodeA 'rdma_gw_connections_total{{role=\"source\",path=\"tcp\"}}')\n\
+         echo TCP_BYTES_A=$(metric nodeA 'rdma_gw_bytes_total{{path=\"tcp\",direction=\"to_target\"}}')\n\
+         echo USABLE_A=$(metric nodeA rdma_gw_rdma_usable)\n\
          for r in NO_PEER NO_PROVIDER NO_DEVICE PEER_REFUSED TIMEOUT RDMA_ERROR; do \
-           echo FALLBACK_$r=$(metric nodeA \"rdma_gw_fallbacks_total{{reason=\\\"$r\\\"}}\"); done\n\
-         echo STATS_A=$(stats nodeA)\necho STATS_B=$(stats nodeB)\n"
+           echo FALLBACK_$r=$(metric nodeA \"rdma_gw_fallbacks_total{{reason=\\\"$r\\\"}}\"); done\n"
     );
     run(&script, LIMIT)
 }
 
 const PEER: &str = "--peer 10.2.0.2=198.18.0.2:7471";
 
-#[test]
-fn qemu_migration_takes_the_rdma_stream() {
+/// A migration that must complete over TCP, byte-exact, with every connection counted under
+/// `reason` (`None`: not judged, the host has RDMA devices and its own reasons).
+fn completes_over_tcp(a_env: &str, gw_a: &str, reason: Option<&str>) {
     let _s = serial();
-    let run = scenario(PEER, Some(""), "echo RESULT=$(migrate | tail -1)");
+    let run = scenario_env(a_env, gw_a, Some(""), "echo RESULT=$(migrate | tail -1)");
     run.assert_ok();
     let r = result(&run);
     assert_eq!(r["status"], "completed", "{run}");
     assert_eq!(r["ram_match"], true, "{run}");
-    assert_eq!(run.num("RDMA_A"), 1.0, "{run}");
-    assert_eq!(run.num("TCP_A"), 0.0, "{run}");
-    let (a, b) = (stats(&run, "A"), stats(&run, "B"));
-    let ram = 256u64 << 20;
-    assert!(u(&a, "connects") >= 1, "{run}");
+    assert_eq!(run.num("RDMA_A"), 0.0, "{run}");
+    assert!(run.num("TCP_A") >= 1.0, "{run}");
     assert!(
-        u(&a, "bytes_sent") > ram,
-        "the RAM did not take the stream: {a}\n{run}"
+        run.num("TCP_BYTES_A") > RAM,
+        "the RAM did not take the gateway's relay\n{run}"
     );
-    assert!(u(&b, "bytes_received") > ram, "{b}\n{run}");
+    if let Some(reason) = reason {
+        assert_eq!(
+            run.num(&format!("FALLBACK_{reason}")),
+            run.num("TCP_A"),
+            "{run}"
+        );
+        assert_eq!(run.num("USABLE_A"), 0.0, "{run}");
+    }
+}
+
+#[test]
+fn qemu_migration_without_rdma_is_captured_and_relayed_byte_exact() {
+    // The system's librdmacm loads and sees no device.
+    completes_over_tcp("", PEER, (!host_has_rdma()).then_some("NO_DEVICE"));
+}
+
+#[test]
+fn missing_rdma_library_falls_back_with_no_provider() {
+    completes_over_tcp(
+        "PROVIDER=/nonexistent/librdmacm.so.1",
+        PEER,
+        Some("NO_PROVIDER"),
+    );
 }
 
 #[test]
@@ -104,70 +131,16 @@ fn parallel_connections_are_all_carried() {
         ip netns exec vhA $PY $S/hashcli.py 8 10.2.0.2:49160 10.2.0.2:49161 10.2.0.2:49160 \
         10.2.0.2:49161 10.2.0.2:49160 10.2.0.2:49161 10.2.0.2:49160 10.2.0.2:49161 | tee $T/hc.out\n\
         echo MATCHED=$(sed -n 's/^matched=//p' $T/hc.out)\n\
-        echo VIA_B=$(grep -c ' 10.2.0.1 True' $T/hc.out)";
+        echo VIA_A=$(grep -c ' 198.18.0.1 True' $T/hc.out)";
     let run = scenario(PEER, Some(""), body);
     run.assert_ok();
     assert_eq!(run.num("MATCHED"), 8.0, "{run}");
     assert_eq!(
-        run.num("VIA_B"),
+        run.num("VIA_A"),
         8.0,
-        "every connection dialed by gateway B\n{run}"
+        "every connection captured and dialed by gateway A\n{run}"
     );
-    assert_eq!(run.num("RDMA_A"), 8.0, "{run}");
-    assert_eq!(u(&stats(&run, "A"), "connects"), 8, "{run}");
-}
-
-/// A migration that must still complete, over TCP, with `reason` counted.
-fn falls_back(a_env: &str, gw_a: &str, gw_b: Option<&str>, reason: &str) {
-    let _s = serial();
-    let run = scenario_env(a_env, gw_a, gw_b, "echo RESULT=$(migrate | tail -1)");
-    run.assert_ok();
-    let r = result(&run);
-    assert_eq!(r["status"], "completed", "{run}");
-    assert_eq!(r["ram_match"], true, "{run}");
-    assert_eq!(run.num("RDMA_A"), 0.0, "{run}");
-    assert!(run.num("TCP_A") >= 1.0, "{run}");
-    assert_eq!(
-        run.num(&format!("FALLBACK_{reason}")),
-        run.num("TCP_A"),
-        "{run}"
-    );
-    assert_eq!(u(&stats(&run, "B"), "accepts"), 0, "{run}");
-}
-
-#[test]
-fn peer_gateway_down_falls_back_to_tcp() {
-    falls_back("", PEER, None, "PEER_REFUSED");
-}
-
-#[test]
-fn no_peer_gateway_known_falls_back_to_tcp() {
-    falls_back("", "", Some(""), "NO_PEER");
-}
-
-#[test]
-fn provider_without_device_falls_back_to_tcp() {
-    falls_back("FAKE_RSOCKET_FAULTS=nodev", PEER, Some(""), "NO_DEVICE");
-}
-
-#[test]
-fn missing_provider_falls_back_to_tcp() {
-    falls_back(
-        "PROVIDER=/nonexistent/librdmacm.so.1",
-        PEER,
-        Some(""),
-        "NO_PROVIDER",
-    );
-}
-
-#[test]
-fn hanging_connect_times_out_to_tcp() {
-    falls_back(
-        "FAKE_RSOCKET_FAULTS=hang_connect",
-        &format!("{PEER} --stream-timeout-ms 300"),
-        Some(""),
-        "TIMEOUT",
-    );
+    assert_eq!(run.num("TCP_A"), 8.0, "{run}");
 }
 
 #[test]
@@ -225,8 +198,8 @@ fn non_migration_connections_are_never_redirected() {
     let _s = serial();
     // Listeners: the migration port and another port on the target virt-handler, and the
     // migration port on another address (nodeB itself). Only the first may be captured: a
-    // captured connection reaches the listener from gateway B (10.2.0.1), a direct one from
-    // virt-handler A's own address (10.1.0.2).
+    // captured connection reaches the listener from gateway A (its relay dials from nodeA,
+    // 198.18.0.1), a direct one from virt-handler A's own address (10.1.0.2).
     let body = "ip netns exec vhB $PY $S/hashsrv.py 0.0.0.0 49170 49171 >$T/hs.out &\n\
         ip netns exec nodeB $PY $S/hashsrv.py 10.2.0.1 49170 >$T/hs2.out &\n\
         for _ in $(seq 100); do grep -q ready $T/hs.out && grep -q ready $T/hs2.out && break; sleep 0.05; done\n\
@@ -250,39 +223,17 @@ fn non_migration_connections_are_never_redirected() {
         Some("10.1.0.2"),
         "{run}"
     );
-    assert_eq!(run.value("MIGRATION").as_deref(), Some("10.2.0.1"), "{run}");
     assert_eq!(
-        run.num("RDMA_A"),
+        run.value("MIGRATION").as_deref(),
+        Some("198.18.0.1"),
+        "{run}"
+    );
+    assert_eq!(
+        run.num("TCP_A"),
         1.0,
         "only the migration connection\n{run}"
     );
     assert_eq!(run.num("UNMATCHED"), 0.0, "{run}");
-}
-
-#[test]
-fn stream_reset_mid_migration_propagates_and_fails_the_migration() {
-    let _s = serial();
-    // The stream resets after 4 MiB (fake provider fault on gateway A): once bytes flowed
-    // there is no falling back, so the reset must reach both QEMUs (the migration fails
-    // promptly instead of hanging) and leave no connection behind.
-    let body = "MIGRATE_TIMEOUT=40 migrate --no-verify >$T/mig.out 2>$T/mig.err && rc=0 || rc=$?\n\
-        echo MIGRATE_RC=$rc\necho RESULT=$(tail -1 $T/mig.out)\n\
-        for _ in $(seq 50); do [ \"$(metric nodeA rdma_gw_connections_active)\" = 0 ] && \
-          [ \"$(metric nodeB rdma_gw_connections_active)\" = 0 ] && break; sleep 0.1; done\n\
-        echo ACTIVE_AFTER=$(metric nodeA rdma_gw_connections_active)\n\
-        echo ACTIVE_AFTER_B=$(metric nodeB rdma_gw_connections_active)";
-    let run = scenario_env(
-        "FAKE_RSOCKET_FAULTS=reset_after=4194304",
-        PEER,
-        Some(""),
-        body,
-    );
-    run.assert_ok();
-    assert_ne!(run.num("MIGRATE_RC"), 0.0, "{run}");
-    assert_ne!(result(&run)["status"], "completed", "{run}");
-    assert_eq!(run.num("RDMA_A"), 1.0, "{run}");
-    assert_eq!(run.num("ACTIVE_AFTER"), 0.0, "{run}");
-    assert_eq!(run.num("ACTIVE_AFTER_B"), 0.0, "{run}");
 }
 
 #[test]
@@ -326,14 +277,14 @@ fn virt_handler_namespace_is_found_by_process_name() {
          CAPTURE_ARGS='--capture-process virt-handler' gw nodeA {PEER}\ngw nodeB\n\
          started nodeB target u1 {PORT}\nstarted nodeA source u1 {PORT}\nwait_table vhA\n\
          echo RESULT=$(migrate | tail -1)\n\
-         echo RDMA_A=$(metric nodeA 'rdma_gw_connections_total{{role=\"source\",path=\"rdma\"}}')"
+         echo TCP_A=$(metric nodeA 'rdma_gw_connections_total{{role=\"source\",path=\"tcp\"}}')"
     );
     let run = run(&script, LIMIT);
     run.assert_ok();
     let r = result(&run);
     assert_eq!(r["status"], "completed", "{run}");
     assert_eq!(r["ram_match"], true, "{run}");
-    assert_eq!(run.num("RDMA_A"), 1.0, "{run}");
+    assert_eq!(run.num("TCP_A"), 1.0, "captured by gateway A\n{run}");
 }
 
 /// The VMI virt-handler on nodeA sends with `PreMigrationSource`: opted in, migrating to
@@ -424,8 +375,8 @@ fn node_hook_starts_the_source_side_before_the_first_connect() {
          echo RESULT=$(migrate | tail -1)\n\
          echo RDMA_A=$(metric nodeA 'rdma_gw_connections_total{{role=\"source\",path=\"rdma\"}}')\n\
          echo TCP_A=$(metric nodeA 'rdma_gw_connections_total{{role=\"source\",path=\"tcp\"}}')\n\
+         echo TCP_BYTES_A=$(metric nodeA 'rdma_gw_bytes_total{{path=\"tcp\",direction=\"to_target\"}}')\n\
          echo HOOK_STARTED=$(metric nodeA 'rdma_gw_node_hook_calls_total{{hook=\"PreMigrationSource\",outcome=\"started\"}}')\n\
-         echo STATS_A=$(stats nodeA)\n\
          A=$(cat $T/gw-nodeA.pid); kill -TERM $A; rc=0; wait $A || rc=$?; echo EXIT=$rc\n\
          echo SOCKET_AFTER=$([ -e {sock} ] && echo present || echo gone)",
         sock = socket.display(),
@@ -452,11 +403,12 @@ fn node_hook_starts_the_source_side_before_the_first_connect() {
     let r = result(&run);
     assert_eq!(r["status"], "completed", "{run}");
     assert_eq!(r["ram_match"], true, "{run}");
-    assert_eq!(run.num("RDMA_A"), 1.0, "{run}");
-    assert_eq!(run.num("TCP_A"), 0.0, "{run}");
+    // Captured by the capture the hook installed (relayed over TCP: no RDMA here).
+    assert_eq!(run.num("RDMA_A"), 0.0, "{run}");
+    assert_eq!(run.num("TCP_A"), 1.0, "{run}");
     assert!(
-        u(&stats(&run, "A"), "bytes_sent") > 256u64 << 20,
-        "the RAM did not take the stream\n{run}"
+        run.num("TCP_BYTES_A") > RAM,
+        "the RAM did not take the gateway\n{run}"
     );
     assert_eq!(run.num("HOOK_STARTED"), 1.0, "{run}");
     assert_eq!(run.num("EXIT"), 0.0, "{run}");

@@ -1,6 +1,11 @@
 //! Test harness: runs bash scripts in a fresh network, PID and mount namespace (so `ip netns`
 //! names and every process the script starts die with it) under a hard timeout, with the
-//! gateway binary, the fake provider, the relay and QEMU tool paths in the environment.
+//! gateway binary, the relay and QEMU tool paths in the environment.
+//!
+//! These machines have no RDMA device, so every gateway here relays its connections over TCP
+//! (`NO_DEVICE` with the system's librdmacm): the capture, the nftables rules, the fallback
+//! and the clean-ups are real, the RDMA stream is not. The stream itself runs in the Soft-RoCE
+//! guests (`tests/scripts/softroce-migration.sh`).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -20,10 +25,27 @@ fn manifest() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Bash prelude: the topology and helpers, and a trap that stops every background job.
+/// Bash prelude: a trap that stops every background job, then the topology (`{topology}`) and
+/// the helpers.
 const PRELUDE: &str = "set -eu\nset -m\nT=$(mktemp -d)\n\
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf \"$T\"' EXIT\n\
-ip link set lo up\n. $S/topology.sh\n. $S/gateways.sh\n";
+ip link set lo up\n{topology}\n. $S/gateways.sh\n";
+
+/// True when this host has RDMA devices (then a gateway's probe succeeds and its reasons
+/// differ from `NO_DEVICE`).
+pub fn host_has_rdma() -> bool {
+    std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+}
+
+/// The network namespace a script runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Net {
+    /// A new one (the gateway tests' node namespaces live inside it).
+    Private,
+    /// The caller's (Soft-RoCE works in the initial network namespace only); still a new PID
+    /// and mount namespace.
+    Initial,
+}
 
 /// What a script printed.
 #[derive(Debug)]
@@ -73,12 +95,21 @@ fn python() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
-/// Runs `script` after the prelude, killed after `limit`.
+/// Runs `script` after the prelude and the test topology (`scripts/topology.sh`) in a new
+/// network namespace, killed after `limit`.
 pub fn run(script: &str, limit: Duration) -> Run {
-    let full = format!("{PRELUDE}{script}\n");
+    run_in(Net::Private, ". $S/topology.sh", script, limit)
+}
+
+/// Runs `script` after the prelude and `topology` (shell) in `net`, killed after `limit`.
+pub fn run_in(net: Net, topology: &str, script: &str, limit: Duration) -> Run {
+    let full = format!("{}{script}\n", PRELUDE.replace("{topology}", topology));
     let mut cmd = Command::new("unshare");
+    if net == Net::Private {
+        cmd.arg("-n");
+    }
     cmd.args([
-        "-n",
+        "-m",
         "-p",
         "-f",
         "--mount-proc",
@@ -88,7 +119,6 @@ pub fn run(script: &str, limit: Duration) -> Run {
         &full,
     ])
     .env("GW", env!("CARGO_BIN_EXE_rdma-migration-gateway"))
-    .env("FAKE", rdma_streams_testkit::fake_rsocket::library())
     .env("S", manifest().join("tests/scripts"))
     .env(
         "QEMU_TOOL",
@@ -96,7 +126,7 @@ pub fn run(script: &str, limit: Duration) -> Run {
     )
     .env("RAM", ram_file())
     .env("PY", python())
-    .env_remove("FAKE_RSOCKET_FAULTS")
+    .env_remove("RDMA_GW_PROVIDER")
     .env_remove("LD_PRELOAD")
     .stdin(Stdio::null())
     .stdout(Stdio::piped())

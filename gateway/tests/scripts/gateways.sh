@@ -1,13 +1,13 @@
-# Helpers for the gateway tests (sourced after topology.sh). Needs GW, FAKE, S, T.
-# gw NODE [ARGS..]: start the gateway of nodeA or nodeB (env from the caller, e.g.
-# FAKE_RSOCKET_FAULTS, PROVIDER, CAPTURE_ARGS instead of --capture-netns /run/netns/vhX), stats in $T/stats-NODE, log in $T/gw-NODE.log, pid in $T/gw-NODE.pid.
+# Helpers for the gateway tests (sourced after topology.sh). Needs GW, S, T.
+# gw NODE [ARGS..]: start the gateway of nodeA or nodeB (env from the caller: PROVIDER, the
+# librdmacm to load, default the system's; CAPTURE_ARGS instead of --capture-netns
+# /run/netns/vhX), log in $T/gw-NODE.log, pid in $T/gw-NODE.pid.
 gw() {
 	local node=$1; shift
 	local vh=vh${node#node}
-	mkdir -p $T/stats-$node
 	local ip=198.18.0.1; [ $node = nodeB ] && ip=198.18.0.2
-	FAKE_RSOCKET_STATS_DIR=$T/stats-$node ip netns exec $node $GW \
-		--listen $ip:7471 --admin-listen 127.0.0.1:9103 --provider ${PROVIDER:-$FAKE} \
+	ip netns exec $node $GW \
+		--listen $ip:7471 --admin-listen 127.0.0.1:9103 --provider ${PROVIDER:-librdmacm.so.1} \
 		${CAPTURE_ARGS:---capture-netns /run/netns/$vh} --test-events-socket $T/$node.sock \
 		--log-level ${GW_LOG:-info} --log-format json "$@" 2>$T/gw-$node.log &
 	echo $! >$T/gw-$node.pid
@@ -26,8 +26,6 @@ wait_table() { for _ in $(seq 100); do [ -n "$(tables $1)" ] && return 0; sleep 
 metrics() { ip netns exec $1 curl -s 127.0.0.1:9103/metrics; }
 # metric NODE NAME{labels}: one value (0 when absent).
 metric() { metrics $1 | awk -v k="$2" '$1 == k {print $2; f=1} END {if (!f) print 0}'; }
-# stats NODE: the fake provider's counters of the gateway (all pids, summed as JSON lines).
-stats() { cat $T/stats-$1/*.json 2>/dev/null || echo '{}'; echo; }
 # Relays imitating virt-handler's migration proxy.
 relays() { # PORT: relay A (vhA: unix $T/src.sock -> 10.2.0.2:PORT), relay B (vhB: PORT -> unix $T/dst.sock)
 	ip netns exec vhA $PY $S/relay.py unix-to-tcp $T/src.sock 10.2.0.2:$1 >$T/relayA.out &

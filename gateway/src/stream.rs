@@ -1,0 +1,327 @@
+//! One RDMA stream carrying one TCP connection, seen from the gateway's tokio side.
+//!
+//! The transport's [`Engine`](rdma_streams_transport::Engine) moves the bytes on its own thread:
+//! the gateway hands it the TCP socket ([`carry`]) and waits for the stream's end, which the
+//! engine reports on its thread and a oneshot channel brings back. A stream belongs to a
+//! migration: when the migration's token is cancelled (aborted, or the drain grace of a completed
+//! one ran out) the stream is aborted, which resets it at both ends.
+//!
+//! [`StreamConn`] is the part of the transport's `Conn` the gateway uses, so that the logic
+//! around it (the target's decision, the abort) is tested without RDMA.
+
+use std::{io, os::fd::OwnedFd, time::Duration};
+
+use rdma_streams_transport::{Attach, Conn, End, Event, Gate, StreamPath};
+use tokio::{net::TcpStream, sync::oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// How long an aborted stream's end report may take before the gateway stops waiting.
+pub const ABORT_WAIT: Duration = Duration::from_secs(5);
+
+/// Called once with the stream's end, on the engine thread (must not block).
+pub type OnEnd = Box<dyn FnOnce(End) + Send>;
+
+/// What the gateway does with a connection of the engine.
+pub trait StreamConn: Send + Sync + 'static {
+    /// Accepts a deferred connect request with `payload`.
+    fn accept(&self, payload: Vec<u8>);
+    /// Rejects a deferred connect request with `payload`.
+    fn reject(&self, payload: Vec<u8>);
+    /// Hands `local` (non-blocking) over: pumped both ways until the stream ends, then closed.
+    fn attach(&self, local: OwnedFd, on_end: OnEnd);
+    /// Resets the stream (and shuts the attached socket down).
+    fn abort(&self);
+}
+
+impl StreamConn for Conn {
+    fn accept(&self, payload: Vec<u8>) {
+        Conn::accept(self, payload);
+    }
+
+    fn reject(&self, payload: Vec<u8>) {
+        Conn::reject(self, payload);
+    }
+
+    fn attach(&self, local: OwnedFd, on_end: OnEnd) {
+        let mut on_end = Some(on_end);
+        Conn::attach(
+            self,
+            local,
+            Attach {
+                kept: None,
+                gate: Gate::Open,
+                on_bytes: None,
+                on_event: Box::new(move |event| {
+                    if let Event::Ended(end) = event
+                        && let Some(report) = on_end.take()
+                    {
+                        report(end);
+                    }
+                }),
+            },
+        );
+    }
+
+    fn abort(&self) {
+        Conn::abort(self);
+    }
+}
+
+/// The end of a stream whose report never came (the engine stopped, or the socket could not
+/// be handed over).
+fn lost(why: &str) -> End {
+    End {
+        path: StreamPath::Broken,
+        sent: 0,
+        received: 0,
+        error: Some(why.to_owned()),
+    }
+}
+
+/// The socket as the engine takes it: an owned, non-blocking fd out of tokio's reactor.
+fn handover(socket: TcpStream) -> io::Result<OwnedFd> {
+    let std = socket.into_std()?;
+    std.set_nonblocking(true)?;
+    Ok(OwnedFd::from(std))
+}
+
+/// Carries `socket` over the established `conn` until the stream ends, or aborts it when
+/// `cancel` fires first; returns the end (`sent`: bytes from `socket` to the peer).
+pub async fn carry<C: StreamConn + ?Sized>(
+    conn: &C,
+    socket: TcpStream,
+    cancel: &CancellationToken,
+) -> End {
+    let fd = match handover(socket) {
+        Ok(fd) => fd,
+        Err(error) => {
+            warn!(%error, "handing the connection to the stream");
+            conn.abort();
+            return lost("the socket could not be handed over");
+        }
+    };
+    let (tx, mut rx) = oneshot::channel();
+    conn.attach(
+        fd,
+        Box::new(move |end| {
+            let _ = tx.send(end);
+        }),
+    );
+    tokio::select! {
+        end = &mut rx => end.unwrap_or_else(|_| lost("the engine stopped")),
+        () = cancel.cancelled() => {
+            conn.abort();
+            match tokio::time::timeout(ABORT_WAIT, rx).await {
+                Ok(Ok(end)) => end,
+                Ok(Err(_)) => lost("the engine stopped"),
+                Err(_) => lost("aborted; no end report in time"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub mod double {
+    //! A [`StreamConn`] that records what the gateway asked for and plays the engine's part
+    //! with a thread per attached socket: it echoes what arrives until EOF, or ends at an
+    //! abort.
+
+    use std::{
+        io::{Read, Write},
+        os::fd::OwnedFd,
+        sync::{Arc, Mutex},
+    };
+
+    use super::*;
+
+    /// One recorded call.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Call {
+        Accept(Vec<u8>),
+        Reject(Vec<u8>),
+        Attach,
+        Abort,
+    }
+
+    #[derive(Default)]
+    struct State {
+        calls: Vec<Call>,
+        attached: Option<std::net::TcpStream>,
+        on_end: Option<OnEnd>,
+    }
+
+    /// See the module docs.
+    #[derive(Clone, Default)]
+    pub struct FakeConn(Arc<Mutex<State>>);
+
+    impl FakeConn {
+        pub fn calls(&self) -> Vec<Call> {
+            self.lock().calls.clone()
+        }
+
+        fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+
+        fn record(&self, call: Call) {
+            self.lock().calls.push(call);
+        }
+
+        /// Ends the stream as the engine would after its peer finished: reports `end`.
+        pub fn end(&self, end: End) {
+            let report = self.lock().on_end.take();
+            if let Some(report) = report {
+                report(end);
+            }
+        }
+
+        /// Echoes one message on the attached socket: reads `n` bytes, writes them back.
+        pub fn echo(&self, n: usize) -> std::io::Result<Vec<u8>> {
+            let mut socket = self
+                .lock()
+                .attached
+                .as_ref()
+                .ok_or_else(|| std::io::Error::other("nothing attached"))?
+                .try_clone()?;
+            socket.set_nonblocking(false)?;
+            let mut buf = vec![0u8; n];
+            socket.read_exact(&mut buf)?;
+            socket.write_all(&buf)?;
+            Ok(buf)
+        }
+    }
+
+    impl StreamConn for FakeConn {
+        fn accept(&self, payload: Vec<u8>) {
+            self.record(Call::Accept(payload));
+        }
+
+        fn reject(&self, payload: Vec<u8>) {
+            self.record(Call::Reject(payload));
+        }
+
+        fn attach(&self, local: OwnedFd, on_end: OnEnd) {
+            let mut s = self.lock();
+            s.calls.push(Call::Attach);
+            s.attached = Some(std::net::TcpStream::from(local));
+            s.on_end = Some(on_end);
+        }
+
+        fn abort(&self) {
+            self.record(Call::Abort);
+            let (socket, report) = {
+                let mut s = self.lock();
+                (s.attached.take(), s.on_end.take())
+            };
+            if let Some(socket) = socket {
+                let _ = socket.shutdown(std::net::Shutdown::Both);
+            }
+            if let Some(report) = report {
+                report(End {
+                    path: StreamPath::Rdma,
+                    sent: 0,
+                    received: 0,
+                    error: Some("aborted".into()),
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::double::{Call, FakeConn};
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (b, _) = l.accept().await.unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn the_end_report_comes_back_and_a_cancel_aborts() {
+        crate::testing::within(Duration::from_secs(10), || async {
+            // Normal end: the engine moves bytes, then reports.
+            let conn = FakeConn::default();
+            let (mut app, handed) = pair().await;
+            let cancel = CancellationToken::new();
+            let carrying = {
+                let conn = conn.clone();
+                let cancel = cancel.clone();
+                tokio::spawn(async move { carry(&conn, handed, &cancel).await })
+            };
+            app.write_all(b"hello").await.unwrap();
+            let echoed = {
+                let conn = conn.clone();
+                tokio::task::spawn_blocking(move || {
+                    // The attach happens on the carrying task: wait for it.
+                    loop {
+                        match conn.echo(5) {
+                            Ok(b) => break b,
+                            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                        }
+                    }
+                })
+                .await
+                .unwrap()
+            };
+            assert_eq!(echoed, b"hello");
+            let mut back = [0u8; 5];
+            app.read_exact(&mut back).await.unwrap();
+            assert_eq!(&back, b"hello");
+            let end = End {
+                path: StreamPath::Rdma,
+                sent: 5,
+                received: 5,
+                error: None,
+            };
+            conn.end(end.clone());
+            assert_eq!(carrying.await.unwrap(), end);
+            assert_eq!(conn.calls(), [Call::Attach]);
+
+            // The migration is aborted: the stream is reset, the socket shut down.
+            let conn = FakeConn::default();
+            let (mut app, handed) = pair().await;
+            let cancel = CancellationToken::new();
+            let carrying = {
+                let conn = conn.clone();
+                let cancel = cancel.clone();
+                tokio::spawn(async move { carry(&conn, handed, &cancel).await })
+            };
+            while conn.calls().is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            cancel.cancel();
+            let end = carrying.await.unwrap();
+            assert_eq!(end.error.as_deref(), Some("aborted"));
+            assert_eq!(conn.calls(), [Call::Attach, Call::Abort]);
+            let mut rest = Vec::new();
+            assert_eq!(app.read_to_end(&mut rest).await.unwrap_or(0), 0);
+        });
+    }
+
+    #[test]
+    fn an_engine_that_drops_the_report_ends_the_wait() {
+        struct Dropping;
+        impl StreamConn for Dropping {
+            fn accept(&self, _: Vec<u8>) {}
+            fn reject(&self, _: Vec<u8>) {}
+            fn attach(&self, _local: OwnedFd, on_end: OnEnd) {
+                drop(on_end);
+            }
+            fn abort(&self) {}
+        }
+        crate::testing::within(Duration::from_secs(10), || async {
+            let (_app, handed) = pair().await;
+            let end = carry(&Dropping, handed, &CancellationToken::new()).await;
+            assert_eq!(end.path, StreamPath::Broken);
+            assert_eq!(end.error.as_deref(), Some("the engine stopped"));
+        });
+    }
+}
