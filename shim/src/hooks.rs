@@ -24,8 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use libc::{c_int, sockaddr, socklen_t};
 
-use crate::guard::Guard;
-use crate::{fdtable, ops, real, sys};
+use crate::real;
+use streamshim_core::guard::Guard;
+use streamshim_core::{fdtable, ops, sys};
 
 /// The result of a hook whose original cannot be found (never seen with glibc).
 fn no_original() -> c_int {

@@ -48,7 +48,7 @@ impl fmt::Display for Role {
 /// The path that carries a connection's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Path {
-    /// Upgraded: the bytes go over an RDMA stream (rsocket).
+    /// Upgraded: the bytes go over an RDMA stream.
     Rdma,
     /// Plain kernel TCP, byte for byte what the app would have had without the shim.
     Tcp,
@@ -91,7 +91,7 @@ pub enum Reason {
     Upgraded = 0,
     /// `STREAMSHIM_DISABLE=1` (or the shim is otherwise switched off for this process).
     Disabled = 1,
-    /// The rsocket provider library (`STREAMSHIM_PROVIDER`) could not be loaded or bound.
+    /// librdmacm or libibverbs (`STREAMSHIM_PROVIDER`) could not be loaded or bound.
     NoProvider = 2,
     /// No usable RDMA device.
     NoDevice = 3,
@@ -99,13 +99,14 @@ pub enum Reason {
     Memlock = 4,
     /// The policy (`STREAMSHIM_POLICY`) excludes this program, peer, port or role.
     Policy = 5,
-    /// The side-channel rconnect was refused or found no listener: the peer runs no shim.
+    /// Nothing of ours answers at the peer: no RDMA listener there (no shim), another RDMA
+    /// program, or no RDMA path.
     PeerNotShimmed = 6,
     /// The peer's shim answered REFUSE.
     PeerRefused = 7,
     /// The negotiation did not finish within `STREAMSHIM_NEGOTIATE_MS`.
     Timeout = 8,
-    /// An RDMA (rsocket) call failed in a way that is not one of the above.
+    /// An RDMA call failed in a way that is not one of the above.
     RdmaError = 9,
     /// The peer failed recently and is still in the negative cache.
     NegativeCache = 10,
@@ -113,11 +114,16 @@ pub enum Reason {
     NotTcp = 11,
     /// A socket use the shim does not upgrade (for example polled before `connect()`).
     Unsupported = 12,
+    /// The RDMA device is iWARP, whose rdma_cm port space is the kernel's TCP ports.
+    Iwarp = 13,
+    /// Registered memory would not survive `fork()` here (no copy-on-fork in the kernel and
+    /// `ibv_fork_init` failed).
+    ForkUnsafe = 14,
 }
 
 impl Reason {
     /// Every reason, in code order (`ALL[i].code() == i`).
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 15] = [
         Reason::Upgraded,
         Reason::Disabled,
         Reason::NoProvider,
@@ -131,6 +137,8 @@ impl Reason {
         Reason::NegativeCache,
         Reason::NotTcp,
         Reason::Unsupported,
+        Reason::Iwarp,
+        Reason::ForkUnsafe,
     ];
 
     /// Number of reasons (length of [`Reason::ALL`]).
@@ -152,10 +160,12 @@ impl Reason {
             Reason::NegativeCache => "NEGATIVE_CACHE",
             Reason::NotTcp => "NOT_TCP",
             Reason::Unsupported => "UNSUPPORTED",
+            Reason::Iwarp => "IWARP",
+            Reason::ForkUnsafe => "FORK_UNSAFE",
         }
     }
 
-    /// Stable numeric code (the REFUSE message's reason field). Equals the index in [`Reason::ALL`].
+    /// Stable numeric code (the REFUSE payload's reason field). Equals the index in [`Reason::ALL`].
     pub const fn code(self) -> u16 {
         self as u16
     }
@@ -182,6 +192,8 @@ impl Reason {
             10 => Some(Reason::NegativeCache),
             11 => Some(Reason::NotTcp),
             12 => Some(Reason::Unsupported),
+            13 => Some(Reason::Iwarp),
+            14 => Some(Reason::ForkUnsafe),
             _ => None,
         }
     }
@@ -253,6 +265,8 @@ mod tests {
                 "NEGATIVE_CACHE",
                 "NOT_TCP",
                 "UNSUPPORTED",
+                "IWARP",
+                "FORK_UNSAFE",
             ]
         );
     }

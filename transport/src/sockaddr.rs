@@ -82,17 +82,8 @@ impl RawSockAddr {
         }
     }
 
-    pub(crate) fn as_ptr(&self) -> *const sockaddr {
-        self.bytes.as_ptr().cast()
-    }
-
     pub(crate) fn as_mut_ptr(&mut self) -> *mut sockaddr {
         self.bytes.as_mut_ptr().cast()
-    }
-
-    /// Bytes of address held.
-    pub(crate) fn len(&self) -> socklen_t {
-        self.len
     }
 
     /// Room for an address, in bytes.
@@ -129,7 +120,7 @@ mod tests {
     #[test]
     fn aligned_for_sockaddr_in6() {
         let raw = RawSockAddr::empty();
-        assert_eq!(raw.as_ptr() as usize % 8, 0);
+        assert_eq!(std::ptr::addr_of!(raw.bytes) as usize % 8, 0);
     }
 
     #[test]
@@ -148,6 +139,6 @@ mod tests {
             Some(libc::EAFNOSUPPORT)
         );
         unix.set_len(1000);
-        assert_eq!(unix.len(), 128);
+        assert_eq!(unix.len, 128);
     }
 }

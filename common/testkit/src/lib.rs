@@ -1,10 +1,7 @@
-//! Test-only helpers shared by the workspace's integration-test harnesses
-//! (`transport/tests`, `shim/tests`, `shim/fake-rsocket/tests`). Dev-dependency only.
+//! Test-only helpers shared by the workspace's integration-test harnesses. Dev-dependency
+//! only.
 //!
-//! - [`fake_rsocket::library`]: the path of the fake provider `libfakersocket.so`, built when
-//!   missing or stale;
 //! - [`within`]: run a test body under a time limit;
-//! - [`child`]: run fault cases in re-executed test binaries (one process per case);
 //! - `mock_api` (feature `kube`): a mocked Kubernetes API server for kube-side unit tests.
 #![warn(missing_docs)]
 
@@ -12,8 +9,6 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-pub mod child;
-pub mod fake_rsocket;
 #[cfg(feature = "kube")]
 #[allow(missing_docs)]
 pub mod mock_api;

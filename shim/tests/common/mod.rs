@@ -1,11 +1,8 @@
-//! Test harness: finds `libstreamshim.so` and the fake provider, runs shell scripts in their
-//! own network namespace under a hard timeout, and reads `STREAMSHIM_STATS` files.
+//! Test harness: finds `libstreamshim.so`, runs shell scripts in their own network namespace
+//! under a hard timeout, and reads `STREAMSHIM_STATS` files.
 //!
-//! - The shim: `STREAMSHIM_LIB` if set, else the cdylib Cargo built for this test run
-//!   (`<target>/<profile>/libstreamshim.so` or `.../deps/libstreamshim.so`, the newer one).
-//! - The fake provider `libfakersocket.so`: `rdma_streams_testkit::fake_rsocket::library`
-//!   (`FAKE_RSOCKET_LIB`, else next to the test binary's profile dir, built with
-//!   `cargo build -p fake-rsocket` when missing or older than its sources).
+//! The shim: `STREAMSHIM_LIB` if set, else the cdylib Cargo built for this test run
+//! (`<target>/<profile>/libstreamshim.so` or `.../deps/libstreamshim.so`, the newer one).
 // Not every test binary uses every helper.
 #![allow(dead_code)]
 
@@ -73,11 +70,6 @@ pub fn shim_lib() -> PathBuf {
         })
 }
 
-/// The fake rsocket provider, built if needed.
-pub fn fake_lib() -> PathBuf {
-    rdma_streams_testkit::fake_rsocket::library()
-}
-
 /// The real Python interpreter (not a pyenv shell shim), so the shim lands in Python itself.
 pub fn python() -> PathBuf {
     static PY: OnceLock<PathBuf> = OnceLock::new();
@@ -101,7 +93,7 @@ pub struct Run {
 }
 
 /// Runs `script` with bash (`set -eu`, job control on so background jobs get SIGINT) with
-/// `SHIM`, `FAKE`, `PY` and `env` in the environment, killed after `limit` (with `netns`:
+/// `SHIM`, `PY` and `env` in the environment, killed after `limit` (with `netns`:
 /// every process it started, through its PID namespace).
 pub fn run_script(script: &str, env: &[(&str, OsString)], limit: Duration, netns: bool) -> Run {
     let full = format!(
@@ -138,7 +130,6 @@ pub fn run_script(script: &str, env: &[(&str, OsString)], limit: Duration, netns
         .env_remove("STREAMSHIM_PROVIDER")
         .env_remove("STREAMSHIM_STATS")
         .env_remove("STREAMSHIM_LOG")
-        .env_remove("FAKE_RSOCKET_FAULTS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -260,99 +251,5 @@ wait_port() {
     sleep 0.05
   done
   echo "nothing listens on port $1" >&2; return 1
-}
-"#;
-
-/// Asserts that `role` counted exactly `n` upgraded (rdma UPGRADED) connections and no tcp.
-pub fn assert_upgraded(stats: &serde_json::Value, role: &str, n: u64) {
-    assert_eq!(
-        stats[role]["rdma"],
-        serde_json::json!({ "UPGRADED": n }),
-        "{role} rdma counters in {stats}"
-    );
-    assert_eq!(stats[role]["total"]["tcp"], 0, "{role} tcp in {stats}");
-}
-
-/// The fake provider's per-process counters (`FAKE_RSOCKET_STATS_DIR`): the largest
-/// `bytes_sent` and `bytes_received` of any process, and the number of files.
-pub fn fake_bytes(dir: &Path) -> (u64, u64, usize) {
-    let mut sent = 0;
-    let mut received = 0;
-    let mut files = 0;
-    for entry in std::fs::read_dir(dir)
-        .expect("read fake stats dir")
-        .flatten()
-    {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') || !name.ends_with(".json") {
-            continue;
-        }
-        let text = std::fs::read_to_string(entry.path()).expect("read fake stats");
-        let v: serde_json::Value = serde_json::from_str(&text).expect("fake stats JSON");
-        sent = sent.max(v["bytes_sent"].as_u64().unwrap_or(0));
-        received = received.max(v["bytes_received"].as_u64().unwrap_or(0));
-        files += 1;
-    }
-    (sent, received, files)
-}
-
-/// Sums `role`'s tcp counters (by reason) and its rdma total over every stats file with
-/// `prefix` (a forking program writes one file per process).
-pub fn sum_counts(
-    w: &Path,
-    prefix: &str,
-    role: &str,
-) -> (serde_json::Map<String, serde_json::Value>, u64) {
-    let mut tcp = serde_json::Map::new();
-    let mut rdma = 0;
-    for v in stats_files(w, prefix).values() {
-        if let Some(m) = v[role]["tcp"].as_object() {
-            for (k, n) in m {
-                let old = tcp.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-                tcp.insert(k.clone(), (old + n.as_u64().unwrap_or(0)).into());
-            }
-        }
-        rdma += v[role]["total"]["rdma"].as_u64().unwrap_or(0);
-    }
-    (tcp, rdma)
-}
-
-/// Script snippet: two hosts, network namespaces `$NSA` (198.18.0.1, `$A`) and `$NSB`
-/// (198.18.0.2, `$B`) joined by a veth pair, deleted on exit with every background job;
-/// `on_a`/`on_b` run a command on a host, `wait_port_on NS PORT` waits for a listener there.
-pub const TWO_HOSTS: &str = r#"
-R=$(head -c4 /dev/urandom | od -An -tx1 | tr -d ' \n')
-NSA=rs${R}a
-NSB=rs${R}b
-A=198.18.0.1
-B=198.18.0.2
-cleanup() {
-  kill $(jobs -p) 2>/dev/null || true
-  wait 2>/dev/null || true
-  ip netns del "$NSA" 2>/dev/null || true
-  ip netns del "$NSB" 2>/dev/null || true
-}
-trap cleanup EXIT
-ip netns del "$NSA" 2>/dev/null || true
-ip netns del "$NSB" 2>/dev/null || true
-ip netns add "$NSA"
-ip netns add "$NSB"
-ip link add "${NSA}v" type veth peer name "${NSB}v"
-ip link set "${NSA}v" netns "$NSA"
-ip link set "${NSB}v" netns "$NSB"
-ip -n "$NSA" addr add "$A/24" dev "${NSA}v"
-ip -n "$NSB" addr add "$B/24" dev "${NSB}v"
-for ns in "$NSA" "$NSB"; do
-  ip -n "$ns" link set lo up
-  ip -n "$ns" link set "${ns}v" up
-done
-on_a() { ip netns exec "$NSA" "$@"; }
-on_b() { ip netns exec "$NSB" "$@"; }
-wait_port_on() {
-  for _ in $(seq 1 200); do
-    ip netns exec "$1" ss -ltnH | grep -q ":$2 " && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on port $2 in $1" >&2; return 1
 }
 "#;

@@ -12,10 +12,7 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use crate::common::{
-    assert_counts, assert_no_counts, assert_upgraded, fake_bytes, fake_lib, netns, one_stats,
-    python,
-};
+use crate::common::{assert_counts, assert_no_counts, netns, one_stats, python};
 
 pub const MIB: u64 = 1 << 20;
 /// Guest RAM.
@@ -64,11 +61,9 @@ pub fn qemu_version() -> &'static serde_json::Value {
 pub enum Shim {
     /// No LD_PRELOAD at all.
     None,
-    /// Both under the shim with the default provider (librdmacm.so.1; no RDMA device here, so
-    /// the shim passes through: `tcp NO_DEVICE`).
+    /// Both under the shim with the system's RDMA libraries (no RDMA device here, so the shim
+    /// passes through: `tcp NO_DEVICE`; the Soft-RoCE suite migrates over real streams).
     NoRdma,
-    /// Both under the shim with the fake provider and the loopback policy (upgraded).
-    Fake,
 }
 
 impl Shim {
@@ -77,13 +72,7 @@ impl Shim {
         match self {
             Shim::None => "",
             Shim::NoRdma => {
-                "--env LD_PRELOAD=\"$SHIM\" --env FAKE_RSOCKET_STATS_DIR=\"$W/fk\" \
-                 --src-env STREAMSHIM_STATS=\"$W/src-%p.json\" \
-                 --dst-env STREAMSHIM_STATS=\"$W/dst-%p.json\""
-            }
-            Shim::Fake => {
-                "--env LD_PRELOAD=\"$SHIM\" --env STREAMSHIM_PROVIDER=\"$FAKE\" \
-                 --env STREAMSHIM_POLICY=\"$W/pol.yaml\" --env FAKE_RSOCKET_STATS_DIR=\"$W/fk\" \
+                "--env LD_PRELOAD=\"$SHIM\" \
                  --src-env STREAMSHIM_STATS=\"$W/src-%p.json\" \
                  --dst-env STREAMSHIM_STATS=\"$W/dst-%p.json\""
             }
@@ -92,7 +81,7 @@ impl Shim {
 }
 
 /// What one migration gave: the tool's JSON line and exit code, and the work dir (`run/` holds
-/// the QEMU logs, `src-*.json`/`dst-*.json` the shim's stats, `fk/` the fake provider's).
+/// the QEMU logs, `src-*.json`/`dst-*.json` the shim's stats).
 pub struct Migration {
     pub dir: tempfile::TempDir,
     pub result: serde_json::Value,
@@ -132,36 +121,7 @@ impl Migration {
         assert_eq!(self.log("dst.log"), "", "destination QEMU output");
     }
 
-    /// The source counted `n` upgraded client connections, the destination `n` upgraded server
-    /// connections, nothing else; both shims and the fake provider carried at least the RAM.
-    pub fn assert_upgraded(&self, n: u64) {
-        let w = self.w();
-        let src = one_stats(w, "src-");
-        assert_upgraded(&src, "client", n);
-        assert_no_counts(&src, "server");
-        let dst = one_stats(w, "dst-");
-        assert_upgraded(&dst, "server", n);
-        assert_no_counts(&dst, "client");
-        let ram = RAM_MIB * MIB;
-        assert!(
-            src["rdma_bytes"]["sent"].as_u64().unwrap_or(0) >= ram,
-            "source shim sent over rsockets: {src}"
-        );
-        assert!(
-            dst["rdma_bytes"]["received"].as_u64().unwrap_or(0) >= ram,
-            "destination shim received over rsockets: {dst}"
-        );
-        let (sent, received, files) = fake_bytes(&w.join("fk"));
-        assert_eq!(files, 2, "one fake stats file per QEMU");
-        assert!(sent >= ram, "fake provider sent only {sent} bytes");
-        assert!(
-            received >= ram,
-            "fake provider received only {received} bytes"
-        );
-    }
-
-    /// Both shims passed the one migration connection through as TCP with `reason`, and the
-    /// fake provider was never loaded.
+    /// Both shims passed the one migration connection through as TCP with `reason`.
     pub fn assert_tcp(&self, reason: &str) {
         let w = self.w();
         let src = one_stats(w, "src-");
@@ -170,11 +130,6 @@ impl Migration {
         let dst = one_stats(w, "dst-");
         assert_counts(&dst, "server", reason, 1);
         assert_no_counts(&dst, "client");
-        assert_eq!(
-            fake_bytes(&w.join("fk")),
-            (0, 0, 0),
-            "the fake provider was never loaded"
-        );
     }
 }
 
@@ -184,8 +139,6 @@ pub fn migrate(shim: Shim, extra: &str) -> Migration {
     let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
     let dir = tempfile::tempdir().expect("tempdir");
     let w = dir.path();
-    std::fs::write(w.join("pol.yaml"), "version: 1\nloopback: true\n").expect("write policy");
-    std::fs::create_dir(w.join("fk")).expect("mkdir fk");
     let env_args = shim.tool_args();
     let script = format!(
         "rc=0
@@ -198,7 +151,6 @@ echo \"$rc\" >\"$W/exit\"
         ("W", OsString::from(w)),
         ("TOOL", tool().into_os_string()),
         ("RAM", ram_file().into_os_string()),
-        ("FAKE", fake_lib().into_os_string()),
     ];
     let run = netns(&script, &env, SCRIPT_LIMIT);
     let text = std::fs::read_to_string(w.join("result.json")).unwrap_or_default();

@@ -1,0 +1,27 @@
+//! The stream shim's logic, as a safe library that tests drive in-process; `libstreamshim.so`
+//! (the `rdma-streams-shim` crate) is only its C boundary: the exported hooks, the table of
+//! libc originals and the ELF constructor.
+//!
+//! One call, step by step (`connect(fd, addr, len)` from a program):
+//! 1. the hook finds libc's original, enters the per-thread re-entrancy [`guard`] (nested calls
+//!    go straight to the original) and runs the op in [`ops`] under `catch_unwind`;
+//! 2. [`ops::connect`] looks the fd up in the lock-free [`fdtable`] (an INET stream socket made
+//!    by a hooked `socket()`?), and for a capable process (the once-per-process [`decision`], one
+//!    atomic load) whose policy allows the peer runs [`upgrade::connect`]; everything else calls
+//!    the original and counts the connection once with its reason;
+//! 3. back in the hook, errno is the original call's errno, and the result is returned.
+//!
+//! Env: `STREAMSHIM_DISABLE`, `STREAMSHIM_POLICY`, `STREAMSHIM_PROVIDER`, `STREAMSHIM_STATS`
+//! (JSON at exit, `%p` = pid), `STREAMSHIM_LOG` (`info`/`debug`; silent otherwise),
+//! `STREAMSHIM_NEGOTIATE_MS`.
+//!
+//! Only [`sys`] contains `unsafe` code (syscalls on raw fd numbers; each block says why).
+
+pub mod decision;
+pub mod fdtable;
+pub mod forksafe;
+pub mod guard;
+pub mod log;
+pub mod ops;
+pub mod sys;
+pub mod upgrade;

@@ -1,0 +1,310 @@
+//! The hooks' logic, in safe Rust.
+//!
+//! Each op gets the arguments it needs (already converted from C) and `real`, a closure that
+//! performs the original call exactly once and returns its result (the hook layer saves errno
+//! right after it and restores it on the way out, so nothing here can clobber it). In a
+//! capable process the upgrade sits between the decision and the return (connect: the RDMA
+//! connect before `real`, CLAIM and the swap after it; accept: the claim and the swap after it;
+//! see [`upgrade`]).
+
+use std::net::SocketAddr;
+
+use libc::c_int;
+use rdma_streams_transport::reason::{Path, Reason, Role};
+use rdma_streams_transport::stats::Stats;
+
+use crate::decision::{self, State};
+use crate::fdtable::{
+    self, COUNTED, INET_STREAM, LISTENING, POLLED, SHIM_OWNED, SIDE, SWAPPED, TCP,
+};
+use crate::log::{Level, log_at};
+use crate::{sys, upgrade};
+
+/// The socket type without SOCK_NONBLOCK / SOCK_CLOEXEC.
+fn base_type(ty: c_int) -> c_int {
+    ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+}
+
+/// `socket()`: INET stream sockets are tracked (and make the per-process decision the first
+/// time); every other fd number the call returns is forgotten.
+pub fn socket(
+    domain: c_int,
+    ty: c_int,
+    protocol: c_int,
+    register: &dyn Fn(),
+    real: &mut dyn FnMut() -> c_int,
+) -> c_int {
+    let inet_stream =
+        matches!(domain, libc::AF_INET | libc::AF_INET6) && base_type(ty) == libc::SOCK_STREAM;
+    if inet_stream {
+        decision::ensure(register);
+    }
+    let fd = real();
+    if fd >= 0 {
+        let flags = if !inet_stream {
+            0
+        } else if protocol == 0 || protocol == libc::IPPROTO_TCP {
+            INET_STREAM | TCP
+        } else {
+            INET_STREAM
+        };
+        fdtable::set(fd, flags);
+    }
+    fd
+}
+
+/// Why a connection of this process on a socket with `flags` stays TCP; None while the decision
+/// is not made (the connection passes through uncounted).
+fn tcp_reason(flags: u8, per_connection: impl FnOnce() -> bool) -> Option<Reason> {
+    if flags & TCP == 0 {
+        return Some(Reason::NotTcp);
+    }
+    match decision::settled() {
+        State::Undecided | State::Deciding => None,
+        State::PassThrough(r) => Some(r),
+        // A capable process: connections the policy refuses are POLICY. An allowed client
+        // connect never gets here (it negotiates, see `upgrade::connect`); an allowed accepted
+        // connection that found no registered upgrade had a client that did not negotiate:
+        // PEER_NOT_SHIMMED.
+        State::Capable => Some(if per_connection() {
+            Reason::PeerNotShimmed
+        } else {
+            Reason::Policy
+        }),
+    }
+}
+
+fn count(role: Role, fd: c_int, peer: Option<SocketAddr>, reason: Reason) {
+    Stats::global().record(role, Path::Tcp, reason);
+    log_at!(
+        Level::Debug,
+        "{role} fd {fd} peer {}: tcp {reason}",
+        DisplayPeer(peer)
+    );
+}
+
+struct DisplayPeer(Option<SocketAddr>);
+
+impl std::fmt::Display for DisplayPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) => write!(f, "{a}"),
+            None => f.write_str("?"),
+        }
+    }
+}
+
+/// `connect()`: an INET stream socket's first connect that succeeds or is in progress counts
+/// once (client role); failures, retries (EALREADY, EISCONN) and AF_UNSPEC disconnects do not.
+/// In a capable process whose policy allows the peer, the connection is negotiated first and
+/// upgraded when the peer's shim accepts ([`upgrade::connect`]).
+pub fn connect(
+    fd: c_int,
+    peer: Option<SocketAddr>,
+    real: &mut dyn FnMut() -> (c_int, c_int),
+) -> c_int {
+    let flags = fdtable::get(fd);
+    if flags & SWAPPED != 0 {
+        // Already connected (upgraded): what a connected TCP socket answers.
+        sys::set_errno(libc::EISCONN);
+        return -1;
+    }
+    if flags & INET_STREAM == 0 || flags & COUNTED != 0 {
+        return real().0;
+    }
+    let Some(peer) = peer else {
+        return real().0;
+    };
+    let allowed = flags & TCP != 0
+        && decision::settled() == State::Capable
+        && decision::policy().is_some_and(|p| p.client_allows(peer));
+    if allowed && flags & POLLED == 0 {
+        return upgrade::connect(fd, peer, real);
+    }
+    let (rc, err) = real();
+    if (rc == 0 || err == libc::EINPROGRESS)
+        && let Some(reason) = if allowed {
+            // Registered with epoll before connect: a swap would strand that registration.
+            Some(Reason::Unsupported)
+        } else {
+            tcp_reason(flags, || false)
+        }
+        && fdtable::add(fd, COUNTED) & COUNTED == 0
+    {
+        count(Role::Client, fd, Some(peer), reason);
+    }
+    rc
+}
+
+/// `dup`/`dup2`/`dup3`/`fcntl(F_DUPFD*)`: `real` makes `new` a copy of `old` (`target`: the
+/// number dup2/dup3 asked for, whose previous file is closed by the call). The copy inherits
+/// what the shim knows of `old` (a swapped fd's kept TCP socket, a listener's side channel);
+/// the replaced number forgets what it was. Untracked fds: two atomic loads and, if the new
+/// number had stale flags, one store.
+pub fn dup(old: c_int, target: Option<c_int>, real: &mut dyn FnMut() -> c_int) -> c_int {
+    if target == Some(old) {
+        // dup2(fd, fd) / an error for dup3(fd, fd): nothing changes hands.
+        return real();
+    }
+    let flags = fdtable::get(old);
+    let replaced = target.map_or(0, fdtable::get);
+    let new = real();
+    if new < 0 {
+        return new;
+    }
+    if replaced & SWAPPED != 0 {
+        upgrade::forget_swapped(new);
+    }
+    if replaced & SIDE != 0 {
+        upgrade::close_side_listener(new);
+    }
+    if replaced & SHIM_OWNED != 0 {
+        log_at!(
+            Level::Info,
+            "dup onto fd {new}, a shim fd: the connection using it breaks"
+        );
+    }
+    // A copy the app made of a shim fd (a stale number) is the app's.
+    let mut copied = flags & !SHIM_OWNED;
+    if flags & SWAPPED != 0 && !upgrade::copy_swapped(old, new) {
+        copied &= !SWAPPED;
+    }
+    if flags & SIDE != 0 && !upgrade::copy_side_listener(old, new) {
+        copied &= !SIDE;
+    }
+    if copied == 0 {
+        fdtable::clear(new);
+    } else {
+        fdtable::set(new, copied);
+    }
+    new
+}
+
+/// `epoll_ctl(ADD|MOD)` on an INET stream socket that is not connected, accepted or
+/// listening yet marks it [`POLLED`]: it will stay TCP (see [`connect`]).
+pub fn epoll_ctl(op: c_int, fd: c_int) {
+    if op == libc::EPOLL_CTL_DEL {
+        return;
+    }
+    let flags = fdtable::get(fd);
+    if flags & (INET_STREAM | COUNTED | LISTENING | SWAPPED | POLLED) == INET_STREAM {
+        fdtable::add(fd, POLLED);
+    }
+}
+
+/// `listen()`: noted; in a capable process a TCP listener also gets its side-channel rsocket
+/// listener on the same address and port in the rsocket port space.
+pub fn listen(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
+    let rc = real();
+    let flags = fdtable::get(fd);
+    if rc == 0 && flags & INET_STREAM != 0 {
+        fdtable::add(fd, LISTENING);
+        if flags & (TCP | SIDE) == TCP
+            && decision::settled() == State::Capable
+            && upgrade::open_side_listener(fd)
+        {
+            fdtable::add(fd, SIDE);
+        }
+    }
+    rc
+}
+
+/// `accept()`/`accept4()`: every connection accepted on a tracked listener is tracked and
+/// counted (server role). `peer` is the address the call returned, if the caller asked for it.
+/// On a listener with an RDMA listener, a connection whose client registered an upgrade is
+/// swapped onto the engine before the fd is returned.
+pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAddr>)) -> c_int {
+    let flags = fdtable::get(listener);
+    let (fd, peer) = real();
+    if fd < 0 || flags & INET_STREAM == 0 {
+        if fd >= 0 {
+            fdtable::set(fd, 0);
+        }
+        return fd;
+    }
+    fdtable::set(fd, (flags & (INET_STREAM | TCP)) | COUNTED);
+    let mut peer = peer;
+    if flags & SIDE != 0
+        && let Some(p) = peer.or_else(|| sys::peer_addr(fd))
+    {
+        peer = Some(p);
+        // A registered client: swapped now, counted when it answers the engine's CLAIM (or
+        // counted now when it gave up before this accept).
+        if upgrade::claim_and_swap(fd, p) != upgrade::Claim::None {
+            return fd;
+        }
+    }
+    // The policy check needs the peer address and the local port: in a capable process only
+    // (two syscalls there), never on the pass-through path.
+    let reason = tcp_reason(flags, || {
+        let Some(p) = peer.or_else(|| sys::peer_addr(fd)) else {
+            return false;
+        };
+        peer = Some(p);
+        let local_port = sys::local_addr(fd).map_or(0, |a| a.port());
+        decision::policy().is_some_and(|pol| pol.server_allows(local_port, p.ip()))
+    });
+    if let Some(reason) = reason {
+        count(Role::Server, fd, peer, reason);
+    }
+    fd
+}
+
+/// `close()`: the fd number is forgotten before the real close (see [`fdtable`]); a swapped fd
+/// drops its kept TCP socket reference (the pump sees EOF and finishes), a side-listening fd
+/// closes its side-channel listener.
+pub fn close(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
+    let flags = fdtable::get(fd);
+    if flags & SHIM_OWNED != 0 {
+        // Not the app's fd: its own was closed before (a double close). What the app would
+        // see without the shim, had the number not been reused.
+        log_at!(Level::Debug, "close({fd}) of a shim fd refused (EBADF)");
+        sys::set_errno(libc::EBADF);
+        return -1;
+    }
+    fdtable::clear(fd);
+    if flags & SWAPPED != 0 {
+        upgrade::forget_swapped(fd);
+    }
+    if flags & SIDE != 0 {
+        upgrade::close_side_listener(fd);
+    }
+    real()
+}
+
+/// Runs `other` on the kept TCP socket of a swapped fd (getpeername, getsockname, TCP
+/// options), else `real` on the fd itself.
+pub fn redirect(
+    fd: c_int,
+    real: &mut dyn FnMut() -> c_int,
+    other: &mut dyn FnMut(c_int) -> c_int,
+) -> c_int {
+    // Pass-through path: one atomic load; the swapped-fd map is only consulted for swapped fds.
+    let kept = if fdtable::get(fd) & SWAPPED != 0 {
+        upgrade::kept(fd)
+    } else {
+        None
+    };
+    match kept {
+        Some(kept) => {
+            let rc = other(std::os::fd::AsRawFd::as_raw_fd(&*kept));
+            let errno = sys::errno();
+            drop(kept);
+            sys::set_errno(errno);
+            rc
+        }
+        None => real(),
+    }
+}
+
+/// At exit (atexit handler or the destructor fallback).
+pub fn at_exit() {
+    upgrade::flush_at_exit();
+    decision::write_stats_once();
+}
+
+/// In the child after fork.
+pub fn at_fork_child() {
+    decision::after_fork_child();
+    upgrade::after_fork_child();
+}

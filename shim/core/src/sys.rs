@@ -1,0 +1,432 @@
+//! The syscalls on raw fd numbers the shim's logic needs, each behind a safe function: the
+//! core's only `unsafe` code (its FFI edge; the hooks' C boundary is in the cdylib).
+
+// `unsafe` here: errno access, write(2), getrlimit, fcntl/dup3/socketpair/shutdown/setsockopt
+// on the app's fd numbers, getsockname/getpeername into local buffers, reading a caller's
+// `struct sockaddr`, and registering exit/fork callbacks.
+#![allow(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+use std::mem::{MaybeUninit, size_of};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use libc::{c_int, sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t};
+
+/// This thread's errno.
+#[inline]
+pub fn errno() -> c_int {
+    // SAFETY: __errno_location always returns this thread's valid errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Sets this thread's errno.
+#[inline]
+pub fn set_errno(e: c_int) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// Writes `bytes` to fd 2 with write(2) (not hooked, no allocation, no lock), retrying on
+/// EINTR and short writes; errors are ignored (there is nowhere to report them).
+pub fn write_stderr(mut bytes: &[u8]) {
+    let saved = errno();
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length describe the live slice `bytes`.
+        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        match usize::try_from(n) {
+            Ok(0) => break,
+            Ok(n) => bytes = bytes.get(n..).unwrap_or_default(),
+            Err(_) if errno() == libc::EINTR => {}
+            Err(_) => break,
+        }
+    }
+    set_errno(saved);
+}
+
+/// The soft RLIMIT_MEMLOCK in bytes (`u64::MAX` for unlimited), or None if unknown.
+pub fn memlock_limit() -> Option<u64> {
+    let mut lim = MaybeUninit::<libc::rlimit>::uninit();
+    // SAFETY: getrlimit writes a whole `rlimit` to the pointer on success.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, lim.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: initialised by the successful call.
+    let lim = unsafe { lim.assume_init() };
+    Some(if lim.rlim_cur == libc::RLIM_INFINITY {
+        u64::MAX
+    } else {
+        lim.rlim_cur
+    })
+}
+
+/// Bytes this process has pinned for RDMA (`VmPin` of /proc/self/status), if known.
+pub fn pinned_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmPin:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// Reads an INET socket address from a caller's buffer; None for other families, a null
+/// pointer or a short length.
+///
+/// # Safety
+/// `addr`, if not null, must point to at least `len` readable bytes.
+pub unsafe fn sockaddr_from_raw(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
+    if addr.is_null() {
+        return None;
+    }
+    let len = usize::try_from(len).ok()?;
+    if len < size_of::<libc::sa_family_t>() {
+        return None;
+    }
+    // SAFETY: at least the family field is readable (checked above); unaligned reads because
+    // the caller's buffer need not be aligned.
+    let family = c_int::from(unsafe { std::ptr::addr_of!((*addr).sa_family).read_unaligned() });
+    match family {
+        libc::AF_INET if len >= size_of::<sockaddr_in>() => {
+            // SAFETY: `len` bytes are readable and cover a sockaddr_in.
+            let sin = unsafe { addr.cast::<sockaddr_in>().read_unaligned() };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len >= size_of::<sockaddr_in6>() => {
+            // SAFETY: `len` bytes are readable and cover a sockaddr_in6.
+            let sin6 = unsafe { addr.cast::<sockaddr_in6>().read_unaligned() };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+type NameFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+
+fn sock_name(fd: c_int, f: NameFn) -> Option<SocketAddr> {
+    let mut ss = MaybeUninit::<sockaddr_storage>::zeroed();
+    let mut len = socklen_t::try_from(size_of::<sockaddr_storage>()).ok()?;
+    // SAFETY: `ss` is a zeroed sockaddr_storage of `len` bytes; the call writes at most that.
+    let rc = unsafe { f(fd, ss.as_mut_ptr().cast(), &mut len) };
+    if rc != 0 {
+        return None;
+    }
+    let len = len.min(socklen_t::try_from(size_of::<sockaddr_storage>()).ok()?);
+    // SAFETY: `ss` is initialised (zeroed, then filled) and `len` bytes of it are readable.
+    unsafe { sockaddr_from_raw(ss.as_ptr().cast(), len) }
+}
+
+/// The socket's local address (getsockname; one syscall).
+pub fn local_addr(fd: c_int) -> Option<SocketAddr> {
+    sock_name(fd, libc::getsockname)
+}
+
+/// The socket's peer address (getpeername; one syscall).
+pub fn peer_addr(fd: c_int) -> Option<SocketAddr> {
+    sock_name(fd, libc::getpeername)
+}
+
+/// Registers `f` to run at `exit()`; false if registration failed.
+pub fn at_exit(f: extern "C" fn()) -> bool {
+    // SAFETY: `f` is a plain function of this never-unloaded library.
+    unsafe { libc::atexit(f) == 0 }
+}
+
+/// Registers `f` to run in the child after `fork()`; false if registration failed.
+pub fn at_fork_child(f: unsafe extern "C" fn()) -> bool {
+    // SAFETY: `f` is a plain function of this never-unloaded library; no prepare/parent hooks.
+    unsafe { libc::pthread_atfork(None, None, Some(f)) == 0 }
+}
+
+fn last_error() -> std::io::Error {
+    std::io::Error::from_raw_os_error(errno())
+}
+
+/// The fd's status flags (F_GETFL) and descriptor flags (F_GETFD).
+pub fn fd_flags(fd: c_int) -> std::io::Result<(c_int, c_int)> {
+    // SAFETY: fcntl with F_GETFL/F_GETFD takes no pointer argument.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: as above.
+    let fdfl = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if fdfl < 0 {
+        return Err(last_error());
+    }
+    Ok((fl, fdfl))
+}
+
+/// Adds O_NONBLOCK to the fd's status flags.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: fcntl with F_GETFL/F_SETFL takes an int argument at most.
+    let fl = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(raw, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+        return Err(last_error());
+    }
+    Ok(())
+}
+
+/// A new fd number (close-on-exec) for the open file description behind `fd`.
+pub fn dup_cloexec(fd: c_int) -> std::io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes an int argument and returns a new fd we then own.
+    let n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if n < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: `n` is a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// A connected `AF_UNIX` stream socket pair, both ends close-on-exec.
+pub fn socketpair_stream() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as c_int; 2];
+    // SAFETY: `fds` has room for the two fds socketpair writes.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(last_error());
+    }
+    // SAFETY: both are fresh fds owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `dup3(src, dst, flags)`: `dst` now names `src`'s open file description (atomically
+/// replacing whatever `dst` named).
+pub fn dup3(src: BorrowedFd<'_>, dst: c_int, cloexec: bool) -> std::io::Result<()> {
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    loop {
+        // SAFETY: plain integer arguments; `dst` is the caller's fd being replaced on purpose.
+        let rc = unsafe { libc::dup3(src.as_raw_fd(), dst, flags) };
+        if rc >= 0 {
+            return Ok(());
+        }
+        if errno() != libc::EINTR && errno() != libc::EBUSY {
+            return Err(last_error());
+        }
+    }
+}
+
+/// `shutdown(fd, SHUT_RDWR)`, errors ignored.
+pub fn shutdown_both(fd: c_int) {
+    // SAFETY: plain integer arguments.
+    let _ = unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+}
+
+/// SO_LINGER {on, 0}: the next close sends an RST. Errors ignored.
+pub fn set_linger_zero(fd: BorrowedFd<'_>) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let len = socklen_t::try_from(size_of::<libc::linger>()).unwrap_or(0);
+    // SAFETY: `l` is a whole `linger` of `len` bytes.
+    let _ = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(l).cast(),
+            len,
+        )
+    };
+}
+
+/// Binds `fd` to `addr` (the real bind; bind is not hooked).
+pub fn bind(fd: c_int, addr: SocketAddr) -> std::io::Result<()> {
+    let rc = match addr {
+        SocketAddr::V4(a) => {
+            let sin = sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*a.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let len = socklen_t::try_from(size_of::<sockaddr_in>()).unwrap_or(0);
+            // SAFETY: `sin` is a whole sockaddr_in of `len` bytes.
+            unsafe { libc::bind(fd, std::ptr::addr_of!(sin).cast(), len) }
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            let len = socklen_t::try_from(size_of::<sockaddr_in6>()).unwrap_or(0);
+            // SAFETY: `sin6` is a whole sockaddr_in6 of `len` bytes.
+            unsafe { libc::bind(fd, std::ptr::addr_of!(sin6).cast(), len) }
+        }
+    };
+    if rc != 0 {
+        return Err(last_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockaddr_parsing() {
+        let sin = sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 5201u16.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(Ipv4Addr::new(198, 18, 0, 2)).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let len = socklen_t::try_from(size_of::<sockaddr_in>()).unwrap_or(0);
+        let p = std::ptr::addr_of!(sin).cast::<sockaddr>();
+        // SAFETY: `p` points to a whole sockaddr_in of `len` bytes.
+        let a = unsafe { sockaddr_from_raw(p, len) };
+        assert_eq!(
+            a,
+            Some("198.18.0.2:5201".parse().unwrap_or_else(|_| unreachable!()))
+        );
+        // SAFETY: fewer bytes than the pointer holds.
+        let short = unsafe { sockaddr_from_raw(p, len - 1) };
+        assert_eq!(short, None, "short length");
+        // SAFETY: a null pointer is accepted.
+        assert_eq!(unsafe { sockaddr_from_raw(std::ptr::null(), len) }, None);
+        let un = libc::sockaddr_un {
+            sun_family: libc::AF_UNIX as libc::sa_family_t,
+            sun_path: [0; 108],
+        };
+        let ulen = socklen_t::try_from(size_of::<libc::sockaddr_un>()).unwrap_or(0);
+        // SAFETY: points to a whole sockaddr_un of `ulen` bytes.
+        let u = unsafe { sockaddr_from_raw(std::ptr::addr_of!(un).cast(), ulen) };
+        assert_eq!(u, None, "not INET");
+    }
+
+    #[test]
+    fn memlock_limit_is_known() {
+        assert!(memlock_limit().is_some());
+    }
+}
+
+/// What a bounded wait for a non-blocking connect's TCP handshake saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Established {
+    /// Writable with no error or hang-up: the handshake completed.
+    Yes,
+    /// Error or hang-up: the connect failed (the error stays pending for the app's SO_ERROR).
+    Failed,
+    /// Neither within the bound.
+    Pending,
+}
+
+/// Waits (real `poll`, at most `timeout`) for a connecting TCP socket to become writable.
+/// Does not read `SO_ERROR`, so a failure is still reported to the app.
+pub fn wait_established(fd: c_int, timeout: std::time::Duration) -> Established {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = c_int::try_from(left.as_millis().saturating_add(1)).unwrap_or(c_int::MAX);
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(&mut p, 1, ms) };
+        if rc < 0 {
+            if errno() == libc::EINTR && !left.is_zero() {
+                continue;
+            }
+            return Established::Failed;
+        }
+        if rc == 0 {
+            return Established::Pending;
+        }
+        if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            return Established::Failed;
+        }
+        if p.revents & libc::POLLOUT != 0 {
+            return Established::Yes;
+        }
+        if left.is_zero() {
+            return Established::Pending;
+        }
+    }
+}
+
+/// The `IPV6_V6ONLY` setting of a socket (None: not IPv6, or unreadable).
+pub fn only_v6(fd: c_int) -> Option<bool> {
+    let mut v: c_int = 0;
+    let mut len = size_of::<c_int>() as socklen_t;
+    // SAFETY: `v` and `len` are valid for getsockopt to write an int option into.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            (&raw mut v).cast(),
+            &raw mut len,
+        )
+    };
+    (rc == 0).then_some(v != 0)
+}
+
+/// Test helper: forks; the child runs `child` with a 5 s `alarm` (a hang dies by SIGALRM) and
+/// exits 0, or 101 if `child` panicked. Returns the child's pid.
+#[cfg(test)]
+pub fn fork_for_test(child: impl FnOnce()) -> libc::pid_t {
+    // SAFETY: the child only runs `child` (the shim's own code under test) and `_exit`s.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: plain calls in the single-threaded child.
+        unsafe { libc::alarm(5) };
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).is_ok();
+        // SAFETY: ends the child at once, without the parent's atexit handlers.
+        unsafe { libc::_exit(if ok { 0 } else { 101 }) }
+    }
+    pid
+}
+
+/// Test helper: the exit code of `pid`, or 128 + the signal that killed it.
+#[cfg(test)]
+pub fn wait_for_test(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    // SAFETY: `status` is a valid out pointer; `pid` is our child.
+    let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(rc, pid, "waitpid");
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    }
+}

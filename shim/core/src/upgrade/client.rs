@@ -1,0 +1,279 @@
+//! The client side of `connect()` for a capable process whose policy allows the peer.
+//!
+//! 1. The negative cache: a destination that failed within 60 s stays TCP at once.
+//! 2. The socket is bound to the route's source address (port 0: the kernel picks it now) if
+//!    the app did not bind it, so the 4-tuple is known before any packet leaves.
+//! 3. RDMA connect to the peer's IP and the app's port, HELLO{nonce, C:c} in the request,
+//!    within N (`STREAMSHIM_NEGOTIATE_MS`). Established means the server's engine registered
+//!    C:c; a reject, no listener, no RDMA path or no answer in time: plain TCP.
+//! 4. The app's own kernel connect (a non-blocking one: its handshake is awaited), then the
+//!    accepting process's CLAIM, one deadline N for both. CLAIM: CONFIRM, swap. Nothing: the
+//!    stream is aborted (the server, without CONFIRM, stays on TCP) and so does the client.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+
+use libc::c_int;
+use rdma_streams_transport::engine::{Attach, ConnectError, ConnectRequest, Gate, RejectedBy};
+use rdma_streams_transport::handshake::{self, Hello, Message};
+use rdma_streams_transport::policy::canonical_ip;
+use rdma_streams_transport::reason::{Path, Reason, Role};
+use rdma_streams_transport::wire::TransportReject;
+
+use super::engine::engine;
+use super::events::{count_bytes, on_event, record};
+use super::swap::{reset, swap};
+use super::{NEGATIVE, negotiate_timeout, note, now};
+use crate::fdtable::{self, COUNTED};
+use crate::log::{Level, log_at};
+use crate::sys;
+
+/// The fallback reason for a connect that did not establish. `PEER_NOT_SHIMMED`: nothing of
+/// ours answers there (no listener, another RDMA program, no RDMA path); `PEER_REFUSED`: the
+/// peer's shim or engine said no.
+pub fn reason_for(error: &ConnectError) -> Reason {
+    match error {
+        ConnectError::Rejected(RejectedBy::App(payload)) => match Message::decode(payload) {
+            Ok(Message::Refuse { .. }) => Reason::PeerRefused,
+            _ => Reason::PeerNotShimmed,
+        },
+        ConnectError::Rejected(RejectedBy::Transport(code)) => {
+            match TransportReject::from_code(*code) {
+                Some(TransportReject::NoListener | TransportReject::BadRequest) => {
+                    Reason::PeerNotShimmed
+                }
+                _ => Reason::PeerRefused,
+            }
+        }
+        ConnectError::Rejected(RejectedBy::Foreign { .. })
+        | ConnectError::Unreachable { .. }
+        | ConnectError::NotOurPeer(_) => Reason::PeerNotShimmed,
+        ConnectError::Memlock => Reason::Memlock,
+        ConnectError::Iwarp => Reason::Iwarp,
+        ConnectError::Timeout => Reason::Timeout,
+        _ => Reason::RdmaError,
+    }
+}
+
+/// Reasons about this process or socket, not about the peer: never put in the negative cache.
+fn local_reason(reason: Reason) -> bool {
+    matches!(
+        reason,
+        Reason::NegativeCache | Reason::Unsupported | Reason::Memlock | Reason::RdmaError
+    )
+}
+
+/// Connects over TCP without the stream and counts the connection with `reason`.
+fn plain(
+    fd: c_int,
+    peer: SocketAddr,
+    reason: Reason,
+    real: &mut dyn FnMut() -> (c_int, c_int),
+) -> c_int {
+    if !local_reason(reason) {
+        let _ = NEGATIVE.insert(peer, reason, now());
+    }
+    let (rc, err) = real();
+    if (rc == 0 || err == libc::EINPROGRESS) && fdtable::add(fd, COUNTED) & COUNTED == 0 {
+        record(Role::Client, fd, Some(peer), Path::Tcp, reason);
+    }
+    rc
+}
+
+/// See the module docs. Returns the kernel connect's result (errno is the real call's).
+pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_int)) -> c_int {
+    if NEGATIVE.check(peer, now()).is_some() {
+        return plain(fd, peer, Reason::NegativeCache, real);
+    }
+    let Some(client) = ensure_bound(fd, peer) else {
+        return plain(fd, peer, Reason::Unsupported, real);
+    };
+    let Some(engine) = engine() else {
+        return plain(fd, peer, Reason::RdmaError, real);
+    };
+    let bound = negotiate_timeout();
+    let nonce = handshake::new_nonce();
+    let dst = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+    let conn = engine.connect(ConnectRequest {
+        dst,
+        src: Some(SocketAddr::new(canonical_ip(client.ip()), 0)),
+        payload: Message::Hello(Hello {
+            flags: 0,
+            nonce,
+            client,
+        })
+        .encode(),
+        resolve_timeout: bound,
+    });
+    match conn.wait_established(now() + bound) {
+        Ok(payload) => match Message::decode(&payload) {
+            Ok(Message::Accept { nonce: n }) if n == nonce => {}
+            other => {
+                note(peer, &format!("unexpected answer {other:?}"));
+                conn.abort();
+                return plain(fd, peer, Reason::PeerNotShimmed, real);
+            }
+        },
+        Err(e) => {
+            if e == ConnectError::Timeout {
+                conn.abort();
+            }
+            note(peer, &e.to_string());
+            return plain(fd, peer, reason_for(&e), real);
+        }
+    }
+    let (rc, err) = real();
+    if rc != 0 && err != libc::EINPROGRESS {
+        // The kernel connect failed: the app sees exactly that error; not counted.
+        conn.abort();
+        return rc;
+    }
+    let deadline = now() + bound;
+    if rc != 0 {
+        match sys::wait_established(fd, bound) {
+            sys::Established::Yes => {}
+            sys::Established::Failed => {
+                // The failure stays pending for the app's SO_ERROR; a failed connect is not
+                // counted.
+                conn.abort();
+                return rc;
+            }
+            sys::Established::Pending => {
+                conn.abort();
+                let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
+                if fdtable::add(fd, COUNTED) & COUNTED == 0 {
+                    record(Role::Client, fd, Some(peer), Path::Tcp, Reason::Timeout);
+                }
+                return rc;
+            }
+        }
+    }
+    if conn.wait_claim(deadline).is_err() {
+        // Another process accepted the connection (pre-fork), or the app accepts late: no
+        // CONFIRM, so the server relays over TCP, as does this side.
+        conn.abort();
+        let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
+        if fdtable::add(fd, COUNTED) & COUNTED == 0 {
+            record(Role::Client, fd, Some(peer), Path::Tcp, Reason::Timeout);
+        }
+        return rc;
+    }
+    if fdtable::add(fd, COUNTED) & COUNTED != 0 {
+        conn.abort();
+        return rc;
+    }
+    match swap(fd) {
+        Ok(s) => conn.attach(
+            s.local,
+            Attach {
+                kept: Some(s.kept),
+                gate: Gate::Confirm,
+                on_event: on_event(Role::Client, fd, Some(peer)),
+                on_bytes: Some(count_bytes),
+            },
+        ),
+        Err(e) => {
+            // CLAIM came, no CONFIRM is sent: the server relays over TCP, but this fd has
+            // lost its connection in the attempt. Fail it like a reset.
+            log_at!(Level::Info, "client fd {fd}: swap failed ({e}): resetting");
+            conn.abort();
+            reset(fd);
+            record(Role::Client, fd, Some(peer), Path::Tcp, Reason::RdmaError);
+        }
+    }
+    rc
+}
+
+/// The client's TCP address as the server will see it, binding the app's socket to the
+/// route's source address (port 0: the kernel picks the port now) if the app did not bind it.
+fn ensure_bound(fd: c_int, peer: SocketAddr) -> Option<SocketAddr> {
+    let local = sys::local_addr(fd)?;
+    if local.port() != 0 && !local.ip().is_unspecified() {
+        return Some(local);
+    }
+    let src = route_source(peer, local)?;
+    if local.port() != 0 {
+        return Some(SocketAddr::new(src, local.port()));
+    }
+    sys::bind(fd, SocketAddr::new(src, 0)).ok()?;
+    sys::local_addr(fd).filter(|a| a.port() != 0)
+}
+
+/// The source address the kernel would pick for `peer` (a connected UDP socket; no packet is
+/// sent), in the family of the app's socket (`local`).
+fn route_source(peer: SocketAddr, local: SocketAddr) -> Option<IpAddr> {
+    let any: SocketAddr = match peer {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let udp = UdpSocket::bind(any).ok()?;
+    udp.connect(peer).ok()?;
+    let ip = udp.local_addr().ok()?.ip();
+    Some(match (local, ip) {
+        // An AF_INET6 app socket reaching an IPv4 peer (v4-mapped): bind the mapped form.
+        (SocketAddr::V6(_), IpAddr::V4(v4)) => IpAddr::V6(v4.to_ipv6_mapped()),
+        (_, ip) => ip,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_errors_map_to_reasons() {
+        let refuse = Message::refuse(1, Reason::Policy).encode();
+        let cases = [
+            (
+                ConnectError::Rejected(RejectedBy::App(refuse)),
+                Reason::PeerRefused,
+            ),
+            (
+                ConnectError::Rejected(RejectedBy::App(b"G?".to_vec())),
+                Reason::PeerNotShimmed,
+            ),
+            (
+                ConnectError::Rejected(RejectedBy::Transport(1)),
+                Reason::PeerRefused,
+            ),
+            (
+                ConnectError::Rejected(RejectedBy::Transport(5)),
+                Reason::PeerNotShimmed,
+            ),
+            (
+                ConnectError::Rejected(RejectedBy::Foreign { status: 8 }),
+                Reason::PeerNotShimmed,
+            ),
+            (
+                ConnectError::Unreachable {
+                    what: "x",
+                    status: -110,
+                },
+                Reason::PeerNotShimmed,
+            ),
+            (ConnectError::Memlock, Reason::Memlock),
+            (ConnectError::Iwarp, Reason::Iwarp),
+            (ConnectError::Timeout, Reason::Timeout),
+            (ConnectError::EngineGone, Reason::RdmaError),
+        ];
+        for (error, want) in cases {
+            assert_eq!(reason_for(&error), want, "{error:?}");
+        }
+        assert!(local_reason(Reason::Memlock));
+        assert!(!local_reason(Reason::PeerNotShimmed));
+    }
+
+    #[test]
+    fn the_route_source_of_loopback_is_loopback() {
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap_or_else(|_| unreachable!());
+        let local: SocketAddr = "0.0.0.0:0".parse().unwrap_or_else(|_| unreachable!());
+        assert_eq!(
+            route_source(peer, local),
+            Some(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        );
+        let local6: SocketAddr = "[::]:0".parse().unwrap_or_else(|_| unreachable!());
+        assert_eq!(
+            route_source(peer, local6),
+            Some(IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped()))
+        );
+    }
+}

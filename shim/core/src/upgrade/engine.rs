@@ -1,0 +1,84 @@
+//! The process's one [`Engine`], started at the first upgrade attempt (a capable `listen()` or
+//! `connect()`), never in the constructor or at the decision: a process that never connects
+//! starts no thread.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use rdma_streams_transport::rdma::Lib;
+use rdma_streams_transport::{Engine, EngineConfig};
+
+use super::FORKED;
+use crate::fdtable::{self, SHIM_OWNED};
+use crate::guard::Guard;
+use crate::log::{Level, log_at};
+
+/// What the decision found: the libraries and the pinned-memory budget.
+struct Setup {
+    lib: &'static Lib,
+    memlock_limit: Option<u64>,
+}
+
+static SETUP: OnceLock<Setup> = OnceLock::new();
+static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
+
+/// The longest an exiting process waits for its streams to deliver what the app wrote.
+const EXIT_FLUSH: Duration = Duration::from_secs(2);
+
+/// Called by the decision of a capable process.
+pub fn configure(lib: &'static Lib, memlock_limit: Option<u64>) {
+    let _ = SETUP.set(Setup { lib, memlock_limit });
+}
+
+/// The shim's engine configuration (also used for the decision's memlock check).
+pub fn config(memlock_limit: Option<u64>) -> EngineConfig {
+    EngineConfig {
+        memlock_limit,
+        // The libraries' and the engine's fds are the shim's: an app's double close of a
+        // reused number must not close them behind the engine's back.
+        fd_observer: Some(Arc::new(|fd: RawFd| fdtable::set(fd, SHIM_OWNED))),
+        // Everything the engine thread calls (libc, librdmacm) goes straight to the originals.
+        on_thread_start: Some(Arc::new(|| std::mem::forget(Guard::enter()))),
+        thread_name: String::from("streamshim-io"),
+        ..EngineConfig::default()
+    }
+}
+
+/// The engine, started on first use; None when it cannot start (the connection stays TCP,
+/// `RDMA_ERROR`) or in a fork child.
+pub fn engine() -> Option<&'static Engine> {
+    if FORKED.load(Ordering::Acquire) {
+        return None;
+    }
+    let setup = SETUP.get()?;
+    ENGINE
+        .get_or_init(
+            || match Engine::start(setup.lib, config(setup.memlock_limit)) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    log_at!(Level::Info, "cannot start the RDMA engine: {e}");
+                    None
+                }
+            },
+        )
+        .as_ref()
+}
+
+/// At exit: every stream delivers what the app already wrote and sends FIN, as the kernel would
+/// for a TCP socket after the process is gone; at most [`EXIT_FLUSH`] in all.
+pub fn flush_at_exit() {
+    if FORKED.load(Ordering::Acquire) {
+        return;
+    }
+    let Some(Some(engine)) = ENGINE.get() else {
+        return;
+    };
+    if !engine.flush(Instant::now() + EXIT_FLUSH) {
+        log_at!(
+            Level::Info,
+            "exit: some upgraded connections could not deliver everything within {EXIT_FLUSH:?}"
+        );
+    }
+}

@@ -1,0 +1,94 @@
+//! Counting a connection once it is decided, and its bytes when it ends (the engine reports
+//! both, from its thread).
+
+use std::net::SocketAddr;
+
+use libc::c_int;
+use rdma_streams_transport::engine::{Event, Path as StreamPath};
+use rdma_streams_transport::reason::{Path, Reason, Role};
+use rdma_streams_transport::stats::Stats;
+
+use crate::log::{Level, log_at};
+
+/// Counts one connection and logs it (one debug line per connection).
+pub fn record(role: Role, fd: c_int, peer: Option<SocketAddr>, path: Path, reason: Reason) {
+    Stats::global().record(role, path, reason);
+    match peer {
+        Some(p) => log_at!(Level::Debug, "{role} fd {fd} peer {p}: {path} {reason}"),
+        None => log_at!(Level::Debug, "{role} fd {fd} peer ?: {path} {reason}"),
+    }
+}
+
+/// The path and reason a decided stream is counted with. A server whose client did not CONFIRM
+/// relays over TCP because the client gave up (`TIMEOUT`); a client whose stream died between
+/// CLAIM and its CONFIRM relays too (`RDMA_ERROR`).
+pub fn decided(role: Role, path: StreamPath) -> (Path, Reason) {
+    match (path, role) {
+        (StreamPath::Rdma, _) => (Path::Rdma, Reason::Upgraded),
+        (StreamPath::Tcp, Role::Server) => (Path::Tcp, Reason::Timeout),
+        (StreamPath::Tcp, Role::Client) | (StreamPath::Broken, _) => (Path::Tcp, Reason::RdmaError),
+    }
+}
+
+/// Counts the bytes a stream moved (as they move: a process may exit before its streams end).
+pub fn count_bytes(sent: u64, received: u64) {
+    let stats = Stats::global();
+    stats.add_rdma_bytes_sent(sent);
+    stats.add_rdma_bytes_received(received);
+}
+
+/// The engine's callback for one swapped connection.
+pub fn on_event(role: Role, fd: c_int, peer: Option<SocketAddr>) -> Box<dyn FnMut(Event) + Send> {
+    Box::new(move |event| match event {
+        Event::Decided(path) => {
+            let (path, reason) = decided(role, path);
+            record(role, fd, peer, path, reason);
+        }
+        Event::Ended(end) => {
+            if end.path == StreamPath::Rdma {
+                Stats::global().record_rdma_close(end.error.is_some());
+            }
+            match &end.error {
+                None => log_at!(
+                    Level::Debug,
+                    "{role} fd {fd}: ended ({:?}): {} bytes out, {} in",
+                    end.path,
+                    end.sent,
+                    end.received
+                ),
+                Some(e) => log_at!(
+                    Level::Info,
+                    "{role} fd {fd}: ended ({:?}) after {} bytes out, {} in: {e}",
+                    end.path,
+                    end.sent,
+                    end.received
+                ),
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decided_paths_map_to_reasons() {
+        assert_eq!(
+            decided(Role::Client, StreamPath::Rdma),
+            (Path::Rdma, Reason::Upgraded)
+        );
+        assert_eq!(
+            decided(Role::Server, StreamPath::Tcp),
+            (Path::Tcp, Reason::Timeout)
+        );
+        assert_eq!(
+            decided(Role::Client, StreamPath::Tcp),
+            (Path::Tcp, Reason::RdmaError)
+        );
+        assert_eq!(
+            decided(Role::Server, StreamPath::Broken),
+            (Path::Tcp, Reason::RdmaError)
+        );
+    }
+}

@@ -1,0 +1,126 @@
+//! The upgrade itself (docs/shim-protocol.md): TCP connections of a capable process move onto
+//! RDMA streams of the process's [`Engine`] when both ends agree.
+//!
+//! - Client ([`connect`], `client.rs`): before the kernel connect, an RDMA connect to the same
+//!   address and port (rdma_cm's `RDMA_PS_IB` port space) whose request carries HELLO. The
+//!   server's engine registers the connection under the client's TCP address *before* it
+//!   accepts, so once the RDMA connection is established the client makes the app's kernel
+//!   connect, then waits (bounded) for the accepting process's CLAIM, answers CONFIRM and swaps
+//!   the app's fd onto a socketpair whose other end the engine pumps. Anything else: plain TCP.
+//! - Server (`server.rs`): `listen()` adds an RDMA listener on the socket's address and port;
+//!   its acceptor checks the policy and registers `pending[client addr:port]`. `accept()` claims
+//!   the entry of the accepted peer at once (no waiting) and swaps; the engine sends CLAIM and
+//!   pumps after CONFIRM, or relays over the kept TCP socket when the client gave up.
+//! - The swap (`swap.rs`) and the per-connection accounting (`events.rs`).
+//!
+//! Nothing here runs on the pass-through path: every entry point is reached only for a
+//! capable process's INET TCP socket (or an fd the fd table marks as swapped / side-listening).
+
+mod client;
+mod engine;
+mod events;
+mod server;
+mod swap;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use libc::c_int;
+use rdma_streams_transport::handshake;
+use rdma_streams_transport::negative_cache::NegativeCache;
+use rdma_streams_transport::policy::canonical_ip;
+
+use crate::forksafe::{ForkSafe, SLOTS};
+use crate::log::{Level, log_at};
+
+pub use client::{connect, reason_for};
+pub use engine::{config as engine_config, configure, flush_at_exit};
+pub use events::record;
+pub use server::{
+    Claim, Pending, PendingTable, claim_and_swap, close_side_listener, copy_side_listener,
+    open_side_listener,
+};
+
+/// How long a server keeps a registered connection that no TCP connection claimed.
+pub const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Swapped app fds -> the kept kernel TCP socket (shared with the engine, which watches it and
+/// relays over it when needed; it closes when the last holder lets go).
+static SWAPPED_FDS: ForkSafe<BTreeMap<c_int, Arc<OwnedFd>>> =
+    ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
+/// Destinations that could not upgrade recently.
+static NEGATIVE: NegativeCache = NegativeCache::new(
+    rdma_streams_transport::negative_cache::DEFAULT_TTL,
+    rdma_streams_transport::negative_cache::DEFAULT_CAPACITY,
+);
+/// Set in a fork child: the engine (its thread, its locks) belongs to the parent.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// `STREAMSHIM_NEGOTIATE_MS`, read once (an atomic, not a `OnceLock`: a fork child must never
+/// wait for an initialisation a parent thread was in the middle of).
+fn negotiate_timeout() -> Duration {
+    static MICROS: AtomicU64 = AtomicU64::new(0);
+    match MICROS.load(Ordering::Acquire) {
+        0 => {
+            let t = handshake::negotiate_timeout_from_env();
+            let micros = u64::try_from(t.as_micros()).unwrap_or(u64::MAX).max(1);
+            MICROS.store(micros, Ordering::Release);
+            t
+        }
+        micros => Duration::from_micros(micros),
+    }
+}
+
+/// The key of a connection in `pending`: v4-mapped addresses as IPv4, no flow info or scope.
+fn key(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(canonical_ip(addr.ip()), addr.port())
+}
+
+/// The kept TCP socket behind a swapped app fd.
+pub fn kept(fd: c_int) -> Option<Arc<OwnedFd>> {
+    SWAPPED_FDS.lock().get(&fd).cloned()
+}
+
+/// `new` is a copy (dup) of the swapped fd `old`: it answers from the same kept TCP socket.
+/// False if `old` is not in the table (closed meanwhile by another thread).
+pub fn copy_swapped(old: c_int, new: c_int) -> bool {
+    let mut map = SWAPPED_FDS.lock();
+    let Some(kept) = map.get(&old).cloned() else {
+        return false;
+    };
+    map.insert(new, kept);
+    true
+}
+
+/// The app closed a swapped fd (or replaced it): its reference to the kept socket goes.
+pub fn forget_swapped(fd: c_int) {
+    let old = SWAPPED_FDS.lock().remove(&fd);
+    drop(old);
+}
+
+/// In a fork child (still single-threaded): the engine, its listeners and the registrations
+/// belong to the parent and are forgotten without a call into the engine (whose queue lock a
+/// parent thread may hold). A table a parent thread held at the fork is replaced by a fresh one
+/// ([`ForkSafe::after_fork`]). Swapped fds keep answering from their kept sockets.
+pub fn after_fork_child() {
+    FORKED.store(true, Ordering::Release);
+    server::after_fork_child();
+    drop(SWAPPED_FDS.after_fork());
+}
+
+/// Logs a connection that failed to negotiate, once per reason at `debug`.
+fn note(peer: SocketAddr, what: &str) {
+    log_at!(Level::Debug, "upgrade to {peer}: {what}");
+}
+
+/// Now, for deadlines.
+fn now() -> Instant {
+    Instant::now()
+}
+
+#[cfg(test)]
+mod tests;

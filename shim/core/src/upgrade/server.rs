@@ -1,0 +1,320 @@
+//! The server side: an RDMA listener beside each capable TCP listener, the registrations its
+//! acceptor makes, and `accept()`'s claim.
+//!
+//! The acceptor runs on the engine thread when a client's connect request arrives: HELLO
+//! parses, the policy allows the client, then `pending[C:c]` is registered and only then is the
+//! request accepted. The client makes its kernel connect after its RDMA connection is
+//! established, so by the time `accept()` returns the TCP connection its registration exists:
+//! the claim is a lookup, never a wait. Only the process whose `accept()` returned the
+//! connection claims it (a pre-fork child has no registrations: the client gets no CLAIM within
+//! its bound and both stay on TCP).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use libc::c_int;
+use rdma_streams_transport::engine::{Attach, Conn, Decision, Gate, Listener, Request};
+use rdma_streams_transport::handshake::{Hello, Message};
+use rdma_streams_transport::reason::{Path, Reason, Role};
+
+use super::engine::engine;
+use super::events::{count_bytes, on_event, record};
+use super::swap::{reset, swap};
+use super::{PENDING_TIMEOUT, key, now};
+use crate::decision;
+use crate::forksafe::{ForkSafe, SLOTS};
+use crate::log::{Level, log_at};
+use crate::sys;
+
+/// Backlog of an RDMA listener.
+const BACKLOG: i32 = 128;
+
+/// A registered connection waiting for `accept()`.
+pub struct Pending<T> {
+    /// The connection (the engine's handle).
+    pub conn: T,
+    /// The HELLO's nonce.
+    pub nonce: u64,
+    /// When it was registered.
+    pub at: Instant,
+}
+
+/// Registrations by client TCP address (v4-mapped addresses as IPv4), expiring after a bound.
+pub struct PendingTable<T> {
+    entries: BTreeMap<SocketAddr, Pending<T>>,
+    ttl: Duration,
+}
+
+impl<T> PendingTable<T> {
+    /// An empty table whose entries live `ttl`.
+    pub const fn new(ttl: Duration) -> PendingTable<T> {
+        PendingTable {
+            entries: BTreeMap::new(),
+            ttl,
+        }
+    }
+
+    /// Registers `conn` for `client`, dropping expired entries and those `alive` says are gone.
+    /// A newer registration for the same address replaces an older one (a reused port).
+    pub fn register(
+        &mut self,
+        client: SocketAddr,
+        conn: T,
+        nonce: u64,
+        now: Instant,
+        alive: impl Fn(&T) -> bool,
+    ) {
+        let ttl = self.ttl;
+        self.entries
+            .retain(|_, p| now.saturating_duration_since(p.at) < ttl && alive(&p.conn));
+        self.entries.insert(
+            key(client),
+            Pending {
+                conn,
+                nonce,
+                at: now,
+            },
+        );
+    }
+
+    /// Takes the registration of `peer`, if it is fresh.
+    pub fn claim(&mut self, peer: SocketAddr, now: Instant) -> Option<Pending<T>> {
+        let p = self.entries.remove(&key(peer))?;
+        (now.saturating_duration_since(p.at) < self.ttl).then_some(p)
+    }
+
+    /// Registrations held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when none are held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Forgets every entry without dropping it (a fork child: they are the parent's).
+    fn forget_all(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.entries));
+    }
+}
+
+/// The registrations of this process.
+static PENDING: ForkSafe<PendingTable<Conn>> =
+    ForkSafe::new([const { Mutex::new(PendingTable::new(PENDING_TIMEOUT)) }; SLOTS]);
+/// App listening fd -> its RDMA listener (dup'd listening fds share one).
+static LISTENERS: ForkSafe<BTreeMap<c_int, Arc<Listener>>> =
+    ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
+
+/// What the acceptor decides for a HELLO (pure: the policy check).
+pub fn judge(
+    payload: &[u8],
+    local_port: u16,
+    allows: impl Fn(u16, SocketAddr) -> bool,
+) -> Result<Hello, Message> {
+    match Message::decode(payload) {
+        Ok(Message::Hello(h)) if allows(local_port, h.client) => Ok(h),
+        Ok(Message::Hello(h)) => Err(Message::refuse(h.nonce, Reason::Policy)),
+        _ => Err(Message::refuse(0, Reason::PeerRefused)),
+    }
+}
+
+/// The engine's acceptor for this process's listeners (runs on the engine thread).
+fn accept_request(request: Request<'_>) -> Decision {
+    let port = request.local.map_or(0, |a| a.port());
+    let verdict = judge(request.payload, port, |port, client| {
+        decision::policy().is_some_and(|p| p.server_allows(port, client.ip()))
+    });
+    match verdict {
+        Ok(hello) => {
+            PENDING.lock().register(
+                hello.client,
+                request.conn,
+                hello.nonce,
+                now(),
+                Conn::is_alive,
+            );
+            log_at!(Level::Debug, "registered {} for port {port}", hello.client);
+            Decision::Accept(Message::Accept { nonce: hello.nonce }.encode())
+        }
+        Err(refuse) => {
+            log_at!(
+                Level::Debug,
+                "refused a connect request for port {port}: {refuse:?}"
+            );
+            Decision::Reject(refuse.encode())
+        }
+    }
+}
+
+/// Opens the RDMA listener for the app's listening `fd` (same address and port). False when
+/// none could be opened (another RDMA program holds the port, say): the socket serves plain
+/// TCP only and clients fall back (`PEER_NOT_SHIMMED`).
+pub fn open_side_listener(fd: c_int) -> bool {
+    let Some(local) = sys::local_addr(fd) else {
+        return false;
+    };
+    let Some(engine) = engine() else {
+        return false;
+    };
+    // A `[::]` listener keeps the app's IPV6_V6ONLY: an app that also listens on 0.0.0.0
+    // (QEMU's `-incoming tcp::PORT`) has an IPv6-only one, whose RDMA listener must not
+    // collide with the IPv4 one.
+    let only_v6 = local.is_ipv6().then(|| sys::only_v6(fd)).flatten();
+    match engine.listen(local, only_v6, BACKLOG, Arc::new(accept_request)) {
+        Ok(listener) => {
+            LISTENERS.lock().insert(fd, Arc::new(listener));
+            log_at!(Level::Debug, "RDMA listener on {local} (fd {fd})");
+            true
+        }
+        Err(e) => {
+            log_at!(Level::Info, "no RDMA listener on {local}: {e}");
+            false
+        }
+    }
+}
+
+/// The app closed (or replaced) a listening fd: its RDMA listener closes with the last copy.
+pub fn close_side_listener(fd: c_int) {
+    let old = LISTENERS.lock().remove(&fd);
+    drop(old);
+}
+
+/// `new` is a copy (dup) of the listening fd `old`. False if `old` has no RDMA listener.
+pub fn copy_side_listener(old: c_int, new: c_int) -> bool {
+    let mut map = LISTENERS.lock();
+    let Some(l) = map.get(&old).cloned() else {
+        return false;
+    };
+    map.insert(new, l);
+    true
+}
+
+/// What `accept()`'s claim found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Swapped: counted when the client answers CLAIM.
+    Swapped,
+    /// The client registered but gave up before this accept (no CLAIM in its bound): it is on
+    /// TCP already, and so is this connection (`TIMEOUT`).
+    GaveUp,
+    /// Nothing registered for this peer.
+    None,
+}
+
+/// `accept()` returned `fd` from `peer` on a listener with an RDMA listener: claims its
+/// registration and swaps.
+pub fn claim_and_swap(fd: c_int, peer: SocketAddr) -> Claim {
+    let Some(pending) = PENDING.lock().claim(peer, now()) else {
+        return Claim::None;
+    };
+    if !pending.conn.is_alive() {
+        record(Role::Server, fd, Some(peer), Path::Tcp, Reason::Timeout);
+        return Claim::GaveUp;
+    }
+    match swap(fd) {
+        Ok(s) => {
+            pending.conn.attach(
+                s.local,
+                Attach {
+                    kept: Some(s.kept),
+                    gate: Gate::Claim,
+                    on_event: on_event(Role::Server, fd, Some(peer)),
+                    on_bytes: Some(count_bytes),
+                },
+            );
+        }
+        Err(e) => {
+            log_at!(Level::Info, "server fd {fd}: swap failed ({e}): resetting");
+            pending.conn.abort();
+            reset(fd);
+            record(Role::Server, fd, Some(peer), Path::Tcp, Reason::RdmaError);
+        }
+    }
+    Claim::Swapped
+}
+
+/// In a fork child: the listeners and registrations are the parent's; forgotten, not closed.
+pub(super) fn after_fork_child() {
+    if let Some(mut listeners) = LISTENERS.after_fork() {
+        std::mem::forget(std::mem::take(&mut *listeners));
+    }
+    if let Some(mut pending) = PENDING.after_fork() {
+        pending.forget_all();
+    }
+}
+
+/// For the fork test: holds both tables while `f` runs; counts listeners.
+#[cfg(test)]
+pub(super) mod tests_support {
+    use super::{LISTENERS, PENDING};
+
+    pub fn hold_tables(f: impl FnOnce()) {
+        let listeners = LISTENERS.lock();
+        let pending = PENDING.lock();
+        f();
+        drop((listeners, pending));
+    }
+
+    pub fn listeners_len() -> usize {
+        LISTENERS.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdma_streams_transport::handshake::Message;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap_or_else(|_| unreachable!())
+    }
+
+    #[test]
+    fn the_table_finds_v4_mapped_clients_and_expires_entries() {
+        let t0 = Instant::now();
+        let mut t: PendingTable<u32> = PendingTable::new(Duration::from_secs(10));
+        t.register(sa("[::ffff:10.0.0.2]:4000"), 1, 7, t0, |_| true);
+        let p = t
+            .claim(sa("10.0.0.2:4000"), t0)
+            .expect("found by its IPv4 form");
+        assert_eq!((p.conn, p.nonce), (1, 7));
+        assert!(t.claim(sa("10.0.0.2:4000"), t0).is_none(), "claimed once");
+        t.register(sa("10.0.0.3:1"), 2, 0, t0, |_| true);
+        assert!(
+            t.claim(sa("10.0.0.3:1"), t0 + Duration::from_secs(11))
+                .is_none(),
+            "expired"
+        );
+        t.register(sa("10.0.0.4:1"), 3, 0, t0, |_| true);
+        t.register(sa("10.0.0.5:1"), 4, 0, t0 + Duration::from_secs(20), |_| {
+            true
+        });
+        assert_eq!(t.len(), 1, "a registration drops expired ones");
+        t.register(sa("10.0.0.6:1"), 5, 0, t0 + Duration::from_secs(20), |c| {
+            *c != 4
+        });
+        assert_eq!(t.len(), 1, "and dead ones");
+    }
+
+    #[test]
+    fn judge_checks_the_hello_and_the_policy() {
+        let hello = Message::Hello(Hello {
+            flags: 0,
+            nonce: 42,
+            client: sa("198.18.0.2:5000"),
+        })
+        .encode();
+        assert_eq!(judge(&hello, 80, |_, _| true).map(|h| h.nonce), Ok(42));
+        assert_eq!(
+            judge(&hello, 80, |port, c| port != 80 || c.port() != 5000),
+            Err(Message::refuse(42, Reason::Policy))
+        );
+        assert_eq!(
+            judge(b"junk", 80, |_, _| true),
+            Err(Message::refuse(0, Reason::PeerRefused))
+        );
+    }
+}

@@ -1,0 +1,50 @@
+//! The swap: the app's fd number moves from its kernel TCP socket to one end of a socketpair,
+//! before `connect()`/`accept()` returns it, so no app thread can hold or have registered the
+//! old description. The TCP socket stays open under a shim-owned number (the kept socket).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+use libc::c_int;
+
+use super::SWAPPED_FDS;
+use crate::fdtable::{self, COUNTED, INET_STREAM, SHIM_OWNED, SWAPPED, TCP};
+use crate::sys;
+
+/// The engine's end of the socketpair and the kept TCP socket of a swapped fd.
+pub struct Swapped {
+    /// The socketpair end the engine pumps (non-blocking).
+    pub local: OwnedFd,
+    /// The kernel TCP socket, shared with the fd table (getpeername, TCP options).
+    pub kept: Arc<OwnedFd>,
+}
+
+/// Moves the kernel TCP socket behind the app's `fd` to a kept fd number and puts one end of a
+/// fresh socketpair on `fd`, keeping the app's O_NONBLOCK and close-on-exec. An error after
+/// the number was taken over leaves the app's fd without a peer: the caller resets it.
+pub fn swap(fd: c_int) -> io::Result<Swapped> {
+    let (fl, fdfl) = sys::fd_flags(fd)?;
+    let (a, b) = sys::socketpair_stream()?;
+    fdtable::set(a.as_raw_fd(), SHIM_OWNED);
+    fdtable::set(b.as_raw_fd(), SHIM_OWNED);
+    if fl & libc::O_NONBLOCK != 0 {
+        sys::set_nonblocking(a.as_fd())?;
+    }
+    sys::set_nonblocking(b.as_fd())?;
+    let kept = Arc::new(sys::dup_cloexec(fd)?);
+    fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
+    SWAPPED_FDS.lock().insert(fd, Arc::clone(&kept));
+    if let Err(e) = sys::dup3(a.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {
+        SWAPPED_FDS.lock().remove(&fd);
+        return Err(e);
+    }
+    drop(a);
+    fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);
+    Ok(Swapped { local: b, kept })
+}
+
+/// The peer's TCP connection gets an RST (a failed swap after CONFIRM or CLAIM).
+pub fn reset(fd: c_int) {
+    sys::shutdown_both(fd);
+}

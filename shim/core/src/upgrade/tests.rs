@@ -1,0 +1,41 @@
+use std::sync::mpsc;
+use std::thread;
+
+use super::server::tests_support::{hold_tables, listeners_len};
+use super::*;
+use crate::sys;
+
+/// A parent thread inside the shim's tables at `fork()` (the engine thread registering a
+/// connection, an app thread swapping): the child must still close an inherited listening fd
+/// and a swapped fd without waiting for a thread that does not exist there. A hang ends the
+/// child by SIGALRM after 5 s.
+#[test]
+fn a_fork_child_never_waits_for_a_lock_a_parent_thread_held() {
+    let (held_tx, held_rx) = mpsc::channel();
+    let (forked_tx, forked_rx) = mpsc::channel::<()>();
+    let holder = thread::spawn(move || {
+        let swapped = SWAPPED_FDS.lock();
+        hold_tables(|| {
+            held_tx.send(()).unwrap_or_else(|_| unreachable!());
+            forked_rx.recv().unwrap_or_else(|_| unreachable!());
+        });
+        drop(swapped);
+    });
+    held_rx.recv().unwrap_or_else(|_| unreachable!());
+    let child = sys::fork_for_test(|| {
+        after_fork_child();
+        close_side_listener(900);
+        forget_swapped(901);
+        assert!(kept(901).is_none());
+        assert!(!copy_swapped(901, 902));
+        assert_eq!(listeners_len(), 0);
+        assert!(engine::engine().is_none(), "a fork child has no engine");
+    });
+    forked_tx.send(()).unwrap_or_else(|_| unreachable!());
+    holder.join().unwrap_or_else(|_| unreachable!());
+    assert_eq!(
+        sys::wait_for_test(child),
+        0,
+        "the fork child hung on a shim lock"
+    );
+}

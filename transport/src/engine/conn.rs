@@ -1,0 +1,967 @@
+//! One connection on the engine thread: its RDMA resources and flows ([`Rdma`]) and what its
+//! local side is doing ([`App`]).
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::Shutdown;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::relay::{Ready, Relay, Step};
+use super::shared::ConnShared;
+use super::{Attach, End, EngineConfig, Event, Gate, Path, SLOT};
+use crate::fd;
+use crate::flow::{RecvFlow, SendFlow};
+use crate::rdma::{CmId, Cq, Device, Local, Mr, Qp, Region, WC_RECV, WC_SUCCESS, Wc};
+use crate::wire::{Control, ControlKind, RingInfo};
+
+const TAG_SHIFT: u32 = 60;
+const TAG_DATA: u64 = 1 << TAG_SHIFT;
+const TAG_CONTROL: u64 = 2 << TAG_SHIFT;
+const TAG_PROBE: u64 = 3 << TAG_SHIFT;
+const TAG_MASK: u64 = (1 << TAG_SHIFT) - 1;
+
+/// A connection's verbs resources and stream accounting.
+pub(super) struct Rdma {
+    qp: Qp,
+    // Drop order matters: the QP (the id's) is destroyed first by `release`, then the CQ, the
+    // MR and the memory, in this field order.
+    cq: Cq,
+    mr: Mr,
+    region: Region,
+    pub(super) pinned: u64,
+    ring: usize,
+    rq: u32,
+    sq: u32,
+    reserve: u64,
+    max_chunk: u64,
+    send: Option<SendFlow>,
+    recv: RecvFlow,
+    peer: RingInfo,
+    sq_used: u32,
+    control_posted: u64,
+    control_done: u64,
+    fin_seq: Option<u64>,
+    pending_control: VecDeque<ControlKind>,
+    probe_outstanding: bool,
+    /// The QP may post sends (the accept was sent, or the connection is established).
+    pub(super) ready: bool,
+    pub(super) last_rx: Instant,
+    pub(super) peer_fin: bool,
+    pub(super) claim_seen: bool,
+    pub(super) confirm_seen: bool,
+}
+
+/// Why setting a connection up failed.
+#[derive(Debug)]
+pub(super) enum SetupError {
+    Memlock,
+    Local(&'static str, io::Error),
+}
+
+impl Rdma {
+    /// The buffers, CQ and QP for `id` on `device`, with every receive posted.
+    pub(super) fn new(
+        config: &EngineConfig,
+        budget: &super::Budget,
+        device: &Device,
+        id: CmId,
+        token: u64,
+        now: Instant,
+    ) -> Result<Rdma, SetupError> {
+        let pinned = config.pinned_per_connection();
+        if !budget.reserve(pinned) {
+            return Err(SetupError::Memlock);
+        }
+        let made = Rdma::make(config, device, id, token, now, pinned);
+        if made.is_err() {
+            budget.release(pinned);
+        }
+        made
+    }
+
+    fn make(
+        config: &EngineConfig,
+        device: &Device,
+        id: CmId,
+        token: u64,
+        now: Instant,
+        pinned: u64,
+    ) -> Result<Rdma, SetupError> {
+        let ring = config.ring();
+        let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
+        let region = Region::new(config.region_bytes())
+            .map_err(|e| SetupError::Local("mmap of the buffers", e))?;
+        let mr = device
+            .register(&region)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOMEM | libc::EPERM) => SetupError::Memlock,
+                _ => SetupError::Local("ibv_reg_mr", e),
+            })?;
+        let cq = device
+            .create_cq(i32::try_from(rq + sq).unwrap_or(i32::MAX), token)
+            .map_err(|e| SetupError::Local("ibv_create_cq", e))?;
+        cq.arm()
+            .map_err(|e| SetupError::Local("ibv_req_notify_cq", e))?;
+        let qp = id
+            .create_qp(device, &cq, sq, rq)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOMEM) => SetupError::Memlock,
+                _ => SetupError::Local("rdma_create_qp", e),
+            })?;
+        let rdma = Rdma {
+            qp,
+            cq,
+            mr,
+            region,
+            pinned,
+            ring,
+            rq,
+            sq,
+            reserve: u64::from(rq / 4).max(1),
+            max_chunk: config.max_chunk.max(1) as u64,
+            send: None,
+            recv: RecvFlow::new(ring as u64, u64::from(rq)),
+            peer: RingInfo::default(),
+            sq_used: 0,
+            control_posted: 0,
+            control_done: 0,
+            fin_seq: None,
+            pending_control: VecDeque::new(),
+            probe_outstanding: false,
+            ready: false,
+            last_rx: now,
+            peer_fin: false,
+            claim_seen: false,
+            confirm_seen: false,
+        };
+        for slot in 0..rq {
+            rdma.post_recv(u64::from(slot))
+                .map_err(|e| SetupError::Local("ibv_post_recv", e))?;
+        }
+        Ok(rdma)
+    }
+
+    fn control_recv_off(&self) -> usize {
+        2 * self.ring
+    }
+
+    fn control_send_off(&self) -> usize {
+        2 * self.ring + self.rq as usize * SLOT
+    }
+
+    fn post_recv(&self, slot: u64) -> io::Result<()> {
+        let off = self.control_recv_off() + slot as usize * SLOT;
+        self.qp.recv(
+            slot,
+            Local {
+                addr: self.region.addr(off),
+                len: SLOT as u32,
+                lkey: self.mr.lkey(),
+            },
+        )
+    }
+
+    /// Where our ring is, for the peer.
+    pub(super) fn ring_info(&self) -> RingInfo {
+        RingInfo {
+            addr: self.region.addr(0),
+            rkey: self.mr.rkey(),
+            size_log: self.ring.trailing_zeros() as u8,
+            receives: u16::try_from(self.rq).unwrap_or(u16::MAX),
+        }
+    }
+
+    /// The peer's ring: sending may start once the QP is ready.
+    pub(super) fn set_peer(&mut self, peer: RingInfo) {
+        self.peer = peer;
+        self.send = Some(SendFlow::new(
+            peer.size(),
+            self.ring as u64,
+            u64::from(peer.receives),
+            self.reserve,
+            self.max_chunk,
+        ));
+    }
+
+    /// Keeps the CQ armed (after a completion event was taken for it).
+    pub(super) fn note_cq_event(&mut self) {
+        self.cq.note_event();
+    }
+
+    /// Takes every completion; an error completion is the connection's failure.
+    pub(super) fn poll(&mut self, now: Instant) -> Result<(), String> {
+        let mut wcs = [Wc::default(); 32];
+        loop {
+            let n = self
+                .cq
+                .poll(&mut wcs)
+                .map_err(|e| format!("polling the CQ: {e}"))?;
+            for wc in wcs.iter().take(n) {
+                self.completion(wc, now)?;
+            }
+            if n < wcs.len() {
+                break;
+            }
+        }
+        // Re-arm, then look again: a completion between the last poll and the arm would
+        // otherwise raise no event.
+        self.cq.arm().map_err(|e| format!("arming the CQ: {e}"))?;
+        let n = self
+            .cq
+            .poll(&mut wcs)
+            .map_err(|e| format!("polling the CQ: {e}"))?;
+        for wc in wcs.iter().take(n) {
+            self.completion(wc, now)?;
+        }
+        self.flush_control();
+        Ok(())
+    }
+
+    fn completion(&mut self, wc: &Wc, now: Instant) -> Result<(), String> {
+        if wc.status != WC_SUCCESS {
+            return Err(format!(
+                "work completion failed: {} (status {})",
+                status_name(wc.status),
+                wc.status
+            ));
+        }
+        if wc.opcode & WC_RECV != 0 {
+            self.last_rx = now;
+            if wc.opcode == WC_RECV {
+                let mut bytes = [0u8; SLOT];
+                let off = self.control_recv_off() + wc.wr_id as usize * SLOT;
+                self.region
+                    .load(off, &mut bytes)
+                    .map_err(|e| format!("control slot {}: {e}", wc.wr_id))?;
+                self.post_recv(wc.wr_id)
+                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                self.recv.reposted();
+                let control = Control::decode(&bytes)
+                    .ok_or_else(|| String::from("unknown control message"))?;
+                if let Some(send) = &mut self.send {
+                    send.credit(control.consumed, control.reposted)
+                        .map_err(|e| e.to_string())?;
+                }
+                match control.kind {
+                    ControlKind::Credit => {}
+                    ControlKind::Fin => self.peer_fin = true,
+                    ControlKind::Claim => self.claim_seen = true,
+                    ControlKind::Confirm => self.confirm_seen = true,
+                }
+            } else {
+                if !wc.has_imm || self.peer_fin {
+                    return Err(String::from("data without length, or after FIN"));
+                }
+                self.recv.arrived(wc.imm).map_err(|e| e.to_string())?;
+                self.post_recv(wc.wr_id)
+                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
+                self.recv.reposted();
+            }
+            return Ok(());
+        }
+        self.sq_used = self.sq_used.saturating_sub(1);
+        match wc.wr_id & !TAG_MASK {
+            TAG_DATA => {
+                if let Some(send) = &mut self.send {
+                    send.completed(wc.wr_id & TAG_MASK);
+                }
+            }
+            TAG_CONTROL => self.control_done = (wc.wr_id & TAG_MASK) + 1,
+            TAG_PROBE => {
+                self.probe_outstanding = false;
+                self.last_rx = now;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Queues a control message (sent as soon as the send queue has room).
+    pub(super) fn control(&mut self, kind: ControlKind) {
+        self.pending_control.push_back(kind);
+        self.flush_control();
+    }
+
+    fn flush_control(&mut self) {
+        while self.ready
+            && self.sq_used < self.sq
+            && self.control_posted - self.control_done < u64::from(self.sq)
+            && let Some(kind) = self.pending_control.front().copied()
+        {
+            if self.post_control(kind).is_err() {
+                // The QP is failing; its error completion reports it.
+                return;
+            }
+            self.pending_control.pop_front();
+        }
+    }
+
+    fn post_control(&mut self, kind: ControlKind) -> io::Result<()> {
+        let (consumed, reposted) = self.recv.report();
+        let bytes = Control {
+            kind,
+            consumed,
+            reposted,
+        }
+        .encode();
+        let seq = self.control_posted;
+        let off = self.control_send_off() + (seq % u64::from(self.sq)) as usize * SLOT;
+        self.region.store(off, &bytes)?;
+        self.qp.send(
+            TAG_CONTROL | seq,
+            Local {
+                addr: self.region.addr(off),
+                len: SLOT as u32,
+                lkey: self.mr.lkey(),
+            },
+        )?;
+        if kind == ControlKind::Fin {
+            self.fin_seq = Some(seq);
+        }
+        self.control_posted += 1;
+        self.sq_used += 1;
+        if let Some(send) = &mut self.send {
+            send.posted_control();
+        }
+        Ok(())
+    }
+
+    /// Sends a credit report when one is owed.
+    pub(super) fn credit_if_due(&mut self) {
+        if self.recv.credit_due() && !self.pending_control.contains(&ControlKind::Credit) {
+            self.control(ControlKind::Credit);
+        }
+    }
+
+    /// Reads from `local` into the send ring and writes it to the peer while the window
+    /// allows. Ok(true) at the local side's EOF.
+    pub(super) fn send_from(
+        &mut self,
+        local: &OwnedFd,
+        ready: &mut Ready,
+        draining: bool,
+    ) -> io::Result<(bool, u64)> {
+        let mut moved = 0u64;
+        let Some(send) = &mut self.send else {
+            return Ok((false, 0));
+        };
+        while self.ready && ready.readable && self.sq_used < self.sq {
+            let w = send.window();
+            if w.len == 0 {
+                break;
+            }
+            let local_off = self.ring + w.local;
+            match self.region.read_from(local.as_raw_fd(), local_off, w.len) {
+                Ok(0) => return Ok((true, moved)),
+                Ok(n) => {
+                    let end = send.posted_data(n);
+                    self.qp.write_imm(
+                        TAG_DATA | end,
+                        Local {
+                            addr: self.region.addr(local_off),
+                            len: n as u32,
+                            lkey: self.mr.lkey(),
+                        },
+                        self.peer.addr + w.remote as u64,
+                        self.peer.rkey,
+                        n as u32,
+                    )?;
+                    self.sq_used += 1;
+                    moved += n as u64;
+                }
+                Err(e) if fd::transient(&e) => {
+                    ready.readable = false;
+                    if draining {
+                        return Ok((true, moved));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((false, moved))
+    }
+
+    /// Writes what arrived to `local` while it takes it; the byte count.
+    pub(super) fn deliver_to(&mut self, local: &OwnedFd, ready: &mut Ready) -> io::Result<u64> {
+        let mut moved = 0u64;
+        while ready.writable && self.recv.has_pending() {
+            let (off, len) = self.recv.pending();
+            match self.region.send_to(local.as_raw_fd(), off, len) {
+                Ok(n) => {
+                    self.recv.delivered(n);
+                    moved += n as u64;
+                }
+                Err(e) if fd::transient(&e) => ready.writable = false,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// The stream's state in a few words (for error reports).
+    pub(super) fn describe(&self) -> String {
+        format!(
+            "peer FIN {}, our FIN {}{}, {} bytes arrived, {} sent, {} pending",
+            if self.peer_fin { "in" } else { "not in" },
+            if self.fin_done() {
+                "acknowledged"
+            } else if self.fin_queued() {
+                "sent"
+            } else {
+                "not sent"
+            },
+            if self.claim_seen { ", CLAIM seen" } else { "" },
+            self.recv.arrived_total(),
+            self.send.as_ref().map_or(0, SendFlow::sent),
+            if self.has_pending() {
+                "bytes"
+            } else {
+                "nothing"
+            },
+        )
+    }
+
+    /// Bytes that arrived and wait for the local side.
+    pub(super) fn has_pending(&self) -> bool {
+        self.recv.has_pending()
+    }
+
+    /// FIN was sent and its completion came back (so every byte before it arrived).
+    pub(super) fn fin_done(&self) -> bool {
+        self.fin_seq.is_some_and(|seq| self.control_done > seq)
+    }
+
+    /// FIN was queued.
+    pub(super) fn fin_queued(&self) -> bool {
+        self.fin_seq.is_some() || self.pending_control.contains(&ControlKind::Fin)
+    }
+
+    /// Sends a liveness probe when the peer has been silent for `keepalive`; the probe fails
+    /// (an error completion) when the peer is gone.
+    pub(super) fn probe_if_idle(&mut self, now: Instant, keepalive: Duration) {
+        if !self.ready
+            || self.probe_outstanding
+            || self.sq_used >= self.sq
+            || now.saturating_duration_since(self.last_rx) < keepalive
+        {
+            return;
+        }
+        if self
+            .qp
+            .write_probe(TAG_PROBE, self.peer.addr, self.peer.rkey)
+            .is_ok()
+        {
+            self.probe_outstanding = true;
+            self.sq_used += 1;
+        }
+    }
+
+    /// When the next probe is due.
+    pub(super) fn probe_due(&self, keepalive: Duration) -> Option<Instant> {
+        (self.ready && !self.probe_outstanding).then(|| self.last_rx + keepalive)
+    }
+}
+
+/// A readable name for a work completion status.
+fn status_name(status: u32) -> &'static str {
+    match status {
+        1 => "local length error",
+        2 => "local QP operation error",
+        4 => "local protection error",
+        5 => "work request flushed",
+        7 => "bad response",
+        8 => "local access error",
+        9 => "remote invalid request",
+        10 => "remote access error",
+        11 => "remote operation error",
+        12 => "transport retry counter exceeded (peer unreachable)",
+        13 => "RNR retry counter exceeded",
+        _ => "error",
+    }
+}
+
+/// An attached local side.
+pub(super) struct Attached {
+    pub(super) local: OwnedFd,
+    pub(super) local_ready: Ready,
+    pub(super) kept: Option<Arc<OwnedFd>>,
+    /// The kept socket is watched (until its FIN).
+    pub(super) watch_kept: bool,
+    pub(super) kept_ready: Ready,
+    /// Waiting for CONFIRM until this deadline ([`Gate::Claim`]).
+    pub(super) awaiting_confirm: Option<Instant>,
+    pub(super) local_eof: bool,
+    pub(super) local_shut: bool,
+    pub(super) sent: u64,
+    pub(super) received: u64,
+    pub(super) on_event: Box<dyn FnMut(Event) + Send>,
+    pub(super) on_bytes: Option<fn(u64, u64)>,
+}
+
+/// What the local side is doing.
+pub(super) enum App {
+    /// Not attached yet.
+    Unattached,
+    /// Pumping to and from the stream (or waiting for CONFIRM).
+    Stream(Attached),
+    /// Relaying over the kept TCP socket.
+    Relay(Relay, Box<dyn FnMut(Event) + Send>),
+    /// Finished.
+    Done,
+}
+
+/// The CM side of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CmPhase {
+    /// Active: resolving the address, then the route; connecting.
+    Resolving,
+    Connecting,
+    /// Passive: the acceptor deferred its decision (until the deadline).
+    Deciding(Instant),
+    /// Passive: accepted, not yet established.
+    Accepted,
+    Established,
+    /// Disconnect sent; the id is destroyed at DISCONNECTED or at the deadline.
+    Disconnecting(Instant),
+}
+
+/// One connection.
+pub(super) struct StreamConn {
+    pub(super) shared: Arc<ConnShared>,
+    pub(super) id: Option<CmId>,
+    pub(super) cm: CmPhase,
+    pub(super) rdma: Option<Rdma>,
+    pub(super) app: App,
+    /// When an established, unattached connection is dropped.
+    pub(super) unattached_deadline: Option<Instant>,
+    /// Why the stream failed (kept for the end report).
+    pub(super) error: Option<String>,
+    /// The CM reported the peer's disconnect.
+    pub(super) peer_gone: bool,
+}
+
+/// What the loop must do with epoll registrations after a transition.
+#[derive(Debug, Default)]
+pub(super) struct Fds {
+    /// Fds to remove from epoll and let go (closed when no other holder is left).
+    pub(super) closing: Vec<Arc<OwnedFd>>,
+    /// The kept socket needs no more watching (its FIN came).
+    pub(super) unwatch_kept: bool,
+}
+
+impl StreamConn {
+    pub(super) fn new(shared: Arc<ConnShared>, id: Option<CmId>, cm: CmPhase) -> StreamConn {
+        StreamConn {
+            shared,
+            id,
+            cm,
+            rdma: None,
+            app: App::Unattached,
+            unattached_deadline: None,
+            error: None,
+            peer_gone: false,
+        }
+    }
+
+    /// True when nothing is left: no id, no resources, no local side.
+    pub(super) fn finished(&self) -> bool {
+        self.id.is_none() && self.rdma.is_none() && matches!(self.app, App::Unattached | App::Done)
+    }
+
+    /// The stream carries bytes (established or accepted, not failing).
+    fn stream_usable(&self) -> bool {
+        self.error.is_none()
+            && !matches!(self.cm, CmPhase::Disconnecting(_))
+            && self.rdma.as_ref().is_some_and(|r| r.ready)
+    }
+
+    /// Takes the local side: pumped from now on.
+    pub(super) fn attach(
+        &mut self,
+        local: OwnedFd,
+        attach: Attach,
+        config: &EngineConfig,
+        now: Instant,
+        fds: &mut Fds,
+    ) {
+        let Attach {
+            kept,
+            gate,
+            on_event,
+            on_bytes,
+        } = attach;
+        self.unattached_deadline = None;
+        let alive = self.error.is_none()
+            && !self.peer_gone
+            && self.rdma.is_some()
+            && !matches!(self.cm, CmPhase::Disconnecting(_));
+        let mut attached = Attached {
+            local,
+            local_ready: Ready {
+                readable: true,
+                writable: true,
+            },
+            watch_kept: kept.is_some(),
+            kept,
+            kept_ready: Ready::default(),
+            awaiting_confirm: None,
+            local_eof: false,
+            local_shut: false,
+            sent: 0,
+            received: 0,
+            on_event,
+            on_bytes,
+        };
+        if !alive {
+            // Gone before the attach. Without CONFIRM neither side moved: relay over TCP.
+            match (gate, attached.kept.take()) {
+                (Gate::Confirm | Gate::Claim, Some(kept)) => {
+                    (attached.on_event)(Event::Decided(Path::Tcp));
+                    self.app = App::Relay(Relay::new(attached.local, kept), attached.on_event);
+                }
+                (_, kept) => {
+                    (attached.on_event)(Event::Decided(Path::Broken));
+                    fd::shutdown_quietly(attached.local.as_fd(), Shutdown::Both);
+                    if let Some(k) = kept {
+                        fd::reset(k.as_fd());
+                        fds.closing.push(k);
+                    }
+                    (attached.on_event)(Event::Ended(End {
+                        path: Path::Broken,
+                        sent: 0,
+                        received: 0,
+                        error: Some(String::from("the connection ended before it was attached")),
+                    }));
+                    fds.closing.push(Arc::new(attached.local));
+                    self.app = App::Done;
+                }
+            }
+            return;
+        }
+        match gate {
+            Gate::Open | Gate::Confirm => {
+                if gate == Gate::Confirm
+                    && let Some(r) = &mut self.rdma
+                {
+                    r.control(ControlKind::Confirm);
+                }
+                (attached.on_event)(Event::Decided(Path::Rdma));
+            }
+            Gate::Claim => {
+                if let Some(r) = &mut self.rdma {
+                    r.control(ControlKind::Claim);
+                }
+                attached.awaiting_confirm = Some(now + config.claim_timeout);
+            }
+        }
+        self.app = App::Stream(attached);
+    }
+
+    /// The local fd became ready.
+    pub(super) fn local_event(&mut self, readable: bool, writable: bool) {
+        match &mut self.app {
+            App::Stream(a) => {
+                a.local_ready.readable |= readable;
+                a.local_ready.writable |= writable;
+            }
+            App::Relay(r, _) => {
+                r.local_ready.readable |= readable;
+                r.local_ready.writable |= writable;
+            }
+            App::Unattached | App::Done => {}
+        }
+    }
+
+    /// The kept TCP socket became ready.
+    pub(super) fn kept_event(&mut self, readable: bool, writable: bool, fds: &mut Fds) {
+        match &mut self.app {
+            App::Stream(a) => {
+                a.kept_ready.readable |= readable;
+                a.kept_ready.writable |= writable;
+                if !a.watch_kept || !readable {
+                    return;
+                }
+                let Some(kept) = &a.kept else { return };
+                match fd::peek(kept) {
+                    fd::Peeked::Nothing => {}
+                    // A peer that finished closes its TCP socket while its last bytes may
+                    // still be on the stream: a FIN only ends the watch.
+                    fd::Peeked::Fin => {
+                        a.watch_kept = false;
+                        fds.unwatch_kept = true;
+                    }
+                    fd::Peeked::Bytes => {
+                        if a.awaiting_confirm.is_some() {
+                            // The client stayed on TCP and already speaks there.
+                            self.relay_instead(fds);
+                        } else {
+                            self.fail("bytes arrived on the kept TCP connection".into(), fds);
+                        }
+                    }
+                    fd::Peeked::Failed(e) => {
+                        self.fail(format!("the kept TCP connection failed: {e}"), fds);
+                    }
+                }
+            }
+            App::Relay(r, _) => {
+                r.far_ready.readable |= readable;
+                r.far_ready.writable |= writable;
+            }
+            App::Unattached | App::Done => {}
+        }
+    }
+
+    /// Gives up the stream of a [`Gate::Claim`] connection still waiting for CONFIRM: the
+    /// client stayed on TCP, so the local side is relayed over the kept socket.
+    fn relay_instead(&mut self, fds: &mut Fds) {
+        let App::Stream(a) = std::mem::replace(&mut self.app, App::Done) else {
+            return;
+        };
+        let Attached {
+            local,
+            kept,
+            mut on_event,
+            ..
+        } = a;
+        match kept {
+            Some(kept) => {
+                on_event(Event::Decided(Path::Tcp));
+                self.app = App::Relay(Relay::new(local, kept), on_event);
+            }
+            None => {
+                on_event(Event::Decided(Path::Broken));
+                fd::shutdown_quietly(local.as_fd(), Shutdown::Both);
+                fds.closing.push(Arc::new(local));
+                on_event(Event::Ended(End {
+                    path: Path::Broken,
+                    sent: 0,
+                    received: 0,
+                    error: Some(String::from(
+                        "no CONFIRM and no TCP connection to fall back on",
+                    )),
+                }));
+            }
+        }
+        self.error
+            .get_or_insert_with(|| String::from("the peer stayed on TCP"));
+    }
+
+    /// The stream failed: the local side is shut down and a kept socket reset (the peer's
+    /// TCP then fails too); the CM side is torn down by the loop.
+    pub(super) fn fail(&mut self, why: String, fds: &mut Fds) {
+        if let App::Stream(a) = &self.app
+            && a.awaiting_confirm.is_some()
+        {
+            let broken = a
+                .kept
+                .as_ref()
+                .is_some_and(|k| matches!(fd::peek(k), fd::Peeked::Failed(_)));
+            if !broken {
+                // No CONFIRM yet: the client either gave up or never will; it is on TCP.
+                self.relay_instead(fds);
+                return;
+            }
+        }
+        if self.error.is_none() {
+            self.error = Some(why.clone());
+        }
+        let app = std::mem::replace(&mut self.app, App::Done);
+        match app {
+            App::Stream(mut a) => {
+                if a.awaiting_confirm.is_some() {
+                    (a.on_event)(Event::Decided(Path::Broken));
+                }
+                fd::shutdown_quietly(a.local.as_fd(), Shutdown::Both);
+                if let Some(k) = a.kept.take() {
+                    fd::reset(k.as_fd());
+                    fds.closing.push(k);
+                }
+                let path = if a.awaiting_confirm.is_some() {
+                    Path::Broken
+                } else {
+                    Path::Rdma
+                };
+                (a.on_event)(Event::Ended(End {
+                    path,
+                    sent: a.sent,
+                    received: a.received,
+                    error: Some(why),
+                }));
+                fds.closing.push(Arc::new(a.local));
+            }
+            other => self.app = other,
+        }
+    }
+
+    /// Moves bytes and advances the state after any event. `draining`: the process exits.
+    pub(super) fn progress(
+        &mut self,
+        now: Instant,
+        config: &EngineConfig,
+        draining: bool,
+        fds: &mut Fds,
+    ) {
+        self.step_relay(draining, fds);
+        if !self.stream_usable() {
+            return;
+        }
+        match self.step_stream(now, draining) {
+            Ok(true) => self.finish_stream(fds),
+            Ok(false) => {}
+            Err(why) => {
+                self.fail(why, fds);
+                return;
+            }
+        }
+        if let Some(rdma) = &mut self.rdma {
+            rdma.probe_if_idle(now, config.keepalive);
+        }
+    }
+
+    fn step_relay(&mut self, draining: bool, fds: &mut Fds) {
+        let App::Relay(relay, on_event) = &mut self.app else {
+            return;
+        };
+        let error = match relay.step(draining) {
+            Step::Idle => return,
+            Step::Finished => None,
+            Step::Failed(e) => Some(e.to_string()),
+        };
+        let (sent, received) = relay.moved();
+        on_event(Event::Ended(End {
+            path: Path::Tcp,
+            sent,
+            received,
+            error,
+        }));
+        if let App::Relay(relay, _) = std::mem::replace(&mut self.app, App::Done) {
+            fds.closing.push(Arc::new(relay.local));
+            fds.closing.push(relay.far);
+        }
+    }
+
+    /// One round of the stream: Ok(true) when both directions finished.
+    fn step_stream(&mut self, now: Instant, draining: bool) -> Result<bool, String> {
+        let StreamConn {
+            rdma, app, shared, ..
+        } = self;
+        let Some(rdma) = rdma.as_mut() else {
+            return Ok(false);
+        };
+        rdma.poll(now)?;
+        if rdma.claim_seen {
+            shared.claimed();
+        }
+        let App::Stream(a) = app else {
+            rdma.credit_if_due();
+            return Ok(false);
+        };
+        if a.awaiting_confirm.is_some() {
+            if !rdma.confirm_seen {
+                rdma.credit_if_due();
+                return Ok(false);
+            }
+            a.awaiting_confirm = None;
+            (a.on_event)(Event::Decided(Path::Rdma));
+        }
+        pump(rdma, a, draining).map_err(|e| format!("local side: {e}"))?;
+        Ok(rdma.fin_done() && rdma.peer_fin && a.local_shut && !rdma.has_pending())
+    }
+
+    /// Both directions finished: the local side is closed and the end reported; the loop
+    /// disconnects.
+    fn finish_stream(&mut self, fds: &mut Fds) {
+        let App::Stream(a) = std::mem::replace(&mut self.app, App::Done) else {
+            return;
+        };
+        let Attached {
+            local,
+            kept,
+            mut on_event,
+            sent,
+            received,
+            ..
+        } = a;
+        on_event(Event::Ended(End {
+            path: Path::Rdma,
+            sent,
+            received,
+            error: None,
+        }));
+        fds.closing.push(Arc::new(local));
+        if let Some(k) = kept {
+            fds.closing.push(k);
+        }
+    }
+
+    /// The stream's graceful end: both directions done, nothing attached any more.
+    pub(super) fn stream_done(&self) -> bool {
+        matches!(self.app, App::Done) && self.error.is_none()
+    }
+
+    /// True while the local side still has bytes of the app to deliver (the exit flush).
+    pub(super) fn unflushed(&self) -> bool {
+        match &self.app {
+            App::Stream(_) => {
+                !self.rdma.as_ref().is_some_and(Rdma::fin_done) && self.error.is_none()
+            }
+            App::Relay(r, _) => r.unflushed(),
+            App::Unattached | App::Done => false,
+        }
+    }
+
+    /// The earliest moment something must happen without an event.
+    pub(super) fn next_deadline(&self, config: &EngineConfig) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut at = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        at(self.unattached_deadline);
+        match self.cm {
+            CmPhase::Deciding(t) | CmPhase::Disconnecting(t) => at(Some(t)),
+            _ => {}
+        }
+        if let App::Stream(a) = &self.app {
+            at(a.awaiting_confirm);
+            if self.stream_usable() {
+                at(self
+                    .rdma
+                    .as_ref()
+                    .and_then(|r| r.probe_due(config.keepalive)));
+            }
+        }
+        next
+    }
+}
+
+/// The stream's pump: what arrived to the local side, the local side's bytes to the peer, the
+/// half-closes and the credits.
+fn pump(rdma: &mut Rdma, a: &mut Attached, draining: bool) -> io::Result<()> {
+    let received = rdma.deliver_to(&a.local, &mut a.local_ready)?;
+    if rdma.peer_fin && !rdma.has_pending() && !a.local_shut {
+        fd::shutdown_quietly(a.local.as_fd(), Shutdown::Write);
+        a.local_shut = true;
+    }
+    rdma.credit_if_due();
+    let mut sent = 0;
+    if !a.local_eof {
+        let (eof, moved) = rdma.send_from(&a.local, &mut a.local_ready, draining)?;
+        sent = moved;
+        a.local_eof = eof;
+    }
+    a.sent += sent;
+    a.received += received;
+    if (sent > 0 || received > 0)
+        && let Some(count) = a.on_bytes
+    {
+        count(sent, received);
+    }
+    if a.local_eof && !rdma.fin_queued() {
+        rdma.control(ControlKind::Fin);
+    }
+    Ok(())
+}

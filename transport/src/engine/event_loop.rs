@@ -1,0 +1,881 @@
+//! The engine thread: one `epoll` over the CM channel, each device's completion channel, the
+//! command eventfd and every attached connection's fds; commands, CM events, completions and
+//! timers are handled in turn, then every connection that saw something makes progress.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+
+use super::conn::{App, CmPhase, Fds, Rdma, SetupError, StreamConn};
+use super::shared::{ConnShared, ConnectError, RejectedBy};
+use super::{Acceptor, Attach, Command, Conn, Decision, EngineError, Inner, Request};
+use crate::rdma::{CmId, ConnSettings, Context, Device, EventChannel, EventKind, Lib};
+use crate::wire::{Kind, PrivateData, RingInfo, TransportReject};
+
+const KEY_WAKE: u64 = u64::MAX;
+const KEY_CM: u64 = u64::MAX - 1;
+/// Device `i` has key `KEY_DEVICE - i`.
+const KEY_DEVICE: u64 = u64::MAX - 2;
+const SUB_LOCAL: u64 = 1;
+const SUB_KEPT: u64 = 2;
+/// Retries of the transport and of receiver-not-ready (7: forever).
+const RETRIES: u8 = 7;
+
+struct ListenerEntry {
+    id: CmId,
+    acceptor: Arc<dyn Acceptor>,
+}
+
+struct Loop {
+    lib: &'static Lib,
+    inner: Arc<Inner>,
+    epoll: Epoll,
+    channel: EventChannel,
+    devices: Vec<Device>,
+    conns: HashMap<u64, StreamConn>,
+    /// What an active connection sends with its connect: payload and resolve timeout (ms).
+    connecting: HashMap<u64, (Vec<u8>, i32)>,
+    listeners: HashMap<u64, ListenerEntry>,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    dirty: Vec<u64>,
+    draining: bool,
+}
+
+fn setup_error(what: &'static str) -> impl FnOnce(io::Error) -> EngineError {
+    move |source| EngineError::Setup { what, source }
+}
+
+fn nix_io(e: nix::Error) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+/// The engine thread's body.
+pub(super) fn run(
+    lib: &'static Lib,
+    inner: Arc<Inner>,
+    ready: std::sync::mpsc::SyncSender<Result<(), EngineError>>,
+) {
+    if let Some(start) = &inner.config.on_thread_start {
+        start();
+    }
+    let setup = (|| {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+            .map_err(nix_io)
+            .map_err(setup_error("epoll"))?;
+        let channel = EventChannel::new(lib).map_err(setup_error("the rdma_cm event channel"))?;
+        epoll
+            .add(
+                inner.wake.as_fd(),
+                EpollEvent::new(EpollFlags::EPOLLIN, KEY_WAKE),
+            )
+            .map_err(nix_io)
+            .map_err(setup_error("epoll_ctl"))?;
+        epoll
+            .add(channel.fd(), EpollEvent::new(EpollFlags::EPOLLIN, KEY_CM))
+            .map_err(nix_io)
+            .map_err(setup_error("epoll_ctl"))?;
+        if let Some(observe) = &inner.config.fd_observer {
+            observe(epoll.0.as_raw_fd());
+            observe(channel.fd().as_raw_fd());
+        }
+        Ok((epoll, channel))
+    })();
+    let (epoll, channel) = match setup {
+        Ok(v) => v,
+        Err(e) => {
+            inner.stopped.store(true, Ordering::Release);
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    let mut l = Loop {
+        lib,
+        inner,
+        epoll,
+        channel,
+        devices: Vec::new(),
+        conns: HashMap::new(),
+        connecting: HashMap::new(),
+        listeners: HashMap::new(),
+        timers: BinaryHeap::new(),
+        dirty: Vec::new(),
+        draining: false,
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.serve()));
+    // A panic must not leave waiters hanging: every handle fails fast from now on.
+    l.inner.stopped.store(true, Ordering::Release);
+    for conn in l.conns.values() {
+        conn.shared.fail(ConnectError::EngineGone);
+    }
+    if result.is_err() {
+        l.inner.unflushed.store(0, Ordering::Release);
+    }
+}
+
+impl Loop {
+    fn serve(&mut self) {
+        let mut events = vec![EpollEvent::empty(); 256];
+        loop {
+            let timeout = self.timeout();
+            let n = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(nix::Error::EINTR) => 0,
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    0
+                }
+            };
+            let mut cm_ready = false;
+            let mut devices_ready: Vec<usize> = Vec::new();
+            for ev in events.iter().take(n) {
+                let key = ev.data();
+                let flags = ev.events();
+                match key {
+                    KEY_WAKE => {
+                        let _ = self.inner.wake.read();
+                    }
+                    KEY_CM => cm_ready = true,
+                    k if k <= KEY_DEVICE && k > KEY_DEVICE - 1024 => {
+                        devices_ready.push((KEY_DEVICE - k) as usize);
+                    }
+                    k => self.fd_event(k, flags),
+                }
+            }
+            self.commands();
+            if cm_ready {
+                self.cm_events();
+            }
+            for dev in devices_ready {
+                self.cq_events(dev);
+            }
+            if !self.draining && self.inner.draining.load(Ordering::Acquire) {
+                self.draining = true;
+                self.dirty.extend(self.conns.keys().copied());
+            }
+            self.timers_due();
+            self.settle_dirty();
+            if self.draining {
+                let n = self.conns.values().filter(|c| c.unflushed()).count();
+                self.inner.unflushed.store(n, Ordering::Release);
+            }
+            self.inner
+                .connections
+                .store(self.conns.len(), Ordering::Release);
+        }
+    }
+
+    fn timeout(&mut self) -> EpollTimeout {
+        let now = Instant::now();
+        while let Some(Reverse((at, token))) = self.timers.peek().copied() {
+            if !self.conns.contains_key(&token) {
+                self.timers.pop();
+                continue;
+            }
+            let left = at.saturating_duration_since(now);
+            let ms = u16::try_from(left.as_millis().saturating_add(1)).unwrap_or(u16::MAX);
+            return EpollTimeout::from(ms.min(60_000));
+        }
+        EpollTimeout::from(60_000u16)
+    }
+
+    fn fd_event(&mut self, key: u64, flags: EpollFlags) {
+        let token = key >> 2;
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let err = flags.intersects(EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP);
+        let readable = err || flags.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP);
+        let writable = err || flags.contains(EpollFlags::EPOLLOUT);
+        let mut fds = Fds::default();
+        match key & 3 {
+            SUB_LOCAL => conn.local_event(readable, writable),
+            SUB_KEPT => {
+                conn.kept_event(readable, writable, &mut fds);
+                if fds.unwatch_kept
+                    && let App::Stream(a) = &conn.app
+                    && let Some(kept) = &a.kept
+                {
+                    let _ = self.epoll.delete(kept);
+                }
+            }
+            _ => {}
+        }
+        self.apply(fds);
+        self.dirty.push(token);
+    }
+
+    /// Closes what a transition gave up (out of epoll first).
+    fn apply(&mut self, fds: Fds) {
+        for fd in fds.closing {
+            let _ = self.epoll.delete(&fd);
+            drop(fd);
+        }
+    }
+
+    fn commands(&mut self) {
+        loop {
+            let next = self
+                .inner
+                .commands
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop_front();
+            let Some(command) = next else { return };
+            match command {
+                Command::Connect {
+                    token,
+                    request,
+                    shared,
+                } => self.connect(token, request, shared),
+                Command::Listen {
+                    token,
+                    addr,
+                    only_v6,
+                    backlog,
+                    acceptor,
+                    reply,
+                } => {
+                    let result = self.listen(token, addr, only_v6, backlog, acceptor);
+                    let _ = reply.send(result);
+                }
+                Command::CloseListener { token } => {
+                    if let Some(l) = self.listeners.remove(&token) {
+                        l.id.destroy();
+                    }
+                }
+                Command::Attach {
+                    token,
+                    local,
+                    attach,
+                } => self.attach(token, local, attach),
+                Command::Abort { token } => {
+                    if let Some(conn) = self.conns.get_mut(&token) {
+                        let mut fds = Fds::default();
+                        if matches!(conn.app, App::Stream(_)) {
+                            conn.fail(String::from("aborted"), &mut fds);
+                        } else if conn.error.is_none() {
+                            conn.error = Some(String::from("aborted"));
+                        }
+                        self.apply(fds);
+                        self.dirty.push(token);
+                    }
+                }
+                Command::Decide {
+                    token,
+                    accept,
+                    payload,
+                } => self.decide(token, accept, &payload),
+            }
+        }
+    }
+
+    fn connect(&mut self, token: u64, request: super::ConnectRequest, shared: Arc<ConnShared>) {
+        let id = match self.channel.create_id(token, self.inner.config.port_space) {
+            Ok(id) => id,
+            Err(e) => {
+                shared.fail(ConnectError::Local {
+                    what: "rdma_create_id",
+                    error: e.to_string(),
+                });
+                return;
+            }
+        };
+        // Older kernels lack the option: their default timeout applies.
+        let _ = id.set_ack_timeout(self.inner.config.ack_timeout);
+        let ms = i32::try_from(request.resolve_timeout.as_millis())
+            .unwrap_or(i32::MAX)
+            .max(1);
+        if let Err(e) = id.resolve_addr(request.src, request.dst, ms) {
+            shared.fail(ConnectError::Unreachable {
+                what: "rdma_resolve_addr",
+                status: e.raw_os_error().unwrap_or(0),
+            });
+            id.destroy();
+            return;
+        }
+        self.connecting.insert(token, (request.payload, ms));
+        self.conns
+            .insert(token, StreamConn::new(shared, Some(id), CmPhase::Resolving));
+    }
+
+    fn listen(
+        &mut self,
+        token: u64,
+        addr: SocketAddr,
+        only_v6: Option<bool>,
+        backlog: i32,
+        acceptor: Arc<dyn Acceptor>,
+    ) -> io::Result<()> {
+        let id = self
+            .channel
+            .create_id(token, self.inner.config.port_space)?;
+        let result = (|| {
+            if addr.is_ipv6()
+                && let Some(on) = only_v6
+            {
+                id.set_af_only(on)?;
+            }
+            id.bind(addr)?;
+            id.listen(backlog)
+        })();
+        match result {
+            Ok(()) => {
+                self.listeners.insert(token, ListenerEntry { id, acceptor });
+                Ok(())
+            }
+            Err(e) => {
+                id.destroy();
+                Err(e)
+            }
+        }
+    }
+
+    fn attach(&mut self, token: u64, local: OwnedFd, attach: Attach) {
+        let now = Instant::now();
+        let mut fds = Fds::default();
+        let conn = self.conns.entry(token).or_insert_with(|| {
+            // Gone already: a local side with no stream (relayed or broken by the gate).
+            let mut c = StreamConn::new(
+                Arc::new(ConnShared::connecting(None)),
+                None,
+                CmPhase::Established,
+            );
+            c.error = Some(String::from("closed"));
+            c
+        });
+        conn.attach(local, attach, &self.inner.config, now, &mut fds);
+        let flags = EpollFlags::EPOLLIN
+            | EpollFlags::EPOLLOUT
+            | EpollFlags::EPOLLRDHUP
+            | EpollFlags::EPOLLET;
+        let (local, far) = match &conn.app {
+            App::Stream(a) => (Some(&a.local), a.kept.as_ref()),
+            App::Relay(r, _) => (Some(&r.local), Some(&r.far)),
+            _ => (None, None),
+        };
+        if let Some(fd) = local {
+            let _ = self
+                .epoll
+                .add(fd, EpollEvent::new(flags, (token << 2) | SUB_LOCAL));
+        }
+        if let Some(fd) = far {
+            let _ = self
+                .epoll
+                .add(fd, EpollEvent::new(flags, (token << 2) | SUB_KEPT));
+        }
+        self.apply(fds);
+        self.dirty.push(token);
+    }
+
+    fn decide(&mut self, token: u64, accept: bool, payload: &[u8]) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if !matches!(conn.cm, CmPhase::Deciding(_)) {
+            return;
+        }
+        if accept {
+            self.accept(token, payload);
+        } else {
+            let data = PrivateData::encode(Kind::Reject, RingInfo::default(), payload);
+            if let Some(id) = conn.id {
+                let _ = id.reject(&data);
+            }
+            conn.error = Some(String::from("rejected"));
+            self.destroy(token);
+        }
+        self.dirty.push(token);
+    }
+
+    fn accept(&mut self, token: u64, payload: &[u8]) {
+        let now = Instant::now();
+        let timeout = self.inner.config.unattached_timeout;
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let (Some(id), Some(rdma)) = (conn.id, conn.rdma.as_mut()) else {
+            return;
+        };
+        let data = PrivateData::encode(Kind::Accept, rdma.ring_info(), payload);
+        let settings = ConnSettings {
+            private_data: &data,
+            retry_count: RETRIES,
+            rnr_retry_count: RETRIES,
+        };
+        match id.accept(&settings) {
+            Ok(()) => {
+                rdma.ready = true;
+                rdma.last_rx = now;
+                conn.cm = CmPhase::Accepted;
+                conn.shared.established(Vec::new());
+                if matches!(conn.app, App::Unattached) {
+                    conn.unattached_deadline = Some(now + timeout);
+                }
+            }
+            Err(e) => {
+                conn.error = Some(format!("rdma_accept: {e}"));
+                self.destroy(token);
+            }
+        }
+    }
+
+    fn device_for(&mut self, ctx: Option<Context>) -> io::Result<usize> {
+        let Some(ctx) = ctx else {
+            return Err(io::Error::other("the id has no device"));
+        };
+        if let Some(i) = self.devices.iter().position(|d| d.context() == ctx) {
+            return Ok(i);
+        }
+        let dev = Device::open(self.lib, ctx)?;
+        let i = self.devices.len();
+        self.epoll
+            .add(
+                dev.channel_fd(),
+                EpollEvent::new(EpollFlags::EPOLLIN, KEY_DEVICE - i as u64),
+            )
+            .map_err(nix_io)?;
+        if let Some(observe) = &self.inner.config.fd_observer {
+            observe(dev.channel_fd().as_raw_fd());
+            for fd in ctx.fds() {
+                if fd >= 0 {
+                    observe(fd);
+                }
+            }
+        }
+        self.devices.push(dev);
+        Ok(i)
+    }
+
+    fn setup(&mut self, id: CmId, token: u64) -> Result<Rdma, SetupError> {
+        let dev = self
+            .device_for(id.verbs())
+            .map_err(|e| SetupError::Local("opening the device", e))?;
+        let device = &self.devices[dev];
+        Rdma::new(
+            &self.inner.config,
+            &self.inner.budget,
+            device,
+            id,
+            token,
+            Instant::now(),
+        )
+    }
+
+    fn cm_events(&mut self) {
+        loop {
+            let ev = match self.channel.next_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) | Err(_) => return,
+            };
+            let kind = ev.kind();
+            let status = ev.status();
+            let id = ev.id();
+            let listen_id = ev.listen_id();
+            let data = ev.private_data();
+            // Acked before anything else happens to the id: rdma_destroy_id waits for that.
+            drop(ev);
+            if kind == EventKind::ConnectRequest {
+                self.incoming(listen_id.map(|l| l.token()), id, &data);
+                continue;
+            }
+            let token = id.token();
+            if self.listeners.contains_key(&token) {
+                if kind == EventKind::DeviceRemoval
+                    && let Some(l) = self.listeners.remove(&token)
+                {
+                    l.id.destroy();
+                }
+                continue;
+            }
+            self.conn_event(token, kind, status, &data);
+        }
+    }
+
+    fn incoming(&mut self, listener: Option<u64>, id: CmId, data: &[u8]) {
+        let refuse = |id: CmId, why: TransportReject| {
+            let _ = id.reject(&why.encode());
+            id.destroy();
+        };
+        let Some(acceptor) = listener
+            .and_then(|t| self.listeners.get(&t))
+            .map(|l| Arc::clone(&l.acceptor))
+        else {
+            refuse(id, TransportReject::NoListener);
+            return;
+        };
+        let request = match PrivateData::decode(data, Kind::Connect) {
+            Ok(r) => r,
+            Err(_) => {
+                refuse(id, TransportReject::BadRequest);
+                return;
+            }
+        };
+        if id.verbs().is_some_and(Context::is_iwarp) {
+            refuse(id, TransportReject::Resources);
+            return;
+        }
+        let token = self.inner.token();
+        id.set_token(token);
+        let mut rdma = match self.setup(id, token) {
+            Ok(r) => r,
+            Err(e) => {
+                if let SetupError::Local(..) = e {
+                    id.destroy_qp();
+                }
+                refuse(
+                    id,
+                    match e {
+                        SetupError::Memlock => TransportReject::Memlock,
+                        SetupError::Local(..) => TransportReject::Resources,
+                    },
+                );
+                return;
+            }
+        };
+        rdma.set_peer(request.ring);
+        let shared = Arc::new(ConnShared::connecting(id.peer_addr()));
+        let mut conn = StreamConn::new(Arc::clone(&shared), Some(id), CmPhase::Accepted);
+        conn.rdma = Some(rdma);
+        self.conns.insert(token, conn);
+        let handle = Conn {
+            inner: Arc::clone(&self.inner),
+            token,
+            shared,
+        };
+        let decision = acceptor.on_request(Request {
+            local: id.local_addr(),
+            peer: id.peer_addr(),
+            payload: &request.payload,
+            conn: handle,
+        });
+        match decision {
+            Decision::Accept(payload) => self.accept(token, &payload),
+            Decision::Reject(payload) => {
+                let data = PrivateData::encode(Kind::Reject, RingInfo::default(), &payload);
+                let _ = id.reject(&data);
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.error = Some(String::from("rejected"));
+                }
+                self.destroy(token);
+            }
+            Decision::Defer => {
+                let deadline = Instant::now() + self.inner.config.unattached_timeout;
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.cm = CmPhase::Deciding(deadline);
+                }
+            }
+        }
+        self.dirty.push(token);
+    }
+
+    fn conn_event(&mut self, token: u64, kind: EventKind, status: i32, data: &[u8]) {
+        let now = Instant::now();
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let Some(id) = conn.id else { return };
+        let fail_connect = |conn: &mut StreamConn, e: ConnectError| {
+            conn.error = Some(e.to_string());
+            conn.shared.fail(e);
+        };
+        match kind {
+            EventKind::AddrResolved if conn.cm == CmPhase::Resolving => {
+                if id.verbs().is_some_and(Context::is_iwarp) {
+                    fail_connect(conn, ConnectError::Iwarp);
+                } else {
+                    let ms = self.connecting.get(&token).map_or(1000, |c| c.1);
+                    if let Err(e) = id.resolve_route(ms) {
+                        fail_connect(
+                            conn,
+                            ConnectError::Unreachable {
+                                what: "rdma_resolve_route",
+                                status: e.raw_os_error().unwrap_or(0),
+                            },
+                        );
+                    }
+                }
+            }
+            EventKind::RouteResolved if conn.cm == CmPhase::Resolving => {
+                let payload = self
+                    .connecting
+                    .remove(&token)
+                    .map(|c| c.0)
+                    .unwrap_or_default();
+                match self.setup(id, token) {
+                    Ok(rdma) => {
+                        let data = PrivateData::encode(Kind::Connect, rdma.ring_info(), &payload);
+                        let settings = ConnSettings {
+                            private_data: &data,
+                            retry_count: RETRIES,
+                            rnr_retry_count: RETRIES,
+                        };
+                        let conn = self.conns.get_mut(&token).unwrap_or_else(|| unreachable!());
+                        conn.rdma = Some(rdma);
+                        match id.connect(&settings) {
+                            Ok(()) => conn.cm = CmPhase::Connecting,
+                            Err(e) => fail_connect(
+                                conn,
+                                ConnectError::Local {
+                                    what: "rdma_connect",
+                                    error: e.to_string(),
+                                },
+                            ),
+                        }
+                    }
+                    Err(e) => {
+                        let conn = self.conns.get_mut(&token).unwrap_or_else(|| unreachable!());
+                        fail_connect(
+                            conn,
+                            match e {
+                                SetupError::Memlock => ConnectError::Memlock,
+                                SetupError::Local(what, error) => ConnectError::Local {
+                                    what,
+                                    error: error.to_string(),
+                                },
+                            },
+                        );
+                    }
+                }
+            }
+            EventKind::AddrError
+            | EventKind::RouteError
+            | EventKind::Unreachable
+            | EventKind::ConnectError => {
+                let what = match kind {
+                    EventKind::AddrError => "address resolution",
+                    EventKind::RouteError => "route resolution",
+                    EventKind::Unreachable => "connect (unreachable)",
+                    _ => "connect",
+                };
+                if conn.error.is_none() {
+                    fail_connect(conn, ConnectError::Unreachable { what, status });
+                }
+            }
+            EventKind::Rejected => {
+                let by = match PrivateData::decode(data, Kind::Reject) {
+                    Ok(r) if r.ring.rkey != 0 => RejectedBy::Transport(r.ring.rkey),
+                    Ok(r) => RejectedBy::App(r.payload),
+                    Err(_) => RejectedBy::Foreign { status },
+                };
+                fail_connect(conn, ConnectError::Rejected(by));
+            }
+            EventKind::Established => match conn.cm {
+                CmPhase::Connecting => match PrivateData::decode(data, Kind::Accept) {
+                    Ok(accept) => {
+                        if let Some(rdma) = conn.rdma.as_mut() {
+                            rdma.set_peer(accept.ring);
+                            rdma.ready = true;
+                            rdma.last_rx = now;
+                        }
+                        conn.cm = CmPhase::Established;
+                        conn.shared.set_peer(id.peer_addr());
+                        conn.shared.established(accept.payload);
+                        conn.unattached_deadline = Some(now + self.inner.config.unattached_timeout);
+                    }
+                    Err(bad) => fail_connect(conn, ConnectError::NotOurPeer(bad)),
+                },
+                CmPhase::Accepted => {
+                    conn.cm = CmPhase::Established;
+                    if let Some(rdma) = conn.rdma.as_mut() {
+                        rdma.last_rx = now;
+                    }
+                }
+                _ => {}
+            },
+            EventKind::Disconnected => {
+                conn.peer_gone = true;
+                if matches!(conn.cm, CmPhase::Disconnecting(_)) {
+                    self.destroy(token);
+                } else if conn.cm != CmPhase::Established && conn.error.is_none() {
+                    conn.error = Some(String::from("disconnected before it was established"));
+                    conn.shared.fail(ConnectError::Closed);
+                }
+            }
+            EventKind::DeviceRemoval => {
+                let mut fds = Fds::default();
+                conn.fail(String::from("the RDMA device was removed"), &mut fds);
+                self.apply(fds);
+            }
+            _ => {}
+        }
+        self.dirty.push(token);
+    }
+
+    fn cq_events(&mut self, dev: usize) {
+        let Some(device) = self.devices.get(dev) else {
+            return;
+        };
+        loop {
+            match device.next_cq_event() {
+                Ok(Some(token)) => {
+                    if let Some(rdma) = self.conns.get_mut(&token).and_then(|c| c.rdma.as_mut()) {
+                        rdma.note_cq_event();
+                    }
+                    self.dirty.push(token);
+                }
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
+    fn timers_due(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((at, token))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(conn) = self.conns.get_mut(&token) else {
+                continue;
+            };
+            let mut fds = Fds::default();
+            if conn.unattached_deadline.is_some_and(|t| t <= now)
+                && matches!(conn.app, App::Unattached)
+            {
+                conn.unattached_deadline = None;
+                conn.error
+                    .get_or_insert_with(|| String::from("not attached in time"));
+            }
+            match conn.cm {
+                CmPhase::Deciding(t) if t <= now => {
+                    if let Some(id) = conn.id {
+                        let _ = id.reject(&TransportReject::Timeout.encode());
+                    }
+                    conn.error = Some(String::from("no decision in time"));
+                    self.destroy(token);
+                    self.dirty.push(token);
+                    continue;
+                }
+                CmPhase::Disconnecting(t) if t <= now => {
+                    self.destroy(token);
+                    self.dirty.push(token);
+                    continue;
+                }
+                _ => {}
+            }
+            if let App::Stream(a) = &conn.app
+                && a.awaiting_confirm.is_some_and(|t| t <= now)
+            {
+                conn.fail(String::from("no CONFIRM in time"), &mut fds);
+            }
+            self.apply(fds);
+            self.dirty.push(token);
+        }
+    }
+
+    fn settle_dirty(&mut self) {
+        let now = Instant::now();
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for token in dirty.iter().copied() {
+            self.settle(token, now);
+        }
+        dirty.clear();
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
+        }
+    }
+
+    /// Progress, then the CM teardown a connection's state calls for, then its timer.
+    fn settle(&mut self, token: u64, now: Instant) {
+        let config = &self.inner.config;
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let mut fds = Fds::default();
+        conn.progress(now, config, self.draining, &mut fds);
+        if conn.peer_gone
+            && conn.error.is_none()
+            && matches!(conn.app, App::Stream(_) | App::Unattached)
+            && !conn
+                .rdma
+                .as_ref()
+                .is_some_and(|r| r.peer_fin && r.fin_queued())
+        {
+            let state = conn.rdma.as_ref().map(Rdma::describe).unwrap_or_default();
+            conn.fail(format!("the peer disconnected ({state})"), &mut fds);
+        }
+        let stream_over = conn.error.is_some()
+            || conn.stream_done()
+            || matches!(conn.app, App::Relay(..))
+            || conn.peer_gone;
+        let teardown =
+            stream_over && conn.id.is_some() && !matches!(conn.cm, CmPhase::Disconnecting(_));
+        self.apply(fds);
+        if teardown {
+            self.disconnect(token, now);
+        }
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if conn.finished() {
+            conn.shared.closed();
+            self.conns.remove(&token);
+            self.connecting.remove(&token);
+            return;
+        }
+        if let Some(at) = conn.next_deadline(&self.inner.config) {
+            self.timers.push(Reverse((at, token)));
+        }
+    }
+
+    /// Starts the CM teardown: a connected id disconnects (destroyed at DISCONNECTED or after
+    /// the timeout), any other is destroyed now.
+    fn disconnect(&mut self, token: u64, now: Instant) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let Some(id) = conn.id else { return };
+        if !conn.shared.is_alive() || conn.error.is_some() {
+            conn.shared.closed();
+        }
+        match conn.cm {
+            CmPhase::Accepted | CmPhase::Established if !conn.peer_gone => {
+                if id.disconnect().is_ok() {
+                    conn.cm = CmPhase::Disconnecting(now + self.inner.config.disconnect_timeout);
+                } else {
+                    self.destroy(token);
+                }
+            }
+            CmPhase::Connecting => {
+                // A connect in flight: destroying the id cancels it.
+                self.destroy(token);
+            }
+            _ => {
+                let _ = id.disconnect();
+                self.destroy(token);
+            }
+        }
+    }
+
+    /// Releases the verbs resources and destroys the id.
+    fn destroy(&mut self, token: u64) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if let Some(id) = conn.id.take() {
+            if conn.rdma.is_some() {
+                id.destroy_qp();
+            }
+            if let Some(rdma) = conn.rdma.take() {
+                self.inner.budget.release(rdma.pinned);
+                drop(rdma);
+            }
+            id.destroy();
+        } else if let Some(rdma) = conn.rdma.take() {
+            self.inner.budget.release(rdma.pinned);
+        }
+        if matches!(conn.app, App::Unattached) {
+            conn.shared.closed();
+        }
+    }
+}

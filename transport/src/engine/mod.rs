@@ -1,0 +1,571 @@
+//! The stream engine: RDMA streams over the connection manager and verbs, driven by one event
+//! loop thread per process.
+//!
+//! An [`Engine`] owns one thread that sleeps in `epoll_wait` on the CM event channel, each
+//! device's completion channel, a wake-up eventfd, and every attached connection's local fd
+//! (the app's socketpair end, or a TCP socket) and kept TCP socket. Every CM call, every verb
+//! and every byte moved happens on that thread; other threads talk to it through [`Conn`] and
+//! [`Listener`] handles (a command queue plus the eventfd) and wait on a connection's state.
+//!
+//! A connection is one RC queue pair with a receive ring the peer writes into and a send ring
+//! its own writes come from ([`crate::flow`] has the arithmetic, [`crate::wire`] the bytes).
+//! Its life: connect (or an incoming request the listener's [`Acceptor`] decides on), then
+//! [`Conn::attach`] to a local fd, which the engine pumps both ways until both sides finished
+//! (FIN each way, then a CM disconnect) or one failed (disconnect at once; the local fd is shut
+//! down and a kept TCP socket reset). A peer that vanishes is noticed by a zero-length RDMA
+//! WRITE after [`EngineConfig::keepalive`] of silence, which fails after the QP's retries.
+
+mod budget;
+mod conn;
+mod event_loop;
+mod relay;
+mod shared;
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+pub use budget::Budget;
+pub use shared::{ConnectError, RejectedBy, WaitError};
+
+use crate::rdma::{Lib, PortSpace};
+use shared::ConnShared;
+
+/// Tunables of an engine.
+#[derive(Clone)]
+pub struct EngineConfig {
+    /// Bytes of each ring (receive and send; a power of two, 4 KiB..16 MiB).
+    pub ring_bytes: usize,
+    /// Send queue depth.
+    pub send_queue: u32,
+    /// Posted receives.
+    pub recv_queue: u32,
+    /// Largest single RDMA write.
+    pub max_chunk: usize,
+    /// The QP's local ACK timeout exponent (4.096 us * 2^n per try; 7 tries).
+    pub ack_timeout: u8,
+    /// Silence after which a liveness probe is sent.
+    pub keepalive: Duration,
+    /// How long an established connection may wait for [`Conn::attach`] (and a deferred
+    /// request for its decision) before it is dropped.
+    pub unattached_timeout: Duration,
+    /// How long the accepting side of [`Gate::Claim`] waits for CONFIRM.
+    pub claim_timeout: Duration,
+    /// How long a disconnect waits for the CM's confirmation before the id is destroyed.
+    pub disconnect_timeout: Duration,
+    /// The rdma_cm port space of listeners and connects.
+    pub port_space: PortSpace,
+    /// Bytes the engine may pin (None: unlimited).
+    pub memlock_limit: Option<u64>,
+    /// Told every long-lived fd the engine or the RDMA libraries open (the shim protects them
+    /// from the app's `close()`).
+    pub fd_observer: Option<Arc<dyn Fn(RawFd) + Send + Sync>>,
+    /// Run first on the engine thread (the shim enters its re-entrancy guard there).
+    pub on_thread_start: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// The thread's name.
+    pub thread_name: String,
+}
+
+impl std::fmt::Debug for EngineConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineConfig")
+            .field("ring_bytes", &self.ring_bytes)
+            .field("send_queue", &self.send_queue)
+            .field("recv_queue", &self.recv_queue)
+            .field("max_chunk", &self.max_chunk)
+            .field("port_space", &self.port_space)
+            .field("memlock_limit", &self.memlock_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Default ring size: 256 KiB each way.
+pub const DEFAULT_RING: usize = 256 * 1024;
+/// Bytes of one control slot.
+const SLOT: usize = crate::wire::CONTROL_LEN;
+/// Queue pair and completion queue memory a provider may pin per connection, beyond the
+/// buffers (an estimate for the budget; mlx5 pins its queues, rxe does not).
+pub const QUEUE_ALLOWANCE: u64 = 64 * 1024;
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            ring_bytes: DEFAULT_RING,
+            send_queue: 64,
+            recv_queue: 64,
+            max_chunk: 64 * 1024,
+            ack_timeout: 16,
+            keepalive: Duration::from_secs(5),
+            unattached_timeout: Duration::from_secs(10),
+            claim_timeout: Duration::from_secs(10),
+            disconnect_timeout: Duration::from_secs(1),
+            port_space: PortSpace::Ib,
+            memlock_limit: None,
+            fd_observer: None,
+            on_thread_start: None,
+            thread_name: String::from("rdma-streams"),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The ring size actually used (a power of two in range).
+    pub fn ring(&self) -> usize {
+        self.ring_bytes
+            .clamp(
+                1 << crate::wire::MIN_RING_LOG,
+                1 << crate::wire::MAX_RING_LOG,
+            )
+            .next_power_of_two()
+    }
+
+    /// Bytes one connection registers: both rings and the control slots.
+    pub fn region_bytes(&self) -> usize {
+        2 * self.ring() + (self.recv_queue as usize + self.send_queue as usize) * SLOT
+    }
+
+    /// Bytes one connection pins, as the budget counts them: its region (rounded to pages)
+    /// and [`QUEUE_ALLOWANCE`].
+    pub fn pinned_per_connection(&self) -> u64 {
+        self.region_bytes().div_ceil(4096) as u64 * 4096 + QUEUE_ALLOWANCE
+    }
+}
+
+/// Why an engine could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// A kernel object (epoll, eventfd, the CM event channel) could not be made.
+    #[error("cannot set up the engine: {what}")]
+    Setup {
+        /// Which.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The thread could not be started.
+    #[error("cannot start the engine thread")]
+    Thread(#[source] io::Error),
+}
+
+/// What a connection's local side starts with when attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Pump at once (the gateway, both sides).
+    Open,
+    /// The connecting side of the shim: send CONFIRM, then pump. On a connection that is
+    /// already gone, relay over the kept TCP socket instead (the peer, without CONFIRM, does).
+    Confirm,
+    /// The accepting side of the shim: send CLAIM and wait for CONFIRM (then pump) or for the
+    /// peer's give-up (its disconnect, bytes on the kept TCP socket, or nothing within
+    /// [`EngineConfig::claim_timeout`]: then relay over the kept TCP socket).
+    Claim,
+}
+
+/// What happened to an attached connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Which path carries the bytes (once per connection, when known).
+    Decided(Path),
+    /// The connection ended (last event).
+    Ended(End),
+}
+
+/// The path a connection's bytes take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// The RDMA stream.
+    Rdma,
+    /// Relayed over the kept TCP socket (the peer stayed on TCP).
+    Tcp,
+    /// Neither: the connection failed before a path was agreed (the kept socket was reset).
+    Broken,
+}
+
+/// How a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct End {
+    /// The path it ran on.
+    pub path: Path,
+    /// Bytes from the local fd to the peer.
+    pub sent: u64,
+    /// Bytes from the peer to the local fd.
+    pub received: u64,
+    /// Both directions finished normally; otherwise why not.
+    pub error: Option<String>,
+}
+
+/// Options of [`Conn::attach`].
+pub struct Attach {
+    /// A kernel TCP socket of the same connection (the shim's), watched while the stream runs
+    /// and used for [`Gate::Confirm`]/[`Gate::Claim`]'s relay. Shared: the shim answers
+    /// `getpeername` and TCP options from it; it closes when the last holder lets go (reset
+    /// first if the stream failed).
+    pub kept: Option<Arc<OwnedFd>>,
+    /// How to start.
+    pub gate: Gate,
+    /// Called on the engine thread with each [`Event`]; must not block.
+    pub on_event: Box<dyn FnMut(Event) + Send>,
+    /// Called on the engine thread as bytes move over the stream (sent, received since the
+    /// last call), so counts are current even when the process exits before the stream ends.
+    pub on_bytes: Option<fn(u64, u64)>,
+}
+
+/// What a connecting side asks for.
+#[derive(Debug, Clone)]
+pub struct ConnectRequest {
+    /// The peer's address (its IP and the rdma_cm port).
+    pub dst: SocketAddr,
+    /// The local address to connect from (its IP picks the device), or any.
+    pub src: Option<SocketAddr>,
+    /// Up to [`crate::wire::MAX_CONNECT_PAYLOAD`] bytes for the peer's [`Acceptor`].
+    pub payload: Vec<u8>,
+    /// Bound on address and route resolution (each).
+    pub resolve_timeout: Duration,
+}
+
+/// An incoming connect request, shown to a listener's [`Acceptor`].
+pub struct Request<'a> {
+    /// The address the peer connected to.
+    pub local: Option<SocketAddr>,
+    /// The peer's address.
+    pub peer: Option<SocketAddr>,
+    /// The peer's payload.
+    pub payload: &'a [u8],
+    /// The connection, if accepted (a deferred decision is made through it).
+    pub conn: Conn,
+}
+
+/// An acceptor's answer to a [`Request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Accept, with a payload for the peer.
+    Accept(Vec<u8>),
+    /// Reject, with a payload for the peer.
+    Reject(Vec<u8>),
+    /// Decide later with [`Conn::accept`] or [`Conn::reject`] (within
+    /// [`EngineConfig::unattached_timeout`]).
+    Defer,
+}
+
+/// Decides on a listener's incoming requests. Runs on the engine thread: must not block.
+pub trait Acceptor: Send + Sync {
+    /// One request.
+    fn on_request(&self, request: Request<'_>) -> Decision;
+}
+
+impl<F> Acceptor for F
+where
+    F: Fn(Request<'_>) -> Decision + Send + Sync,
+{
+    fn on_request(&self, request: Request<'_>) -> Decision {
+        self(request)
+    }
+}
+
+enum Command {
+    Connect {
+        token: u64,
+        request: ConnectRequest,
+        shared: Arc<ConnShared>,
+    },
+    Listen {
+        token: u64,
+        addr: SocketAddr,
+        only_v6: Option<bool>,
+        backlog: i32,
+        acceptor: Arc<dyn Acceptor>,
+        reply: std::sync::mpsc::SyncSender<io::Result<()>>,
+    },
+    CloseListener {
+        token: u64,
+    },
+    Attach {
+        token: u64,
+        local: OwnedFd,
+        attach: Attach,
+    },
+    Abort {
+        token: u64,
+    },
+    Decide {
+        token: u64,
+        accept: bool,
+        payload: Vec<u8>,
+    },
+}
+
+/// What the engine thread and the handles share.
+struct Inner {
+    config: EngineConfig,
+    commands: Mutex<VecDeque<Command>>,
+    wake: EventFd,
+    next_token: AtomicU64,
+    budget: Budget,
+    /// Set at exit: "nothing more to read from the app right now" counts as the app's EOF.
+    draining: AtomicBool,
+    /// Attached connections that still have bytes of the app to deliver (see [`Engine::flush`]).
+    unflushed: AtomicUsize,
+    /// Connections (any state) the engine holds.
+    connections: AtomicUsize,
+    /// The engine thread ended (its setup failed or it panicked): handles fail fast.
+    stopped: AtomicBool,
+}
+
+impl Inner {
+    fn send(&self, command: Command) {
+        self.commands
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push_back(command);
+        let _ = self.wake.write(1);
+    }
+
+    fn token(&self) -> u64 {
+        self.next_token.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A running engine (a cheap handle; the thread runs for the life of the process).
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("connections", &self.connections())
+            .field("pinned", &self.pinned())
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Starts the engine thread on the loaded libraries.
+    pub fn start(lib: &'static Lib, config: EngineConfig) -> Result<Engine, EngineError> {
+        let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+            .map_err(|e| EngineError::Setup {
+                what: "eventfd",
+                source: io::Error::from_raw_os_error(e as i32),
+            })?;
+        if let Some(observe) = &config.fd_observer {
+            observe(std::os::fd::AsRawFd::as_raw_fd(&wake.as_fd()));
+        }
+        let inner = Arc::new(Inner {
+            budget: Budget::new(config.memlock_limit),
+            config,
+            commands: Mutex::new(VecDeque::new()),
+            wake,
+            next_token: AtomicU64::new(1),
+            draining: AtomicBool::new(false),
+            unflushed: AtomicUsize::new(0),
+            connections: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+        });
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let thread_inner = Arc::clone(&inner);
+        std::thread::Builder::new()
+            .name(inner.config.thread_name.clone())
+            .spawn(move || event_loop::run(lib, thread_inner, ready_tx))
+            .map_err(EngineError::Thread)?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Engine { inner }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(EngineError::Thread(io::Error::other("engine thread died"))),
+        }
+    }
+
+    /// Starts connecting; wait with [`Conn::wait_established`].
+    pub fn connect(&self, request: ConnectRequest) -> Conn {
+        let token = self.inner.token();
+        let shared = Arc::new(ConnShared::connecting(Some(request.dst)));
+        let conn = Conn {
+            inner: Arc::clone(&self.inner),
+            token,
+            shared: Arc::clone(&shared),
+        };
+        if self.inner.stopped.load(Ordering::Acquire) {
+            shared.fail(ConnectError::EngineGone);
+            return conn;
+        }
+        self.inner.send(Command::Connect {
+            token,
+            request,
+            shared,
+        });
+        conn
+    }
+
+    /// Listens on `addr` (the rdma_cm port space of the config); `only_v6` sets
+    /// `RDMA_OPTION_ID_AFONLY` for an IPv6 address. Incoming requests go to `acceptor`.
+    pub fn listen(
+        &self,
+        addr: SocketAddr,
+        only_v6: Option<bool>,
+        backlog: i32,
+        acceptor: Arc<dyn Acceptor>,
+    ) -> io::Result<Listener> {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return Err(io::Error::other("the engine is not running"));
+        }
+        let token = self.inner.token();
+        let (reply, result) = std::sync::mpsc::sync_channel(1);
+        self.inner.send(Command::Listen {
+            token,
+            addr,
+            only_v6,
+            backlog,
+            acceptor,
+            reply,
+        });
+        result
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("the engine is not running")))?;
+        Ok(Listener {
+            inner: Arc::clone(&self.inner),
+            token,
+            addr,
+        })
+    }
+
+    /// At exit: every attached connection delivers what its local fd already holds ("nothing
+    /// more to read right now" counts as EOF), sends FIN and waits for its completion; returns
+    /// when none is left or at `deadline`. True when everything was delivered.
+    pub fn flush(&self, deadline: Instant) -> bool {
+        self.inner.draining.store(true, Ordering::Release);
+        let _ = self.inner.wake.write(1);
+        loop {
+            if self.inner.unflushed.load(Ordering::Acquire) == 0
+                || self.inner.stopped.load(Ordering::Acquire)
+            {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Connections the engine holds (any state).
+    pub fn connections(&self) -> usize {
+        self.inner.connections.load(Ordering::Acquire)
+    }
+
+    /// Bytes pinned by the engine now.
+    pub fn pinned(&self) -> u64 {
+        self.inner.budget.used()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+}
+
+/// A listening rdma_cm id; closed when dropped.
+pub struct Listener {
+    inner: Arc<Inner>,
+    token: u64,
+    addr: SocketAddr,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl Listener {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.inner
+            .send(Command::CloseListener { token: self.token });
+    }
+}
+
+/// A handle to one connection (cheap to clone).
+#[derive(Clone)]
+pub struct Conn {
+    inner: Arc<Inner>,
+    token: u64,
+    shared: Arc<ConnShared>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn").field("token", &self.token).finish()
+    }
+}
+
+impl Conn {
+    /// Waits until the connection is established (the peer's accept payload) or failed, at most
+    /// until `deadline` ([`ConnectError::Timeout`]; the connection keeps trying: abort it).
+    pub fn wait_established(&self, deadline: Instant) -> Result<Vec<u8>, ConnectError> {
+        self.shared.wait_established(deadline)
+    }
+
+    /// Waits for the peer's CLAIM (the shim's connecting side) until `deadline`.
+    pub fn wait_claim(&self, deadline: Instant) -> Result<(), WaitError> {
+        self.shared.wait_claim(deadline)
+    }
+
+    /// True while the connection has not failed or closed.
+    pub fn is_alive(&self) -> bool {
+        self.shared.is_alive()
+    }
+
+    /// Hands `local` (and the options) to the engine, which pumps it from now on and closes
+    /// it at the end. On a connection that already ended, the gate decides (see [`Gate`]).
+    pub fn attach(&self, local: OwnedFd, attach: Attach) {
+        self.inner.send(Command::Attach {
+            token: self.token,
+            local,
+            attach,
+        });
+    }
+
+    /// Tears the connection down (a reset for an attached one).
+    pub fn abort(&self) {
+        self.inner.send(Command::Abort { token: self.token });
+    }
+
+    /// Accepts a deferred request with `payload`.
+    pub fn accept(&self, payload: Vec<u8>) {
+        self.inner.send(Command::Decide {
+            token: self.token,
+            accept: true,
+            payload,
+        });
+    }
+
+    /// Rejects a deferred request with `payload`.
+    pub fn reject(&self, payload: Vec<u8>) {
+        self.inner.send(Command::Decide {
+            token: self.token,
+            accept: false,
+            payload,
+        });
+    }
+
+    /// The peer's address, when known.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        self.shared.peer()
+    }
+}

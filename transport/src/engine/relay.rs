@@ -1,0 +1,246 @@
+//! Relaying between two kernel stream sockets, byte for byte: the shim's connection whose app
+//! fd was already swapped when the peer turned out to stay on TCP (the app's socketpair end on
+//! one side, the kept TCP socket on the other).
+//!
+//! Each direction has one buffer and one reader and writer over ordered streams, so bytes can
+//! be neither reordered nor duplicated. EOF on one side becomes `shutdown(SHUT_WR)` on the other
+//! once the buffer is written out; an error on either side tears both down (the TCP side with an
+//! RST).
+
+use std::io;
+use std::net::Shutdown;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use crate::fd;
+
+const BUFFER: usize = 64 * 1024;
+
+/// One direction.
+#[derive(Debug)]
+struct Direction {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    eof: bool,
+    done: bool,
+    moved: u64,
+}
+
+impl Direction {
+    fn new() -> Direction {
+        Direction {
+            buf: vec![0; BUFFER].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            eof: false,
+            done: false,
+            moved: 0,
+        }
+    }
+}
+
+/// Readiness of one fd, edge-triggered: set by epoll events, cleared by `EAGAIN`.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Ready {
+    pub(super) readable: bool,
+    pub(super) writable: bool,
+}
+
+/// A relay between `local` and `far`.
+#[derive(Debug)]
+pub(super) struct Relay {
+    pub(super) local: OwnedFd,
+    pub(super) far: Arc<OwnedFd>,
+    pub(super) local_ready: Ready,
+    pub(super) far_ready: Ready,
+    up: Direction,
+    down: Direction,
+}
+
+/// How a relay step ended.
+#[derive(Debug)]
+pub(super) enum Step {
+    /// Waiting for readiness.
+    Idle,
+    /// Both directions finished.
+    Finished,
+    /// One side failed: both were torn down.
+    Failed(io::Error),
+}
+
+impl Relay {
+    pub(super) fn new(local: OwnedFd, far: Arc<OwnedFd>) -> Relay {
+        Relay {
+            local,
+            far,
+            // Unknown readiness: try both sides once.
+            local_ready: Ready {
+                readable: true,
+                writable: true,
+            },
+            far_ready: Ready {
+                readable: true,
+                writable: true,
+            },
+            up: Direction::new(),
+            down: Direction::new(),
+        }
+    }
+
+    /// Bytes local -> far and far -> local.
+    pub(super) fn moved(&self) -> (u64, u64) {
+        (self.up.moved, self.down.moved)
+    }
+
+    /// True while bytes the local side wrote are still buffered or unread (for the exit flush).
+    pub(super) fn unflushed(&self) -> bool {
+        !self.up.done
+    }
+
+    /// Moves what it can without blocking. `draining`: a local side with nothing to read
+    /// counts as EOF (the process is exiting).
+    pub(super) fn step(&mut self, draining: bool) -> Step {
+        loop {
+            let a = match pass(
+                &mut self.up,
+                self.local.as_fd(),
+                &mut self.local_ready,
+                self.far.as_fd(),
+                &mut self.far_ready,
+                draining,
+            ) {
+                Ok(p) => p,
+                Err(e) => return self.fail(e),
+            };
+            let b = match pass(
+                &mut self.down,
+                self.far.as_fd(),
+                &mut self.far_ready,
+                self.local.as_fd(),
+                &mut self.local_ready,
+                false,
+            ) {
+                Ok(p) => p,
+                Err(e) => return self.fail(e),
+            };
+            if self.up.done && self.down.done {
+                return Step::Finished;
+            }
+            if !a && !b {
+                return Step::Idle;
+            }
+        }
+    }
+
+    fn fail(&mut self, e: io::Error) -> Step {
+        fd::shutdown_quietly(self.local.as_fd(), Shutdown::Both);
+        fd::reset(self.far.as_fd());
+        fd::shutdown_quietly(self.far.as_fd(), Shutdown::Both);
+        Step::Failed(e)
+    }
+}
+
+/// One direction's pass: read what fits, write what is buffered, half-close after EOF. True
+/// if anything moved.
+fn pass(
+    d: &mut Direction,
+    src: BorrowedFd<'_>,
+    src_ready: &mut Ready,
+    dst: BorrowedFd<'_>,
+    dst_ready: &mut Ready,
+    draining: bool,
+) -> io::Result<bool> {
+    let mut progressed = false;
+    if !d.eof && d.end < d.buf.len() && src_ready.readable {
+        match fd::read(src, &mut d.buf[d.end..]) {
+            Ok(0) => {
+                d.eof = true;
+                progressed = true;
+            }
+            Ok(n) => {
+                d.end += n;
+                progressed = true;
+            }
+            Err(e) if fd::transient(&e) => {
+                src_ready.readable = false;
+                if draining {
+                    d.eof = true;
+                    progressed = true;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if d.start < d.end && dst_ready.writable {
+        match fd::write(dst, &d.buf[d.start..d.end]) {
+            Ok(n) => {
+                d.start += n;
+                d.moved += n as u64;
+                progressed |= n > 0;
+                if d.start == d.end {
+                    d.start = 0;
+                    d.end = 0;
+                }
+            }
+            Err(e) if fd::transient(&e) => dst_ready.writable = false,
+            Err(e) => return Err(e),
+        }
+    }
+    if d.end == d.buf.len() && d.start > 0 {
+        d.buf.copy_within(d.start..d.end, 0);
+        d.end -= d.start;
+        d.start = 0;
+    }
+    if d.eof && d.start == d.end && !d.done {
+        fd::shutdown_quietly(dst, Shutdown::Write);
+        d.done = true;
+        progressed = true;
+    }
+    Ok(progressed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn relays_both_ways_with_half_close() {
+        let (app, local) = UnixStream::pair().unwrap();
+        let (far, mut peer) = UnixStream::pair().unwrap();
+        local.set_nonblocking(true).unwrap();
+        far.set_nonblocking(true).unwrap();
+        let mut r = Relay::new(local.into(), Arc::new(far.into()));
+        let mut app = app;
+        app.write_all(b"hello").unwrap();
+        app.shutdown(Shutdown::Write).unwrap();
+        peer.write_all(b"world").unwrap();
+        drop(peer.try_clone().unwrap());
+        peer.shutdown(Shutdown::Write).unwrap();
+        let mut step = Step::Idle;
+        for _ in 0..10 {
+            r.local_ready = Ready {
+                readable: true,
+                writable: true,
+            };
+            r.far_ready = Ready {
+                readable: true,
+                writable: true,
+            };
+            step = r.step(false);
+            if matches!(step, Step::Finished) {
+                break;
+            }
+        }
+        assert!(matches!(step, Step::Finished), "{step:?}");
+        let mut got = String::new();
+        app.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "world");
+        let mut got = String::new();
+        peer.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "hello");
+        assert_eq!(r.moved(), (5, 5));
+    }
+}

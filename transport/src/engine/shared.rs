@@ -1,0 +1,243 @@
+//! What a connection's handles and the engine thread share: its phase, whether the peer's
+//! CLAIM arrived, and a condition variable to wait on both.
+
+use std::net::SocketAddr;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use crate::wire::BadPrivateData;
+
+/// Who refused a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RejectedBy {
+    /// The peer's acceptor, with its payload.
+    App(Vec<u8>),
+    /// The peer's engine (a transport code: see [`crate::wire::TransportReject`]).
+    Transport(u32),
+    /// Something that is not an rdma-streams engine: nothing listens at that port (the CM's
+    /// own reject), or another RDMA program does.
+    Foreign {
+        /// The CM status (IB CM reject reason).
+        status: i32,
+    },
+}
+
+/// Why a connection was not established.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The peer rejected it.
+    #[error("rejected ({0:?})")]
+    Rejected(RejectedBy),
+    /// No RDMA path to the peer (address, route, or the CM found no one).
+    #[error("unreachable over RDMA ({what}, status {status})")]
+    Unreachable {
+        /// Which step.
+        what: &'static str,
+        /// The event's status.
+        status: i32,
+    },
+    /// The peer accepted with private data that is not ours.
+    #[error("the peer is not an rdma-streams engine: {0}")]
+    NotOurPeer(BadPrivateData),
+    /// The connection's buffers do not fit the memlock budget.
+    #[error("the pinned-memory budget is spent")]
+    Memlock,
+    /// The device is iWARP (its rdma_cm port space is the kernel's TCP ports).
+    #[error("iWARP device")]
+    Iwarp,
+    /// A local verbs or CM call failed.
+    #[error("{what}: {error}")]
+    Local {
+        /// Which call.
+        what: &'static str,
+        /// Its error.
+        error: String,
+    },
+    /// Not established by the caller's deadline.
+    #[error("not established in time")]
+    Timeout,
+    /// The connection was closed or aborted.
+    #[error("closed")]
+    Closed,
+    /// The engine thread is not running.
+    #[error("the engine is not running")]
+    EngineGone,
+}
+
+/// Why [`super::Conn::wait_claim`] returned without a CLAIM.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// Nothing by the deadline.
+    #[error("no CLAIM in time")]
+    Timeout,
+    /// The connection ended first.
+    #[error("the connection ended")]
+    Closed,
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    Connecting,
+    Established(Vec<u8>),
+    Failed(ConnectError),
+    Closed,
+}
+
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    claimed: bool,
+    peer: Option<SocketAddr>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(super) struct ConnShared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl ConnShared {
+    pub(super) fn connecting(peer: Option<SocketAddr>) -> ConnShared {
+        ConnShared {
+            state: Mutex::new(State {
+                phase: Phase::Connecting,
+                claimed: false,
+                peer,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn update(&self, f: impl FnOnce(&mut State)) {
+        f(&mut self.lock());
+        self.changed.notify_all();
+    }
+
+    pub(super) fn established(&self, payload: Vec<u8>) {
+        self.update(|s| {
+            if matches!(s.phase, Phase::Connecting) {
+                s.phase = Phase::Established(payload);
+            }
+        });
+    }
+
+    pub(super) fn fail(&self, error: ConnectError) {
+        self.update(|s| {
+            if matches!(s.phase, Phase::Connecting) {
+                s.phase = Phase::Failed(error);
+            } else {
+                s.phase = Phase::Closed;
+            }
+        });
+    }
+
+    pub(super) fn closed(&self) {
+        self.update(|s| {
+            s.phase = match &s.phase {
+                Phase::Connecting => Phase::Failed(ConnectError::Closed),
+                Phase::Failed(e) => Phase::Failed(e.clone()),
+                _ => Phase::Closed,
+            }
+        });
+    }
+
+    pub(super) fn claimed(&self) {
+        self.update(|s| s.claimed = true);
+    }
+
+    pub(super) fn set_peer(&self, peer: Option<SocketAddr>) {
+        self.lock().peer = peer;
+    }
+
+    pub(super) fn peer(&self) -> Option<SocketAddr> {
+        self.lock().peer
+    }
+
+    pub(super) fn is_alive(&self) -> bool {
+        matches!(self.lock().phase, Phase::Connecting | Phase::Established(_))
+    }
+
+    fn wait_until<T>(
+        &self,
+        deadline: Instant,
+        mut done: impl FnMut(&State) -> Option<T>,
+    ) -> Option<T> {
+        let mut state = self.lock();
+        loop {
+            if let Some(v) = done(&state) {
+                return Some(v);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    pub(super) fn wait_established(&self, deadline: Instant) -> Result<Vec<u8>, ConnectError> {
+        self.wait_until(deadline, |s| match &s.phase {
+            Phase::Connecting => None,
+            Phase::Established(p) => Some(Ok(p.clone())),
+            Phase::Failed(e) => Some(Err(e.clone())),
+            Phase::Closed => Some(Err(ConnectError::Closed)),
+        })
+        .unwrap_or(Err(ConnectError::Timeout))
+    }
+
+    pub(super) fn wait_claim(&self, deadline: Instant) -> Result<(), WaitError> {
+        self.wait_until(deadline, |s| {
+            if s.claimed {
+                Some(Ok(()))
+            } else if matches!(s.phase, Phase::Failed(_) | Phase::Closed) {
+                Some(Err(WaitError::Closed))
+            } else {
+                None
+            }
+        })
+        .unwrap_or(Err(WaitError::Timeout))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn waiters_see_establishment_claims_and_failures() {
+        let s = Arc::new(ConnShared::connecting(None));
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert_eq!(s.wait_established(soon), Err(ConnectError::Timeout));
+        let t = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || s.wait_established(Instant::now() + Duration::from_secs(5)))
+        };
+        s.established(b"ok".to_vec());
+        assert_eq!(t.join().unwrap(), Ok(b"ok".to_vec()));
+        assert_eq!(s.wait_claim(Instant::now()), Err(WaitError::Timeout));
+        s.claimed();
+        assert_eq!(s.wait_claim(Instant::now()), Ok(()));
+        s.closed();
+        assert!(!s.is_alive());
+        let f = ConnShared::connecting(None);
+        f.fail(ConnectError::Memlock);
+        assert_eq!(
+            f.wait_established(Instant::now()),
+            Err(ConnectError::Memlock)
+        );
+        assert_eq!(f.wait_claim(Instant::now()), Err(WaitError::Closed));
+    }
+}

@@ -1,0 +1,109 @@
+//! Small safe operations on the kernel fds the engine drives (through `nix`).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::sys::socket::{MsgFlags, Shutdown, recv, send, setsockopt, shutdown, sockopt};
+
+fn to_io(e: nix::Error) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+/// Sets `O_NONBLOCK`.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(to_io)?;
+    let flags = OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK;
+    fcntl(fd, FcntlArg::F_SETFL(flags)).map_err(to_io)?;
+    Ok(())
+}
+
+/// `shutdown(how)`; errors ignored (the socket may be gone already).
+pub fn shutdown_quietly(fd: BorrowedFd<'_>, how: std::net::Shutdown) {
+    let how = match how {
+        std::net::Shutdown::Read => Shutdown::Read,
+        std::net::Shutdown::Write => Shutdown::Write,
+        std::net::Shutdown::Both => Shutdown::Both,
+    };
+    let _ = shutdown(fd.as_raw_fd(), how);
+}
+
+/// Makes the next close of a TCP socket send an RST (`SO_LINGER` 0), and shuts it down so
+/// every copy of the descriptor sees it.
+pub fn reset(fd: BorrowedFd<'_>) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let _ = setsockopt(&fd, sockopt::Linger, &linger);
+}
+
+/// `recv` into `buf` (non-blocking fds: `WouldBlock` when empty).
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    nix::unistd::read(fd, buf).map_err(to_io)
+}
+
+/// `send(MSG_NOSIGNAL)` (a closed peer gives EPIPE, not SIGPIPE).
+pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    send(fd.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL).map_err(to_io)
+}
+
+/// What a look at a stream socket's receive queue found ([`peek`]).
+#[derive(Debug)]
+pub enum Peeked {
+    /// Open, nothing to read.
+    Nothing,
+    /// Bytes are waiting.
+    Bytes,
+    /// The peer half-closed (FIN).
+    Fin,
+    /// Reset or failed.
+    Failed(io::Error),
+}
+
+/// Looks at `fd`'s receive queue without taking anything or blocking (one byte,
+/// `MSG_PEEK | MSG_DONTWAIT`): how the kept TCP socket of an upgraded connection is watched.
+pub fn peek(fd: impl AsFd) -> Peeked {
+    let mut probe = [0u8; 1];
+    match recv(
+        fd.as_fd().as_raw_fd(),
+        &mut probe,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    ) {
+        Ok(0) => Peeked::Fin,
+        Ok(_) => Peeked::Bytes,
+        Err(nix::Error::EAGAIN | nix::Error::EINTR) => Peeked::Nothing,
+        Err(e) => Peeked::Failed(to_io(e)),
+    }
+}
+
+/// True for errors that mean "try again later".
+pub fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn peek_sees_bytes_fin_and_nothing_without_taking_them() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        assert!(matches!(peek(&a), Peeked::Nothing));
+        b.write_all(b"x").unwrap();
+        assert!(matches!(peek(&a), Peeked::Bytes));
+        assert!(matches!(peek(&a), Peeked::Bytes), "nothing was taken");
+        let mut buf = [0u8; 4];
+        set_nonblocking(a.as_fd()).unwrap();
+        assert_eq!(read(a.as_fd(), &mut buf).unwrap(), 1);
+        assert!(transient(&read(a.as_fd(), &mut buf).unwrap_err()));
+        drop(b);
+        assert!(matches!(peek(&a), Peeked::Fin));
+        assert!(write(a.as_fd(), b"y").is_err(), "EPIPE, no SIGPIPE");
+    }
+}

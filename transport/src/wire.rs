@@ -1,0 +1,384 @@
+//! What the stream transport puts on the wire besides the app's bytes: the connection
+//! manager's private data and the control messages (docs/shim-protocol.md, "Wire").
+//!
+//! **Private data** (connect request, accept, reject), big-endian:
+//!
+//! ```text
+//! 0..2   magic "RS"
+//! 2      version (1)
+//! 3      kind: 1 connect, 2 accept, 3 reject
+//! 4..12  receive ring address (0 in a reject)
+//! 12..16 receive ring rkey
+//! 16     log2 of the ring size (12..=24)
+//! 17..19 posted receives (u16)
+//! 19     app payload length (connect: at most 37 bytes, the request's 56 minus this header)
+//! 20..   app payload (the shim's HELLO, the gateway's destination, a refusal)
+//! ```
+//!
+//! IB CMs pad private data with zeros to the message's full size, so the payload length is
+//! carried explicitly and bytes after it are ignored.
+//!
+//! **Data** travels as RDMA WRITE WITH IMMEDIATE into the peer's ring; the immediate is the
+//! byte count. **Control messages** are 32-byte SENDs:
+//!
+//! ```text
+//! 0      type: 1 CREDIT, 2 FIN, 3 CLAIM, 4 CONFIRM
+//! 1..8   zero
+//! 8..16  bytes of the sender's receive ring consumed so far (u64)
+//! 16..24 receives the sender reposted so far (u64)
+//! 24..32 zero
+//! ```
+
+use crate::rdma::MAX_CONNECT_PRIVATE_DATA;
+
+/// First bytes of every private-data message.
+pub const MAGIC: [u8; 2] = *b"RS";
+/// The version this code speaks.
+pub const VERSION: u8 = 1;
+/// Header bytes before the app payload.
+pub const HEADER_LEN: usize = 20;
+/// Largest app payload of a connect request.
+pub const MAX_CONNECT_PAYLOAD: usize = MAX_CONNECT_PRIVATE_DATA - HEADER_LEN;
+/// Largest app payload of an accept or reject (what any of them carries, kept small).
+pub const MAX_PAYLOAD: usize = 64;
+/// Smallest and largest ring (log2).
+pub const MIN_RING_LOG: u8 = 12;
+/// See [`MIN_RING_LOG`].
+pub const MAX_RING_LOG: u8 = 24;
+/// Bytes of a control message.
+pub const CONTROL_LEN: usize = 32;
+
+/// Which CM message the private data belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The active side's connect request.
+    Connect,
+    /// The passive side's accept.
+    Accept,
+    /// The passive side's reject.
+    Reject,
+}
+
+impl Kind {
+    fn byte(self) -> u8 {
+        match self {
+            Kind::Connect => 1,
+            Kind::Accept => 2,
+            Kind::Reject => 3,
+        }
+    }
+}
+
+/// Where the sender's receive ring is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RingInfo {
+    /// Its address in the sender's memory.
+    pub addr: u64,
+    /// Its rkey.
+    pub rkey: u32,
+    /// log2 of its size.
+    pub size_log: u8,
+    /// Receives the sender posted.
+    pub receives: u16,
+}
+
+impl RingInfo {
+    /// The ring's size in bytes.
+    pub fn size(&self) -> u64 {
+        1u64 << self.size_log
+    }
+}
+
+/// Decoded private data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrivateData {
+    /// The CM message it came with.
+    pub kind: Kind,
+    /// The sender's ring (zero in a reject).
+    pub ring: RingInfo,
+    /// The app's payload.
+    pub payload: Vec<u8>,
+}
+
+/// Private data that is not ours or is malformed (another RDMA program at that port, or a
+/// broken peer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadPrivateData {
+    /// Shorter than the header.
+    #[error("private data too short ({0} bytes)")]
+    Short(usize),
+    /// Not our magic.
+    #[error("not rdma-streams private data")]
+    Magic,
+    /// Another version.
+    #[error("unsupported version {0}")]
+    Version(u8),
+    /// Unknown kind, or not the one expected.
+    #[error("unexpected message kind {0}")]
+    Kind(u8),
+    /// A ring size or receive count out of range.
+    #[error("ring size 2^{0} or {1} receives out of range")]
+    Ring(u8, u16),
+    /// The payload length points past the data.
+    #[error("payload length {0} past the data")]
+    Payload(u8),
+}
+
+impl PrivateData {
+    /// Encodes the header and `payload` (cut at [`MAX_PAYLOAD`]).
+    pub fn encode(kind: Kind, ring: RingInfo, payload: &[u8]) -> Vec<u8> {
+        let payload = payload.get(..payload.len().min(MAX_PAYLOAD)).unwrap_or(&[]);
+        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        out.push(kind.byte());
+        out.extend_from_slice(&ring.addr.to_be_bytes());
+        out.extend_from_slice(&ring.rkey.to_be_bytes());
+        out.push(ring.size_log);
+        out.extend_from_slice(&ring.receives.to_be_bytes());
+        out.push(u8::try_from(payload.len()).unwrap_or(u8::MAX));
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// Decodes private data of the `expected` kind.
+    pub fn decode(buf: &[u8], expected: Kind) -> Result<PrivateData, BadPrivateData> {
+        let h = buf
+            .get(..HEADER_LEN)
+            .ok_or(BadPrivateData::Short(buf.len()))?;
+        if h[..2] != MAGIC {
+            return Err(BadPrivateData::Magic);
+        }
+        if h[2] != VERSION {
+            return Err(BadPrivateData::Version(h[2]));
+        }
+        if h[3] != expected.byte() {
+            return Err(BadPrivateData::Kind(h[3]));
+        }
+        let word = |r: std::ops::Range<usize>| h.get(r).unwrap_or(&[]);
+        let addr = u64::from_be_bytes(word(4..12).try_into().unwrap_or([0; 8]));
+        let rkey = u32::from_be_bytes(word(12..16).try_into().unwrap_or([0; 4]));
+        let size_log = h[16];
+        let receives = u16::from_be_bytes([h[17], h[18]]);
+        if expected != Kind::Reject
+            && (!(MIN_RING_LOG..=MAX_RING_LOG).contains(&size_log) || receives < 2)
+        {
+            return Err(BadPrivateData::Ring(size_log, receives));
+        }
+        let len = h[19];
+        let payload = buf
+            .get(HEADER_LEN..HEADER_LEN + usize::from(len))
+            .ok_or(BadPrivateData::Payload(len))?
+            .to_vec();
+        Ok(PrivateData {
+            kind: expected,
+            ring: RingInfo {
+                addr,
+                rkey,
+                size_log,
+                receives,
+            },
+            payload,
+        })
+    }
+}
+
+/// Why the peer's engine (not its app) rejected a connect request; carried in the reject's
+/// `rkey` field (0: the app decided, its payload says why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportReject {
+    /// The buffers do not fit the peer's pinned-memory budget.
+    Memlock = 1,
+    /// A verbs or CM call failed at the peer.
+    Resources = 2,
+    /// The request's private data is not ours or malformed.
+    BadRequest = 3,
+    /// The peer's acceptor deferred and never decided.
+    Timeout = 4,
+    /// Nothing listens for us there any more.
+    NoListener = 5,
+}
+
+impl TransportReject {
+    /// The code in a reject's `rkey` field.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The reject for `code`, if known.
+    pub fn from_code(code: u32) -> Option<TransportReject> {
+        Some(match code {
+            1 => TransportReject::Memlock,
+            2 => TransportReject::Resources,
+            3 => TransportReject::BadRequest,
+            4 => TransportReject::Timeout,
+            5 => TransportReject::NoListener,
+            _ => return None,
+        })
+    }
+
+    /// The private data of this reject.
+    pub fn encode(self) -> Vec<u8> {
+        PrivateData::encode(
+            Kind::Reject,
+            RingInfo {
+                rkey: self.code(),
+                ..RingInfo::default()
+            },
+            &[],
+        )
+    }
+}
+
+/// A control message's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlKind {
+    /// Only the counters.
+    Credit,
+    /// The sender will send no more data (half-close).
+    Fin,
+    /// The accepting process claimed the connection (the shim's server side).
+    Claim,
+    /// The connecting side moves its bytes to the stream (the shim's client side).
+    Confirm,
+}
+
+/// One control message: a type and the sender's receive counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Control {
+    /// What it says.
+    pub kind: ControlKind,
+    /// Bytes of the sender's ring consumed.
+    pub consumed: u64,
+    /// Receives the sender reposted.
+    pub reposted: u64,
+}
+
+impl Control {
+    /// The 32 bytes.
+    pub fn encode(&self) -> [u8; CONTROL_LEN] {
+        let mut b = [0u8; CONTROL_LEN];
+        b[0] = match self.kind {
+            ControlKind::Credit => 1,
+            ControlKind::Fin => 2,
+            ControlKind::Claim => 3,
+            ControlKind::Confirm => 4,
+        };
+        b[8..16].copy_from_slice(&self.consumed.to_be_bytes());
+        b[16..24].copy_from_slice(&self.reposted.to_be_bytes());
+        b
+    }
+
+    /// Decodes 32 bytes; None for an unknown type.
+    pub fn decode(b: &[u8; CONTROL_LEN]) -> Option<Control> {
+        let kind = match b[0] {
+            1 => ControlKind::Credit,
+            2 => ControlKind::Fin,
+            3 => ControlKind::Claim,
+            4 => ControlKind::Confirm,
+            _ => return None,
+        };
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[8..16]);
+        let consumed = u64::from_be_bytes(w);
+        w.copy_from_slice(&b[16..24]);
+        let reposted = u64::from_be_bytes(w);
+        Some(Control {
+            kind,
+            consumed,
+            reposted,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring() -> RingInfo {
+        RingInfo {
+            addr: 0x7f00_1234_5000,
+            rkey: 0xdead_beef,
+            size_log: 18,
+            receives: 64,
+        }
+    }
+
+    #[test]
+    fn private_data_round_trips_with_ib_padding() {
+        let payload = [7u8; MAX_CONNECT_PAYLOAD];
+        let mut b = PrivateData::encode(Kind::Connect, ring(), &payload);
+        assert_eq!(b.len(), MAX_CONNECT_PRIVATE_DATA);
+        b.resize(92, 0);
+        let d = PrivateData::decode(&b, Kind::Connect).unwrap();
+        assert_eq!(d.ring, ring());
+        assert_eq!(d.payload, payload);
+    }
+
+    #[test]
+    fn foreign_or_broken_private_data_is_refused() {
+        let good = PrivateData::encode(Kind::Accept, ring(), b"x");
+        assert_eq!(
+            PrivateData::decode(&good, Kind::Connect),
+            Err(BadPrivateData::Kind(2))
+        );
+        assert_eq!(
+            PrivateData::decode(&good[..10], Kind::Accept),
+            Err(BadPrivateData::Short(10))
+        );
+        let mut other = good.clone();
+        other[0] = b'X';
+        assert_eq!(
+            PrivateData::decode(&other, Kind::Accept),
+            Err(BadPrivateData::Magic)
+        );
+        let mut v2 = good.clone();
+        v2[2] = 2;
+        assert_eq!(
+            PrivateData::decode(&v2, Kind::Accept),
+            Err(BadPrivateData::Version(2))
+        );
+        let mut huge = good.clone();
+        huge[16] = 40;
+        assert!(matches!(
+            PrivateData::decode(&huge, Kind::Accept),
+            Err(BadPrivateData::Ring(..))
+        ));
+        let mut long = good;
+        long[19] = 9;
+        assert_eq!(
+            PrivateData::decode(&long, Kind::Accept),
+            Err(BadPrivateData::Payload(9))
+        );
+        // A reject carries no ring.
+        let rej = PrivateData::encode(Kind::Reject, RingInfo::default(), b"no");
+        assert_eq!(
+            PrivateData::decode(&rej, Kind::Reject).unwrap().payload,
+            b"no"
+        );
+        // All-zero private data (what a program that sends none gets padded to).
+        assert_eq!(
+            PrivateData::decode(&[0; 56], Kind::Accept),
+            Err(BadPrivateData::Magic)
+        );
+    }
+
+    #[test]
+    fn control_messages_round_trip() {
+        for kind in [
+            ControlKind::Credit,
+            ControlKind::Fin,
+            ControlKind::Claim,
+            ControlKind::Confirm,
+        ] {
+            let c = Control {
+                kind,
+                consumed: u64::MAX - 3,
+                reposted: 17,
+            };
+            assert_eq!(Control::decode(&c.encode()), Some(c));
+        }
+        assert_eq!(Control::decode(&[9; CONTROL_LEN]), None);
+    }
+}
