@@ -609,7 +609,13 @@ fn guest_argv(exe: &Path, scenarios: &[&Scenario]) -> Vec<String> {
 }
 
 fn passthrough(mut spec: GuestSpec) -> GuestSpec {
-    for k in ["SOFTROCE_VERBOSE", "RUST_BACKTRACE", "RUST_LOG"] {
+    for k in [
+        "SOFTROCE_VERBOSE",
+        "SOFTROCE_SHIM_LOG",
+        "STREAMSHIM_LIB",
+        "RUST_BACKTRACE",
+        "RUST_LOG",
+    ] {
         if let Ok(v) = env::var(k) {
             spec = spec.env(k, v);
         }

@@ -46,8 +46,17 @@ const SCENARIOS: &[Scenario] = &[
     },
 ];
 
+mod scenarios;
+
 fn main() -> ExitCode {
-    runner::main(SCENARIOS)
+    let all: Vec<Scenario> = SCENARIOS
+        .iter()
+        .chain(scenarios::shim_apps::SCENARIOS)
+        .chain(scenarios::shim_load::SCENARIOS)
+        .chain(scenarios::shim_faults::SCENARIOS)
+        .copied()
+        .collect();
+    runner::main(&all)
 }
 
 /// `ibv_devices` lists the topology's rxe devices, each ACTIVE with a 4096 path MTU (the links

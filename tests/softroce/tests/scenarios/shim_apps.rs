@@ -1,0 +1,383 @@
+//! Unmodified programs under `libstreamshim.so` on real RDMA streams (the loop guest: the
+//! server on rxea's address, the client's packets leave from rxeb across the veth): every byte
+//! arrives, both ends count the connection `rdma UPGRADED`.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use rdma_streams_softroce::locate::workspace_root;
+use rdma_streams_softroce::{Ctx, Scenario, Topology};
+
+use super::support::{WAIT_PORT, expect_counts, file, python, rdma_bytes, shim, shimmed};
+
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "shim_curl_python_http_100mb_both_ways",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(600),
+        run: curl_http,
+    },
+    Scenario {
+        name: "shim_iperf3_four_streams_and_reverse",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: iperf3,
+    },
+    Scenario {
+        name: "shim_python_asyncio_echo",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: asyncio_echo,
+    },
+    Scenario {
+        name: "shim_socat_file_transfer",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: socat,
+    },
+    Scenario {
+        name: "shim_fortify_c_client_modes_and_fork_per_connection_server",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(600),
+        run: c_client_modes,
+    },
+    Scenario {
+        name: "shim_bytes_written_just_before_exit_arrive",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: exit_flush,
+    },
+    Scenario {
+        name: "shim_qemu_live_migration_single_stream",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(600),
+        run: qemu_single,
+    },
+    Scenario {
+        name: "shim_qemu_live_migration_multifd",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(600),
+        run: qemu_multifd,
+    },
+];
+
+/// A file of `mib` MiB of random bytes in the scenario's tmpfs.
+fn random_file(ctx: &Ctx, name: &str, mib: u32) -> anyhow::Result<String> {
+    let p = ctx.tmp.join(name);
+    ctx.sh(&format!(
+        "head -c {} /dev/urandom > {}",
+        u64::from(mib) << 20,
+        p.display()
+    ))?;
+    Ok(p.display().to_string())
+}
+
+fn same(ctx: &Ctx, a: &str, b: &str) -> anyhow::Result<()> {
+    ctx.sh(&format!("cmp {a} {b}")).map(drop)
+}
+
+const HTTP_SERVER: &str = r#"
+import http.server, os, sys
+d, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+class H(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def __init__(self, *a, **k):
+        super().__init__(*a, directory=d, **k)
+    def do_PUT(self):
+        left = int(self.headers["Content-Length"])
+        with open(os.path.join(d, self.path.lstrip("/")), "wb") as f:
+            while left:
+                b = self.rfile.read(min(left, 1 << 20))
+                if not b:
+                    break
+                f.write(b)
+                left -= len(b)
+        self.send_response(201 if left == 0 else 400)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+
+srv = http.server.HTTPServer((host, port), H)
+for _ in range(n):
+    srv.handle_request()
+"#;
+
+/// `python3 -m http.server`'s handler serving 100 MB to curl, then curl uploading 100 MB.
+fn curl_http(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let data = random_file(ctx, "data.bin", 100)?;
+    let server = file(ctx, "server.py", HTTP_SERVER)?;
+    let t = ctx.tmp.display();
+    let srv = ctx.spawn(&format!(
+        "{} {} {} {t} {a} 8000 2",
+        shimmed(ctx, "srv", "")?,
+        python(),
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 8000"))?;
+    let curl = shimmed(ctx, "cli", "")?;
+    ctx.sh(&format!(
+        "{curl} curl -sS --fail --max-time 240 -o {t}/got.bin http://{a}:8000/data.bin"
+    ))?;
+    same(ctx, &data, &format!("{t}/got.bin"))?;
+    ctx.sh(&format!(
+        "{curl} curl -sS --fail --max-time 240 -H 'Expect:' -T {data} http://{a}:8000/up.bin"
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "the HTTP server failed");
+    same(ctx, &data, &format!("{t}/up.bin"))?;
+    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", 2)])?;
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 2)])?;
+    let (sent, received) = rdma_bytes(ctx, "srv")?;
+    ensure!(
+        sent >= 100_000_000 && received >= 100_000_000,
+        "the server's streams carried {sent} bytes out, {received} in"
+    );
+    Ok(())
+}
+
+/// iperf3 with 4 parallel streams, then reversed: a control connection and 4 data connections
+/// each time, all upgraded on both ends.
+fn iperf3(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    for (tag, flags) in [("fwd", "-P 4"), ("rev", "-P 4 -R")] {
+        let srv = ctx.spawn(&format!(
+            "{} iperf3 -s -1 -B {a} -p 5201",
+            shimmed(ctx, &format!("{tag}srv"), "")?
+        ))?;
+        ctx.sh(&format!("{WAIT_PORT} wait_port 5201"))?;
+        let out = ctx.sh(&format!(
+            "{} iperf3 -c {a} -p 5201 -t 3 {flags}",
+            shimmed(ctx, &format!("{tag}cli"), "")?
+        ))?;
+        ensure!(out.stdout.contains("iperf Done."), "iperf3 did not finish");
+        ensure!(
+            ctx.wait("iperf3 server", srv)?.success(),
+            "iperf3 server failed"
+        );
+        expect_counts(ctx, &format!("{tag}cli"), "client", &[("rdma UPGRADED", 5)])?;
+        expect_counts(ctx, &format!("{tag}srv"), "server", &[("rdma UPGRADED", 5)])?;
+    }
+    Ok(())
+}
+
+const ECHO: &str = r#"
+import asyncio, hashlib, os, sys
+
+HOST, PORT = sys.argv[2], int(sys.argv[3])
+
+async def server():
+    done = asyncio.get_running_loop().create_future()
+    async def handle(r, w):
+        while True:
+            chunk = await r.read(65536)
+            if not chunk:
+                break
+            w.write(chunk)
+            await w.drain()
+        w.close()
+        await w.wait_closed()
+        done.set_result(None)
+    srv = await asyncio.start_server(handle, HOST, PORT)
+    async with srv:
+        await done
+
+async def client():
+    data = os.urandom(16 << 20)
+    r, w = await asyncio.open_connection(HOST, PORT)
+    peer = w.get_extra_info("peername")
+    assert peer == (HOST, PORT), peer
+    async def send():
+        for i in range(0, len(data), 100000):
+            w.write(data[i:i + 100000])
+            await w.drain()
+        w.write_eof()
+    t = asyncio.create_task(send())
+    got = await r.read(-1)
+    await t
+    w.close()
+    assert got == data, (len(got), len(data))
+    print("echo ok", hashlib.sha256(got).hexdigest())
+
+asyncio.run(server() if sys.argv[1] == "server" else client())
+"#;
+
+/// A Python asyncio echo of 16 MiB, both directions at once, `getpeername` as TCP's.
+fn asyncio_echo(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let echo = file(ctx, "echo.py", ECHO)?;
+    let py = python();
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} server {a} 9000",
+        shimmed(ctx, "srv", "")?,
+        echo.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9000"))?;
+    let out = ctx.sh(&format!(
+        "{} {py} {} client {a} 9000",
+        shimmed(ctx, "cli", "")?,
+        echo.display()
+    ))?;
+    ensure!(out.stdout.contains("echo ok"), "no echo");
+    ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
+    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", 1)])?;
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 1)])
+}
+
+/// socat sends a file to a socat listener.
+fn socat(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let t = ctx.tmp.display();
+    let data = random_file(ctx, "data.bin", 32)?;
+    let srv = ctx.spawn(&format!(
+        "{} socat -u TCP-LISTEN:9200,bind={a},reuseaddr OPEN:{t}/got.bin,creat,trunc",
+        shimmed(ctx, "srv", "")?
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9200"))?;
+    ctx.sh(&format!(
+        "{} socat -u OPEN:{data} TCP:{a}:9200",
+        shimmed(ctx, "cli", "")?
+    ))?;
+    ensure!(
+        ctx.wait("socat server", srv)?.success(),
+        "socat server failed"
+    );
+    same(ctx, &data, &format!("{t}/got.bin"))?;
+    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", 1)])?;
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 1)])
+}
+
+/// Builds `shim/tests/programs/echo.c` with FORTIFY (reads become `__read_chk`).
+fn build_echo(ctx: &Ctx) -> anyhow::Result<String> {
+    let src = workspace_root().join("shim/tests/programs/echo.c");
+    let out = ctx.tmp.join("echo");
+    ctx.sh(&format!(
+        "gcc -O2 -D_FORTIFY_SOURCE=2 -Wall -o {} {}",
+        out.display(),
+        src.display()
+    ))?;
+    Ok(out.display().to_string())
+}
+
+/// The FORTIFY C client moving its connected fd around (dup/dup2/dup3/F_DUPFD_CLOEXEC, MSG_PEEK,
+/// SCM_RIGHTS to a forked child, exec) against a fork-per-connection server; a socket
+/// registered with epoll before `connect()` stays TCP (`UNSUPPORTED`), byte-exact all the same.
+fn c_client_modes(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let echo = build_echo(ctx)?;
+    let data = random_file(ctx, "data.bin", 8)?;
+    let t = ctx.tmp.display();
+    let modes = ["plain", "dup", "peek", "scm", "exec", "epoll"];
+    let srv_err = ctx.tmp.join("server.err");
+    let srv = ctx.spawn(&format!(
+        "{} {echo} server 9300 {} 2> {}",
+        shimmed(ctx, "srv", "")?,
+        modes.len(),
+        srv_err.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9300"))?;
+    for mode in modes {
+        let run = ctx
+            .sh(&format!(
+                "{} {echo} client {a} 9300 {data} {t}/out-{mode} {mode}",
+                shimmed(ctx, &format!("cli{mode}"), "")?
+            ))
+            .and_then(|_| same(ctx, &data, &format!("{t}/out-{mode}")));
+        if let Err(e) = run {
+            let server = std::fs::read_to_string(&srv_err).unwrap_or_default();
+            ctx.log(format_args!("the server's stderr so far:\n{server}"));
+            return Err(e.context(format!("mode {mode}")));
+        }
+    }
+    ensure!(
+        ctx.wait("echo server", srv)?.success(),
+        "the echo server failed"
+    );
+    for mode in ["plain", "dup", "peek", "scm", "exec"] {
+        expect_counts(
+            ctx,
+            &format!("cli{mode}"),
+            "client",
+            &[("rdma UPGRADED", 1)],
+        )?;
+    }
+    expect_counts(ctx, "cliepoll", "client", &[("tcp UNSUPPORTED", 1)])?;
+    // The parent accepts (and counts); the forked children echo on the upgraded fds.
+    expect_counts(
+        ctx,
+        "srv",
+        "server",
+        &[("rdma UPGRADED", 5), ("tcp PEER_NOT_SHIMMED", 1)],
+    )
+}
+
+/// A client that writes 8 MiB and calls `exit(0)` at once (no close): the kernel would deliver
+/// what a TCP socket holds after the process is gone; the shim's exit flush does the same.
+fn exit_flush(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let echo = build_echo(ctx)?;
+    let data = random_file(ctx, "data.bin", 8)?;
+    let t = ctx.tmp.display();
+    let srv = ctx.spawn(&format!(
+        "{} {echo} sink 9310 {t}/got.bin",
+        shimmed(ctx, "srv", "")?
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9310"))?;
+    ctx.sh(&format!(
+        "{} {echo} client {a} 9310 {data} - blast",
+        shimmed(ctx, "cli", "")?
+    ))?;
+    ensure!(ctx.wait("sink", srv)?.success(), "the sink failed");
+    same(ctx, &data, &format!("{t}/got.bin"))?;
+    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", 1)])?;
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 1)])
+}
+
+/// The QEMU migration driver (`tests/tools/qemu_migrate.py`).
+fn qemu_tool() -> String {
+    workspace_root()
+        .join("tests/tools/qemu_migrate.py")
+        .display()
+        .to_string()
+}
+
+fn qemu(ctx: &Ctx, multifd: u32) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let t = ctx.tmp.display();
+    let shim = shim()?;
+    let out = ctx.sh(&format!(
+        "{} {} --workdir {t}/run --ram-mib 128 --port 4444 --listen tcp:{a}:4444 \
+         --multifd {multifd} --timeout 400 \
+         --env LD_PRELOAD={} --env STREAMSHIM_NEGOTIATE_MS=5000 --env STREAMSHIM_LOG=info \
+         --src-env STREAMSHIM_STATS={t}/src-%p.json --dst-env STREAMSHIM_STATS={t}/dst-%p.json",
+        python(),
+        qemu_tool(),
+        shim.display()
+    ))?;
+    let line = out.stdout.lines().last().unwrap_or_default();
+    let r: serde_json::Value =
+        serde_json::from_str(line).with_context(|| format!("result {line}"))?;
+    ensure!(r["status"] == "completed", "migration {r}");
+    ensure!(r["ram_match"] == true, "RAM differs: {r}");
+    let channels = u64::from(multifd) + 1;
+    expect_counts(ctx, "src", "client", &[("rdma UPGRADED", channels)])?;
+    expect_counts(ctx, "dst", "server", &[("rdma UPGRADED", channels)])?;
+    let (sent, _) = rdma_bytes(ctx, "src")?;
+    ensure!(
+        sent >= 128 << 20,
+        "the source's streams carried only {sent} bytes"
+    );
+    Ok(())
+}
+
+/// QEMU live migration (128 MiB of random RAM), single stream, both QEMUs under the shim.
+fn qemu_single(ctx: &Ctx) -> anyhow::Result<()> {
+    qemu(ctx, 0)
+}
+
+/// The same with 4 multifd channels (QEMU 7.2: the main channel is accepted first, then the
+/// channels).
+fn qemu_multifd(ctx: &Ctx) -> anyhow::Result<()> {
+    qemu(ctx, 4)
+}

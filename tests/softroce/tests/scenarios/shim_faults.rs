@@ -1,0 +1,608 @@
+//! What goes wrong, on a real RDMA stack: a peer killed mid-stream, a peer whose node is gone,
+//! a one-sided shim, no device, a memlock limit too low for one connection or for the next, a
+//! server that stalls before accepting, a pre-fork server, and an RDMA program on the same
+//! port. Each ends with its stated reason (or a reader that sees EOF or a reset within a bound),
+//! never a hang, and the bytes that were delivered are the right ones.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use rdma_streams_softroce::{Ctx, Scenario, Topology};
+
+use super::support::{WAIT_PORT, expect_counts, file, python, shim, shimmed};
+
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "shim_peer_killed_mid_stream_ends_the_reader",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: peer_killed,
+    },
+    Scenario {
+        name: "shim_peer_node_gone_ends_the_reader_within_the_keepalive_bound",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: node_gone,
+    },
+    Scenario {
+        name: "shim_one_sided_shim_stays_tcp_at_once",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: one_sided,
+    },
+    Scenario {
+        name: "shim_no_device_passes_through",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(120),
+        run: no_device,
+    },
+    Scenario {
+        name: "shim_memlock_too_low_falls_back_per_process_and_per_connection",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: memlock,
+    },
+    Scenario {
+        name: "shim_server_stalling_before_accept_costs_one_bound",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: stalled_server,
+    },
+    Scenario {
+        name: "shim_prefork_server_stays_tcp_without_hanging",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: prefork,
+    },
+    Scenario {
+        name: "shim_rdma_program_on_the_same_port_keeps_working",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: port_in_use,
+    },
+    Scenario {
+        name: "shim_policy_refusal_and_loopback",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: policy,
+    },
+];
+
+/// Streams until killed (server) or reads until EOF or an error, reporting when it ended
+/// (client); or the other way round with `up`: the client writes, the server reads.
+const STREAM: &str = r#"
+import os, socket, sys, time
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+chunk = os.urandom(1 << 16)
+if mode in ("server-write", "server-read"):
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((host, port))
+    ls.listen(1)
+    c, _ = ls.accept()
+    s = c
+else:
+    s = socket.create_connection((host, port))
+if mode in ("server-write", "client-write"):
+    while True:
+        s.sendall(chunk)
+total = 0
+marked = False
+while True:
+    try:
+        b = s.recv(1 << 16)
+    except OSError as e:
+        print("ended", repr(e), time.time(), total, flush=True)
+        break
+    if not b:
+        print("ended EOF", time.time(), total, flush=True)
+        break
+    total += len(b)
+    if total >= (8 << 20) and not marked:
+        print("flowing", time.time(), flush=True)
+        marked = True
+"#;
+
+/// The time in the first line starting with `word` of `out`.
+fn when(out: &str, word: &str) -> Option<f64> {
+    out.lines()
+        .find(|l| l.starts_with(word))?
+        .split_whitespace()
+        .find_map(|w| w.parse::<f64>().ok().filter(|t| *t > 1e9))
+}
+
+/// Waits until `path` holds a line starting with `word`.
+fn wait_line(
+    ctx: &Ctx,
+    path: &std::path::Path,
+    word: &str,
+    limit: Duration,
+) -> anyhow::Result<String> {
+    let end = Instant::now() + limit;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().any(|l| l.starts_with(word)) {
+            return Ok(text);
+        }
+        if Instant::now() >= end || ctx.remaining() < Duration::from_secs(2) {
+            bail!("no `{word}` in {} within {limit:?}: {text}", path.display());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// kill -9 of the writing peer, both ways round: the reader sees EOF or a reset within 5 s
+/// (the dying process's kernel disconnects its RDMA connections at once).
+fn peer_killed(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let py = python();
+    let prog = file(ctx, "stream.py", STREAM)?;
+    for (i, (writer, reader)) in [
+        ("server-write", "client-read"),
+        ("client-write", "server-read"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = 9600 + i;
+        let (server_mode, client_mode) = if writer.starts_with("server") {
+            (writer, reader)
+        } else {
+            (reader, writer)
+        };
+        let srv_out = ctx.tmp.join(format!("srv{i}.out"));
+        let cli_out = ctx.tmp.join(format!("cli{i}.out"));
+        let srv = ctx.spawn(&format!(
+            "exec {} {py} {} {server_mode} {a} {port} > {}",
+            shimmed(ctx, &format!("srv{i}"), "")?,
+            prog.display(),
+            srv_out.display()
+        ))?;
+        ctx.sh(&format!("{WAIT_PORT} wait_port {port}"))?;
+        let cli = ctx.spawn(&format!(
+            "exec {} {py} {} {client_mode} {a} {port} > {}",
+            shimmed(ctx, &format!("cli{i}"), "")?,
+            prog.display(),
+            cli_out.display()
+        ))?;
+        let (reader_out, writer_pid) = if writer.starts_with("server") {
+            (&cli_out, srv.pid())
+        } else {
+            (&srv_out, cli.pid())
+        };
+        wait_line(ctx, reader_out, "flowing", Duration::from_secs(120))?;
+        let killed = now();
+        ctx.sh(&format!("kill -9 {writer_pid}"))?;
+        let text = wait_line(ctx, reader_out, "ended", Duration::from_secs(30))?;
+        let ended = when(&text, "ended").context("no time")?;
+        ctx.log(format_args!(
+            "{reader}: {text} ({:.2} s after the kill)",
+            ended - killed
+        ));
+        ensure!(
+            ended - killed < 5.0,
+            "the reader saw the end {:.1} s after the kill",
+            ended - killed
+        );
+        drop((srv, cli));
+    }
+    Ok(())
+}
+
+/// The writing peer stopped (SIGSTOP) and every RoCE packet to and from its side dropped: no
+/// disconnect ever comes. The reader's engine probes after 5 s of silence; the probe's
+/// retries run out (7 tries of ~0.27 s) and the stream ends: the reader sees EOF within 15 s
+/// of the cut.
+fn node_gone(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let py = python();
+    let prog = file(ctx, "stream.py", STREAM)?;
+    let srv_out = ctx.tmp.join("srv.out");
+    let cli_out = ctx.tmp.join("cli.out");
+    let srv = ctx.spawn(&format!(
+        "exec {} {py} {} server-write {a} 9610 > {}",
+        shimmed(ctx, "srv", "")?,
+        prog.display(),
+        srv_out.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9610"))?;
+    let _cli = ctx.spawn(&format!(
+        "exec {} {py} {} client-read {a} 9610 > {}",
+        shimmed(ctx, "cli", "")?,
+        prog.display(),
+        cli_out.display()
+    ))?;
+    wait_line(ctx, &cli_out, "flowing", Duration::from_secs(120))?;
+    // The server's node "goes away": its process stops and its device answers nothing.
+    ctx.sh(&format!(
+        "kill -STOP {} && nft add table inet gone && \
+         nft add chain inet gone in '{{ type filter hook input priority 0; }}' && \
+         nft add rule inet gone in ip saddr {a} udp dport 4791 drop && \
+         nft add rule inet gone in ip daddr {a} udp dport 4791 drop",
+        srv.pid()
+    ))?;
+    let cut = now();
+    let result = wait_line(ctx, &cli_out, "ended", Duration::from_secs(60));
+    let _ = ctx.bash(&format!(
+        "nft delete table inet gone; kill -9 {}",
+        srv.pid()
+    ));
+    let text = result?;
+    let ended = when(&text, "ended").context("no time")?;
+    ctx.log(format_args!(
+        "reader: {text} ({:.2} s after the cut)",
+        ended - cut
+    ));
+    ensure!(
+        ended - cut < 15.0,
+        "the reader saw the end {:.1} s after the cut",
+        ended - cut
+    );
+    Ok(())
+}
+
+const ECHO_SERVER: &str = r#"
+import socket, sys, time
+host, port, n, delay = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((host, port))
+ls.listen(16)
+time.sleep(delay)
+for _ in range(n):
+    c, _ = ls.accept()
+    with c:
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            c.sendall(b)
+"#;
+
+/// One connection: 256 KiB out and back, byte-exact; prints how long `connect()` took (the
+/// first one of the process: it includes starting the shim's engine).
+const ECHO_CLIENT: &str = r#"
+import os, socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+data = os.urandom(256 << 10)
+s = socket.socket()  # the shim's once-per-process decision happens here, not in connect()
+t0 = time.time()
+s.connect((host, port))
+connect = time.time() - t0
+s.sendall(data)
+s.shutdown(socket.SHUT_WR)
+got = bytearray()
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    got += b
+assert bytes(got) == data, (len(got), len(data))
+print("echo ok connect_s %.3f" % connect)
+"#;
+
+fn connect_seconds(out: &str) -> f64 {
+    out.split_whitespace()
+        .skip_while(|w| *w != "connect_s")
+        .nth(1)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(f64::MAX)
+}
+
+/// A shimmed client and a plain server (nothing listens on the RDMA side: the CM rejects at
+/// once), and a plain client to a shimmed server (nothing to claim, no wait).
+fn one_sided(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let py = python();
+    let server = file(ctx, "server.py", ECHO_SERVER)?;
+    let client = file(ctx, "client.py", ECHO_CLIENT)?;
+    let srv = ctx.spawn(&format!("{py} {} {a} 9700 1 0", server.display()))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9700"))?;
+    let out = ctx.sh(&format!(
+        "{} {py} {} {a} 9700",
+        shimmed(ctx, "cli", "")?,
+        client.display()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "plain server failed");
+    let t = connect_seconds(&out.stdout);
+    ensure!(
+        t < 2.0,
+        "a shimmed client's connect to a plain server took {t:.2} s"
+    );
+    expect_counts(ctx, "cli", "client", &[("tcp PEER_NOT_SHIMMED", 1)])?;
+
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} {a} 9701 1 0",
+        shimmed(ctx, "srv", "")?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9701"))?;
+    let out = ctx.sh(&format!("{py} {} {a} 9701", client.display()))?;
+    ensure!(ctx.wait("server", srv)?.success(), "shimmed server failed");
+    ensure!(out.stdout.contains("echo ok"), "no echo");
+    expect_counts(ctx, "srv", "server", &[("tcp PEER_NOT_SHIMMED", 1)])
+}
+
+/// libibverbs finds no device (its sysfs root points at an empty directory): the process
+/// passes through with `NO_DEVICE`, and the server counts a client that did not negotiate.
+fn no_device(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let py = python();
+    let server = file(ctx, "server.py", ECHO_SERVER)?;
+    let client = file(ctx, "client.py", ECHO_CLIENT)?;
+    std::fs::create_dir_all(ctx.tmp.join("no-sysfs"))?;
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} {a} 9710 1 0",
+        shimmed(ctx, "srv", "")?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9710"))?;
+    ctx.sh(&format!(
+        "{} {py} {} {a} 9710",
+        shimmed(
+            ctx,
+            "cli",
+            &format!("SYSFS_PATH={}/no-sysfs", ctx.tmp.display())
+        )?,
+        client.display()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "server failed");
+    expect_counts(ctx, "cli", "client", &[("tcp NO_DEVICE", 1)])?;
+    expect_counts(ctx, "srv", "server", &[("tcp PEER_NOT_SHIMMED", 1)])
+}
+
+/// RLIMIT_MEMLOCK of 64 KiB without CAP_IPC_LOCK: one connection's buffers do not fit, the
+/// process passes through (`MEMLOCK`). A limit for two connections: the third concurrent one
+/// falls back alone (`MEMLOCK`), its bytes intact.
+fn memlock(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let py = python();
+    let server = file(ctx, "server.py", ECHO_SERVER)?;
+    let client = file(ctx, "client.py", ECHO_CLIENT)?;
+    let drop_cap = "setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock --";
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} {a} 9720 1 0",
+        shimmed(ctx, "srv", "")?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9720"))?;
+    ctx.sh(&format!(
+        "prlimit --memlock=65536:65536 {drop_cap} {} {py} {} {a} 9720",
+        shimmed(ctx, "low", "")?,
+        client.display()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "server failed");
+    expect_counts(ctx, "low", "client", &[("tcp MEMLOCK", 1)])?;
+
+    // Three connections held open at once under a limit that fits two (a connection pins
+    // about 580 KiB: two rings of 256 KiB, control slots, and the queue allowance).
+    let three = file(
+        ctx,
+        "three.py",
+        r#"
+import os, socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+conns = [socket.create_connection((host, port)) for _ in range(3)]
+for i, s in enumerate(conns):
+    data = os.urandom(100000) + bytes([i])
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+    got = bytearray()
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        got += b
+    assert bytes(got) == data, i
+print("three ok")
+"#,
+    )?;
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} {a} 9721 3 0",
+        shimmed(ctx, "srv3", "")?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9721"))?;
+    let out = ctx.sh(&format!(
+        "prlimit --memlock=1400000:1400000 {drop_cap} {} {py} {} {a} 9721",
+        shimmed(ctx, "two", "")?,
+        three.display()
+    ))?;
+    ensure!(out.stdout.contains("three ok"), "no echo");
+    ensure!(ctx.wait("server", srv)?.success(), "server failed");
+    expect_counts(
+        ctx,
+        "two",
+        "client",
+        &[("rdma UPGRADED", 2), ("tcp MEMLOCK", 1)],
+    )
+}
+
+/// The server listens but accepts 4 s late: the client, with a 300 ms bound, gets no CLAIM and
+/// connects over TCP after at most two bounds (`TIMEOUT`); the late accept finds the client's
+/// abandoned registration and stays TCP too. Bytes are intact.
+fn stalled_server(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let py = python();
+    let server = file(ctx, "server.py", ECHO_SERVER)?;
+    let client = file(ctx, "client.py", ECHO_CLIENT)?;
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} {a} 9730 1 4",
+        shimmed(ctx, "srv", "")?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9730"))?;
+    let out = ctx.sh(&format!(
+        "{} {py} {} {a} 9730",
+        shimmed(ctx, "cli", "STREAMSHIM_NEGOTIATE_MS=300")?,
+        client.display()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "server failed");
+    let t = connect_seconds(&out.stdout);
+    ensure!(t < 2.0, "connect() took {t:.2} s with a 300 ms bound");
+    expect_counts(ctx, "cli", "client", &[("tcp TIMEOUT", 1)])?;
+    expect_counts(ctx, "srv", "server", &[("tcp TIMEOUT", 1)])
+}
+
+/// A pre-fork server: socket/bind/listen in the parent, two forked children that each accept
+/// and echo until no connection comes for 3 s. The parent's engine holds every registration,
+/// but the children accept and never claim: every client falls back to TCP after its bound.
+const PREFORK: &str = r#"
+import os, socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((host, port))
+ls.listen(64)
+ls.settimeout(3.0)
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        served = 0
+        while True:
+            try:
+                c, _ = ls.accept()
+            except socket.timeout:
+                break
+            c.settimeout(None)
+            with c:
+                while True:
+                    b = c.recv(65536)
+                    if not b:
+                        break
+                    c.sendall(b)
+            served += 1
+        os.write(1, ("child served %d\n" % served).encode())
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+print("parent done", flush=True)
+"#;
+
+fn prefork(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let py = python();
+    let server = file(ctx, "prefork.py", PREFORK)?;
+    let client = file(ctx, "client.py", ECHO_CLIENT)?;
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} {a} 9740",
+        shimmed(ctx, "srv", "")?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9740"))?;
+    for i in 0..6 {
+        let out = ctx.sh(&format!(
+            "{} {py} {} {a} 9740",
+            shimmed(ctx, &format!("cli{i}"), "STREAMSHIM_NEGOTIATE_MS=500")?,
+            client.display()
+        ))?;
+        let t = connect_seconds(&out.stdout);
+        ensure!(t < 3.0, "connect() took {t:.2} s with a 500 ms bound");
+        expect_counts(ctx, &format!("cli{i}"), "client", &[("tcp TIMEOUT", 1)])?;
+    }
+    let done = ctx.wait("prefork server", srv)?;
+    ensure!(
+        done.stdout.contains("parent done"),
+        "the server did not finish"
+    );
+    Ok(())
+}
+
+/// rping (rdma_cm port space TCP) serves on the app's port while a shimmed server listens on
+/// the same TCP port: the shim's RDMA listener is in the IB port space, so both work, and the
+/// shimmed connection upgrades.
+fn port_in_use(ctx: &Ctx) -> anyhow::Result<()> {
+    let (a, b) = (ctx.addr_a, ctx.addr_b);
+    let py = python();
+    let server = file(ctx, "server.py", ECHO_SERVER)?;
+    let client = file(ctx, "client.py", ECHO_CLIENT)?;
+    let rping = ctx.spawn(&format!("rping -s -a {a} -p 9750 -C 3 -v"))?;
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} {a} 9750 1 0",
+        shimmed(ctx, "srv", "")?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9750"))?;
+    ctx.sh(&format!(
+        "{} {py} {} {a} 9750",
+        shimmed(ctx, "cli", "")?,
+        client.display()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "server failed");
+    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", 1)])?;
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 1)])?;
+    let mut ok = false;
+    for _ in 0..10 {
+        let c = ctx.bash(&format!("rping -c -a {a} -I {b} -p 9750 -C 3 -v"))?;
+        if c.success() && c.stdout.matches("ping data").count() == 3 {
+            ok = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    ensure!(ok, "rping on the same port stopped working");
+    ensure!(
+        ctx.wait("rping server", rping)?.success(),
+        "the rping server failed"
+    );
+    Ok(())
+}
+
+/// A server policy that refuses the client's port (the client counts `PEER_REFUSED`, at once),
+/// and a capable process talking to a loopback address without `loopback: true` (`POLICY`).
+fn policy(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let py = python();
+    let server = file(ctx, "server.py", ECHO_SERVER)?;
+    let client = file(ctx, "client.py", ECHO_CLIENT)?;
+    let pol = file(
+        ctx,
+        "policy.yaml",
+        "version: 1\nserver:\n  allow: [{ports: [1]}]\n",
+    )?;
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} {a} 9760 1 0",
+        shimmed(ctx, "srv", &format!("STREAMSHIM_POLICY={}", pol.display()))?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9760"))?;
+    let out = ctx.sh(&format!(
+        "{} {py} {} {a} 9760",
+        shimmed(ctx, "cli", "")?,
+        client.display()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "server failed");
+    ensure!(
+        connect_seconds(&out.stdout) < 2.0,
+        "a refusal must be quick"
+    );
+    expect_counts(ctx, "cli", "client", &[("tcp PEER_REFUSED", 1)])?;
+    expect_counts(ctx, "srv", "server", &[("tcp POLICY", 1)])?;
+
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} 127.0.0.1 9761 1 0",
+        shimmed(ctx, "lsrv", "")?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9761"))?;
+    ctx.sh(&format!(
+        "{} {py} {} 127.0.0.1 9761",
+        shimmed(ctx, "lcli", "")?,
+        client.display()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "server failed");
+    expect_counts(ctx, "lcli", "client", &[("tcp POLICY", 1)])?;
+    expect_counts(ctx, "lsrv", "server", &[("tcp POLICY", 1)])?;
+    let _ = shim()?;
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! Many connections: 1,000 short ones in a row (every one upgraded; open fds, threads and
+//! pinned memory of both processes back where they were), and 64 at once, each checked with
+//! sha256.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use rdma_streams_softroce::{Ctx, Scenario, Topology};
+use serde_json::Value;
+
+use super::support::{WAIT_PORT, expect_counts, file, python, shimmed};
+
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "shim_1000_short_connections_leave_nothing_behind",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(1200),
+        run: churn,
+    },
+    Scenario {
+        name: "shim_64_concurrent_connections_sha256",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(600),
+        run: concurrent,
+    },
+];
+
+/// A single-threaded (selectors) echo server: echoes each connection until its EOF, then
+/// closes it; exits after `n` connections. Its own resources are read by the client through
+/// /proc.
+const SERVER: &str = r#"
+import os, selectors, socket, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sel = selectors.DefaultSelector()
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((host, port))
+ls.listen(128)
+ls.setblocking(False)
+sel.register(ls, selectors.EVENT_READ)
+done = 0
+while done < n:
+    for key, _ in sel.select():
+        s = key.fileobj
+        if s is ls:
+            c, _ = ls.accept()
+            c.setblocking(False)
+            sel.register(c, selectors.EVENT_READ)
+            continue
+        try:
+            b = s.recv(65536)
+        except BlockingIOError:
+            continue
+        if b:
+            s.setblocking(True)
+            s.sendall(b)
+            s.setblocking(False)
+        else:
+            sel.unregister(s)
+            s.close()
+            done += 1
+"#;
+
+/// Makes `n` connections one after the other (each: a line out, the same line back, close),
+/// after one warm-up connection; prints the resources of itself and of the server before the
+/// run and after it, as JSON.
+const CLIENT: &str = r#"
+import json, os, socket, sys, time
+host, port, n, server = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+
+def res(pid):
+    st = open(f"/proc/{pid}/status").read()
+    field = lambda k: int(next(l.split()[1] for l in st.splitlines() if l.startswith(k + ":")))
+    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": field("Threads"),
+            "vmpin_kib": field("VmPin")}
+
+def one(i):
+    msg = (b"%d:" % i) * 40
+    s = socket.create_connection((host, port))
+    s.sendall(msg)
+    s.shutdown(socket.SHUT_WR)
+    got = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        got += b
+    s.close()
+    assert got == msg, (i, len(got), len(msg))
+
+def settle(pid_list):
+    # The engines finish each stream's teardown (FIN both ways, then a CM disconnect) a
+    # little after the app's close: wait until nothing is pinned and the fd counts hold still.
+    last = None
+    for _ in range(100):
+        now = [res(p) for p in pid_list]
+        if all(r["vmpin_kib"] == 0 for r in now) and now == last:
+            return
+        last = now
+        time.sleep(0.2)
+
+me = os.getpid()
+start = {"client": res(me), "server": res(server)}
+one(0)
+settle([me, server])
+before = {"client": res(me), "server": res(server)}
+t0 = time.time()
+for i in range(1, n + 1):
+    one(i)
+elapsed = time.time() - t0
+settle([me, server])
+after = {"client": res(me), "server": res(server)}
+print(json.dumps({"start": start, "before": before, "after": after, "seconds": elapsed}))
+"#;
+
+fn churn(ctx: &Ctx) -> anyhow::Result<()> {
+    const N: u32 = 1000;
+    let a = ctx.addr_a;
+    let py = python();
+    let server = file(ctx, "server.py", SERVER)?;
+    let client = file(ctx, "client.py", CLIENT)?;
+    let srv = ctx.spawn(&format!(
+        "exec {} {py} {} {a} 9400 {}",
+        shimmed(ctx, "srv", "")?,
+        server.display(),
+        N + 1
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9400"))?;
+    let pid = srv.pid();
+    let out = ctx.sh(&format!(
+        "{} {py} {} {a} 9400 {N} {pid}",
+        shimmed(ctx, "cli", "")?,
+        client.display()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
+    let line = out.stdout.lines().last().unwrap_or_default();
+    let r: Value = serde_json::from_str(line).with_context(|| format!("client said {line}"))?;
+    ctx.log(format_args!(
+        "{N} connections in {:.1} s: {}",
+        r["seconds"].as_f64().unwrap_or(0.0),
+        r
+    ));
+    for who in ["client", "server"] {
+        let (before, after) = (&r["before"][who], &r["after"][who]);
+        ensure!(
+            before["fds"] == after["fds"],
+            "{who}: open fds {} before, {} after {N} connections",
+            before["fds"],
+            after["fds"]
+        );
+        ensure!(
+            before["threads"] == after["threads"],
+            "{who}: threads {} before, {} after",
+            before["threads"],
+            after["threads"]
+        );
+        ensure!(
+            after["vmpin_kib"] == r["start"][who]["vmpin_kib"],
+            "{who}: pinned {} KiB after, {} KiB at the start",
+            after["vmpin_kib"],
+            r["start"][who]["vmpin_kib"]
+        );
+    }
+    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", u64::from(N) + 1)])?;
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", u64::from(N) + 1)])
+}
+
+/// 64 threads, each its own connection to a thread-per-connection echo server, 2 MiB of random
+/// bytes each way, checked with sha256 on arrival.
+const CONCURRENT: &str = r#"
+import hashlib, os, socket, socketserver, sys, threading
+mode, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+SIZE = 2 << 20
+
+if mode == "server":
+    class H(socketserver.BaseRequestHandler):
+        def handle(self):
+            h = hashlib.sha256()
+            while True:
+                b = self.request.recv(65536)
+                if not b:
+                    break
+                h.update(b)
+                self.request.sendall(b)
+    class S(socketserver.ThreadingTCPServer):
+        allow_reuse_address = True
+        daemon_threads = False
+        request_queue_size = 128
+    with S((host, port), H) as s:
+        for _ in range(n):
+            s.handle_request()
+        s.server_close()
+        for t in threading.enumerate():
+            if t is not threading.current_thread():
+                t.join()
+    sys.exit(0)
+
+errors = []
+def one(i):
+    try:
+        data = os.urandom(SIZE)
+        s = socket.create_connection((host, port))
+        def send():
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        t = threading.Thread(target=send)
+        t.start()
+        h = hashlib.sha256()
+        got = 0
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            h.update(b)
+            got += len(b)
+        t.join()
+        s.close()
+        if h.digest() != hashlib.sha256(data).digest():
+            errors.append(f"connection {i}: {got} bytes, sha256 differs")
+    except Exception as e:
+        errors.append(f"connection {i}: {e!r}")
+threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("errors", len(errors), errors[:5])
+sys.exit(1 if errors else 0)
+"#;
+
+fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
+    const N: u64 = 64;
+    let a = ctx.addr_a;
+    let py = python();
+    let prog = file(ctx, "concurrent.py", CONCURRENT)?;
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} server {a} 9500 {N}",
+        shimmed(ctx, "srv", "")?,
+        prog.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9500"))?;
+    // 64 RDMA connects at once: under TCG the engines set them up one after another for
+    // seconds, so the bound is the largest the shim takes.
+    ctx.sh(&format!(
+        "{} {py} {} client {a} 9500 {N}",
+        shimmed(ctx, "cli", "STREAMSHIM_NEGOTIATE_MS=10000")?,
+        prog.display()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
+    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", N)])?;
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", N)])
+}

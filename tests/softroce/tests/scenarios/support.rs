@@ -1,0 +1,143 @@
+//! What the shim scenarios share: the library under test, the real Python, a shimmed
+//! command's environment, and the shim's stats files.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use anyhow::{Context as _, bail, ensure};
+use rdma_streams_softroce::Ctx;
+use serde_json::Value;
+
+/// The negotiation bound for scenarios that expect upgrades: rdma_cm connects take 50-300 ms
+/// under TCG, the 200 ms default would make them flaky.
+pub const NEGOTIATE_MS: u32 = 5000;
+
+/// `libstreamshim.so` of this build (`STREAMSHIM_LIB` overrides): next to the test binary's
+/// profile directory (`make test` builds it first).
+pub fn shim() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("STREAMSHIM_LIB") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("current_exe")?;
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("the test binary is not in <target>/<profile>/deps")?;
+    let candidates = [
+        profile.join("libstreamshim.so"),
+        profile.join("deps/libstreamshim.so"),
+    ];
+    candidates
+        .iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .cloned()
+        .with_context(|| {
+            format!(
+                "libstreamshim.so not found in {} (`cargo build -p rdma-streams-shim` first)",
+                profile.display()
+            )
+        })
+}
+
+/// The real Python interpreter (not a pyenv shim script), so the shim lands in Python itself.
+pub fn python() -> String {
+    static PY: OnceLock<String> = OnceLock::new();
+    PY.get_or_init(|| {
+        std::process::Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| String::from("python3"))
+    })
+    .clone()
+}
+
+/// `env ...` words that run a command under the shim, its stats in `<tmp>/<tag>-<pid>.json`,
+/// `extra` (more `K=V` words) last. The shim logs at `info` (`SOFTROCE_SHIM_LOG` overrides,
+/// e.g. `debug` to see every connection).
+pub fn shimmed(ctx: &Ctx, tag: &str, extra: &str) -> anyhow::Result<String> {
+    let level = std::env::var("SOFTROCE_SHIM_LOG").unwrap_or_else(|_| String::from("info"));
+    Ok(format!(
+        "env LD_PRELOAD={} STREAMSHIM_STATS={}/{tag}-%p.json STREAMSHIM_NEGOTIATE_MS={NEGOTIATE_MS} STREAMSHIM_LOG={level} {extra}",
+        shim()?.display(),
+        ctx.tmp.display()
+    ))
+}
+
+/// Writes `text` to `<tmp>/name` and returns the path.
+pub fn file(ctx: &Ctx, name: &str, text: &str) -> anyhow::Result<PathBuf> {
+    let p = ctx.tmp.join(name);
+    std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+    Ok(p)
+}
+
+/// Every stats file `<tmp>/<tag>-*.json`, by file name.
+pub fn stats(ctx: &Ctx, tag: &str) -> anyhow::Result<BTreeMap<String, Value>> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(&ctx.tmp)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&format!("{tag}-")) && name.ends_with(".json") {
+            let text = std::fs::read_to_string(entry.path())?;
+            let v: Value =
+                serde_json::from_str(&text).with_context(|| format!("{name}: {text}"))?;
+            out.insert(name, v);
+        }
+    }
+    Ok(out)
+}
+
+/// The summed counters of `role` over the stats files of `tag`: `{"rdma UPGRADED": n, "tcp
+/// TIMEOUT": m, ...}`.
+pub fn counts(ctx: &Ctx, tag: &str, role: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+    let files = stats(ctx, tag)?;
+    ensure!(!files.is_empty(), "no stats file {tag}-*.json");
+    let mut out = BTreeMap::new();
+    for v in files.values() {
+        for path in ["rdma", "tcp"] {
+            if let Some(m) = v[role][path].as_object() {
+                for (reason, n) in m {
+                    *out.entry(format!("{path} {reason}")).or_insert(0) += n.as_u64().unwrap_or(0);
+                }
+            }
+        }
+    }
+    out.retain(|_, n| *n > 0);
+    Ok(out)
+}
+
+/// Fails unless `role` of `tag` counted exactly `want` (e.g. `[("rdma UPGRADED", 2)]`).
+pub fn expect_counts(ctx: &Ctx, tag: &str, role: &str, want: &[(&str, u64)]) -> anyhow::Result<()> {
+    let got = counts(ctx, tag, role)?;
+    let want: BTreeMap<String, u64> = want.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect();
+    ctx.log(format_args!("{tag} {role}: {got:?}"));
+    if got != want {
+        bail!("{tag} {role} counted {got:?}, expected {want:?}");
+    }
+    Ok(())
+}
+
+/// The summed `rdma_bytes` (sent, received) over the stats files of `tag`.
+pub fn rdma_bytes(ctx: &Ctx, tag: &str) -> anyhow::Result<(u64, u64)> {
+    let mut sent = 0;
+    let mut received = 0;
+    for v in stats(ctx, tag)?.values() {
+        sent += v["rdma_bytes"]["sent"].as_u64().unwrap_or(0);
+        received += v["rdma_bytes"]["received"].as_u64().unwrap_or(0);
+    }
+    Ok((sent, received))
+}
+
+/// `wait_port PORT`: a shell function that waits (20 s) for a TCP listener on PORT.
+pub const WAIT_PORT: &str = r#"wait_port() {
+  for _ in $(seq 1 400); do
+    ss -ltnH | grep -q ":$1 " && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on port $1" >&2; return 1
+}
+"#;
