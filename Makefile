@@ -5,8 +5,8 @@
 #   make manifests  render manifests/ from charts/rdma-streams
 #   make bench   side-by-side benchmarks (results go to docs/benchmarks.md by hand)
 #   make demo    the newcomer's tour, no cluster needed
-#   make e2e-softroce  the shim over real rsockets on Soft-RoCE (rdma_rxe) between two network
-#                namespaces; prints one SKIP line and exits 0 where the kernel has no rdma_rxe
+#   make e2e-softroce  the Soft-RoCE suite (tests/softroce) directly on this host instead of in
+#                QEMU guests; prints one SKIP line and exits 0 where the kernel has no rdma_rxe
 #   make images  docker build of every image (images/; IMAGE_REGISTRY, IMAGE_TAG); needs docker
 #   make e2e     the chart on a kind cluster (e2e/kind.sh); one SKIP line and exit 0 without
 #                docker, kind or kubectl
@@ -140,11 +140,11 @@ demo: deps
 	@bash scripts/demo.sh
 
 # Needs root and a kernel with rdma_rxe; elsewhere one `SKIP: ...` line and exit 0
-# (SOFTROCE_REQUIRE=1: exit 77 instead). Options: e2e/softroce.sh --help. Then the migration
-# gateway's benchmark over the same (e2e/softroce-gateway.sh).
+# (SOFTROCE_REQUIRE=1: exit 77 instead). `make test` runs the same scenarios in QEMU guests.
+# Then the migration gateway's scenarios and benchmark on the same stack
+# (e2e/softroce-gateway.sh).
 e2e-softroce:
-	$(CARGO) build --release -p rdma-streams-shim
-	bash e2e/softroce.sh --shim target/release/libstreamshim.so
+	bash e2e/softroce.sh
 	bash e2e/softroce-gateway.sh
 
 # Images (images/Dockerfile.*; docs/decisions.md "Images"). Not part of `make test`: they need a
