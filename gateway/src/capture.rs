@@ -104,6 +104,11 @@ pub async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, handles: Ha
     debug!("capture listener closed");
 }
 
+/// Milliseconds since `t` (a number in the JSON logs).
+fn millis(t: std::time::Instant) -> u64 {
+    u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Decrements the open-connections gauge when dropped.
 pub(crate) struct OpenGuard(pub(crate) Arc<Shared>);
 
@@ -120,6 +125,7 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
     shared.metrics.connections_active.inc();
     let _open = OpenGuard(shared.clone());
     let _ = client.set_nodelay(true);
+    let opening = std::time::Instant::now();
     let attempt = match (&shared.rdma, shared.peers.lookup(dst.ip())) {
         (Err(reason), _) => Err(*reason),
         (Ok(_), None) => Err(Fallback::NoPeer),
@@ -138,7 +144,11 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
     match attempt {
         Ok(conn) => {
             shared.metrics.connection("source", PathKind::Rdma);
-            info!(path = "rdma", "connection carried over an RDMA stream");
+            info!(
+                path = "rdma",
+                open_ms = millis(opening),
+                "connection carried over an RDMA stream"
+            );
             let end = stream::carry(&conn, client, &handles.cancel).await;
             shared
                 .metrics
@@ -160,7 +170,12 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
         Err(reason) => {
             shared.metrics.fallback(reason);
             shared.metrics.connection("source", PathKind::Tcp);
-            info!(path = "tcp", %reason, "connection relayed over TCP");
+            info!(
+                path = "tcp",
+                %reason,
+                after_ms = millis(opening),
+                "connection relayed over TCP"
+            );
             let server =
                 match relay::dial(dst, shared.settings.mark, shared.settings.dial_timeout).await {
                     Ok(s) => s,

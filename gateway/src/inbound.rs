@@ -6,7 +6,10 @@
 //!
 //! A stream is accepted only for a target-role migration that names its destination (so the
 //! gateway is never an open relay); a request that arrives before the migration was announced
-//! here waits up to `announce_grace` for it. The decision must come within the engine's
+//! here waits up to `announce_grace` for it. A request whose source gave up meanwhile (its
+//! `--stream-timeout-ms` ran out: it relays that connection over TCP itself) is not dialed: the
+//! destination would see an extra, empty connection, which a migration's main channel cannot
+//! take. The decision must come within the engine's
 //! `unattached_timeout` (10 s; the grace and the dial bound stay well below it), and the source
 //! waits at most its `--stream-timeout-ms` for it.
 
@@ -79,6 +82,10 @@ pub async fn serve<C: StreamConn>(shared: Arc<Shared>, conn: C, open: Open) {
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
+    if !conn.is_alive() {
+        info!("the source gave up before the migration was announced here; not dialing");
+        return;
+    }
     let tcp = match relay::dial(open.destination, settings.mark, settings.dial_timeout).await {
         Ok(tcp) => tcp,
         Err(error) => {
@@ -87,6 +94,12 @@ pub async fn serve<C: StreamConn>(shared: Arc<Shared>, conn: C, open: Open) {
             return;
         }
     };
+    if !conn.is_alive() {
+        // Closed at once: the destination sees a connection without a byte.
+        info!("the source gave up while the destination was dialed");
+        relay::reset(&tcp);
+        return;
+    }
     conn.accept(Answer::Ok.encode());
     shared.metrics.connection("target", PathKind::Rdma);
     shared.metrics.connections_active.inc();
@@ -192,6 +205,27 @@ mod tests {
             serve(shared.clone(), conn.clone(), Open::new(dst, "u1")).await;
             assert_eq!(conn.calls(), [Call::Reject(Answer::Unreachable.encode())]);
             assert_eq!(shared.metrics.connections_active.get(), 0);
+        });
+    }
+
+    #[test]
+    fn a_request_whose_source_gave_up_is_never_dialed() {
+        within(Duration::from_secs(20), || async {
+            let core = core(Duration::from_millis(300));
+            let shared = core.shared().clone();
+            let destination = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let dst = destination.local_addr().unwrap();
+            let conn = FakeConn::default();
+            let serving = tokio::spawn(serve(shared.clone(), conn.clone(), Open::new(dst, "u1")));
+            // The source times out and falls back while the request waits for its announce.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            conn.kill();
+            core.handle(started(dst)).await;
+            serving.await.unwrap();
+            assert_eq!(conn.calls(), []);
+            let dialed =
+                tokio::time::timeout(Duration::from_millis(300), destination.accept()).await;
+            assert!(dialed.is_err(), "the destination saw a connection");
         });
     }
 

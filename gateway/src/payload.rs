@@ -215,7 +215,6 @@ mod tests {
 
     #[test]
     fn the_digest_is_the_uids_sha256_prefix() {
-        // sha256("u1") = 9b3b9c6b...
         let d = UidDigest::of("u1");
         assert_eq!(d.0, Sha256::digest(b"u1")[..8]);
         assert_ne!(d, UidDigest::of("u2"));

@@ -32,6 +32,8 @@ pub trait StreamConn: Send + Sync + 'static {
     fn attach(&self, local: OwnedFd, on_end: OnEnd);
     /// Resets the stream (and shuts the attached socket down).
     fn abort(&self);
+    /// False once the connection failed or closed (for a deferred request: the peer gave up).
+    fn is_alive(&self) -> bool;
 }
 
 impl StreamConn for Conn {
@@ -65,6 +67,10 @@ impl StreamConn for Conn {
 
     fn abort(&self) {
         Conn::abort(self);
+    }
+
+    fn is_alive(&self) -> bool {
+        Conn::is_alive(self)
     }
 }
 
@@ -146,6 +152,8 @@ pub mod double {
 
     #[derive(Default)]
     struct State {
+        /// The peer gave up.
+        dead: bool,
         calls: Vec<Call>,
         attached: Option<std::net::TcpStream>,
         on_end: Option<OnEnd>,
@@ -164,6 +172,11 @@ pub mod double {
             self.0
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+
+        /// The peer gives up (its connect timed out and was aborted).
+        pub fn kill(&self) {
+            self.lock().dead = true;
         }
 
         fn record(&self, call: Call) {
@@ -227,6 +240,10 @@ pub mod double {
                     error: Some("aborted".into()),
                 });
             }
+        }
+
+        fn is_alive(&self) -> bool {
+            !self.lock().dead
         }
     }
 }
@@ -316,6 +333,9 @@ mod tests {
                 drop(on_end);
             }
             fn abort(&self) {}
+            fn is_alive(&self) -> bool {
+                true
+            }
         }
         crate::testing::within(Duration::from_secs(10), || async {
             let (_app, handed) = pair().await;
