@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# e2e/softroce-gateway.sh: the migration gateway over real rsockets on Soft-RoCE (rdma_rxe).
+# e2e/softroce-gateway.sh: the migration gateway over real RDMA streams on Soft-RoCE (rdma_rxe),
+# on a host whose own kernel has rdma_rxe (the development machines' has not: there the same
+# runs inside a Soft-RoCE guest, see gateway/tests/scripts/softroce-migration.sh).
 #
-# Runs the gateway benchmark (gateway/benches/chain.rs: QEMU live migrations through a
-# virt-handler-like relay chain, the gateway path against the same chain without the gateway,
-# bare relays and socat) with the real librdmacm instead of the fake provider and one rxe link
-# on each end of the node veth. Every gateway round must be carried as an RDMA stream (the
-# bench checks the gateway's own counters), and gateway / chain >= 0.8 is judged.
+# Sets up the Soft-RoCE loop topology in the initial network namespace
+# (tests/softroce/guest/init.sh --setup-only --role loop: veth va/vb with rxea/rxeb at
+# 198.18.0.1/.2 and policy routing across the veth; rxe works in no other namespace on 6.1),
+# then runs
+#   1. gateway/tests/scripts/softroce-migration.sh: QEMU migrations through two gateways over
+#      the stream (byte-exact, counted as RDMA), parallel streams, abort, the peer killed
+#      mid-migration, the peer down, no peer, a stream timeout;
+#   2. the gateway benchmark in RDMA mode (GATEWAY_BENCH_RDMA=198.18.0.1,198.18.0.2
+#      cargo bench -p rdma-migration-gateway --bench chain): every gateway round must take the
+#      stream; its goals are judged on hardware only (rxe is software);
+# and removes the topology.
 #
 # Usage: e2e/softroce-gateway.sh [-h|--help]
 #
 # Environment: SOFTROCE_REQUIRE=1 turns a host without rdma_rxe into exit 77 instead of a skip.
 # Exit status: 0 passed or skipped (one `SKIP: <why>` line); 77 skip under SOFTROCE_REQUIRE=1;
-# 1 the benchmark failed or missed a goal.
+# 1 a scenario or the benchmark failed.
 
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,11 +41,15 @@ esac
 . "$ROOT/e2e/rxe-preflight.sh"
 
 [[ $(id -u) -eq 0 ]] || skip "not root; needs root (network namespaces, veth, rdma link add)"
-for tool in ip nft qemu-system-x86_64 socat cc cargo python3; do
+for tool in ip nft qemu-system-x86_64 socat curl cc cargo python3; do
 	command -v "$tool" >/dev/null || skip "$tool not found; needs it installed (make deps)"
 done
 rxe_preflight
 
 cd "$ROOT"
-GATEWAY_BENCH_PROVIDER=librdmacm.so.1 GATEWAY_BENCH_RXE=1 \
-	cargo bench -p rdma-migration-gateway --bench chain
+cargo build --release -p rdma-migration-gateway
+bash tests/softroce/guest/init.sh --setup-only --role loop
+trap 'bash tests/softroce/guest/init.sh --teardown --role loop' EXIT
+bash gateway/tests/scripts/softroce-migration.sh target/release/rdma-migration-gateway \
+	tests/tools/qemu_migrate.py 198.18.0.1 198.18.0.2
+GATEWAY_BENCH_RDMA=198.18.0.1,198.18.0.2 cargo bench -p rdma-migration-gateway --bench chain

@@ -59,7 +59,7 @@ started() { # NODE ROLE UID PORTS(comma)
 ended() { event $1 "{\"ended\":{\"uid\":\"$2\",\"aborted\":$3}}"; }
 # tables NS: the gateway's nft tables in a namespace.
 tables() { ip netns exec $1 nft list tables | grep rdma_gw_ || true; }
-wait_table() { for _ in $(seq 100); do [ -n "$(tables $1)" ] && return 0; sleep 0.05; done; return 1; }
+wait_table() { for _ in $(seq 600); do [ -n "$(tables $1)" ] && return 0; sleep 0.05; done; return 1; }
 metrics() { node_exec $1 curl -s $(node_admin $1)/metrics; }
 # metric NODE NAME{labels}: one value (0 when absent).
 metric() { metrics $1 | awk -v k="$2" '$1 == k {print $2; f=1} END {if (!f) print 0}'; }
