@@ -170,6 +170,11 @@ fn parse_result(line: &str) -> Option<(String, Verdict)> {
     Some((name, Verdict { status, secs }))
 }
 
+/// Marks a scenario's reported figure in its log ([`crate::Ctx::report`]).
+pub(crate) const REPORT_TAG: &str = "] report: ";
+/// Prefix of a reported figure on the guest's stdout, for the host.
+const REPORT_MARK: &str = "SOFTROCE-REPORT";
+
 fn results_of(stdout: &str) -> BTreeMap<String, Verdict> {
     stdout.lines().filter_map(parse_result).collect()
 }
@@ -241,6 +246,13 @@ fn run_scenarios(scenarios: &[&Scenario], side: &Side) -> Vec<Status> {
             say!("softroce runner: {e:#}");
         }
         let secs = started.elapsed().as_secs_f64();
+        for line in fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once(REPORT_TAG).map(|(_, m)| m))
+        {
+            say!("{REPORT_MARK} {} {line}", s.name);
+        }
         say!(
             "test {} ... {} ({secs:.1} s){}",
             s.name,
@@ -546,6 +558,9 @@ impl Live {
                 "[{guest} {:6.1}] {line}",
                 self.started.elapsed().as_secs_f64()
             );
+        } else if let Some(rest) = line.strip_prefix(REPORT_MARK) {
+            // A scenario's figure (`Ctx::report`), shown with every run.
+            say!("  {guest}: {}", rest.trim());
         } else if let Some(rest) = line.strip_prefix("SOFTROCE-MARK ") {
             let mark = rest.split_whitespace().next().unwrap_or_default();
             let what = match mark {

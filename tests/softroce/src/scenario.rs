@@ -181,6 +181,12 @@ impl Ctx {
         let _ = out.flush();
     }
 
+    /// Logs a figure worth seeing in every run (the runner prints it with the scenario's
+    /// result, also when it passed).
+    pub fn report(&self, msg: impl Display) {
+        self.log(format_args!("report: {msg}"));
+    }
+
     /// Runs `script` (bash, own process group) until it ends or the deadline, logging the
     /// script and its output; does not judge its status.
     pub fn bash(&self, script: &str) -> anyhow::Result<Captured> {

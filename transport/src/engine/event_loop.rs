@@ -25,8 +25,12 @@ const KEY_CM: u64 = u64::MAX - 1;
 const KEY_DEVICE: u64 = u64::MAX - 2;
 const SUB_LOCAL: u64 = 1;
 const SUB_KEPT: u64 = 2;
-/// Retries of the transport and of receiver-not-ready (7: forever).
-const RETRIES: u8 = 7;
+/// Transport retries: 6, so a vanished peer fails the connection after 7 tries of the ACK
+/// timeout (rxe, unlike the IB spec, takes 7 as "retry forever" for this counter too).
+const RETRIES: u8 = 6;
+/// Receiver-not-ready retries: 7, forever (a peer that has not reposted a receive yet is
+/// alive; credits bound how far ahead a sender runs).
+const RNR_RETRIES: u8 = 7;
 
 struct ListenerEntry {
     id: CmId,
@@ -408,7 +412,7 @@ impl Loop {
         let settings = ConnSettings {
             private_data: &data,
             retry_count: RETRIES,
-            rnr_retry_count: RETRIES,
+            rnr_retry_count: RNR_RETRIES,
         };
         match id.accept(&settings) {
             Ok(()) => {
@@ -615,7 +619,7 @@ impl Loop {
                         let settings = ConnSettings {
                             private_data: &data,
                             retry_count: RETRIES,
-                            rnr_retry_count: RETRIES,
+                            rnr_retry_count: RNR_RETRIES,
                         };
                         let conn = self.conns.get_mut(&token).unwrap_or_else(|| unreachable!());
                         conn.rdma = Some(rdma);
@@ -804,10 +808,13 @@ impl Loop {
             let state = conn.rdma.as_ref().map(Rdma::describe).unwrap_or_default();
             conn.fail(format!("the peer disconnected ({state})"), &mut fds);
         }
+        // A peer that disconnected after both FINs leaves a stream that still delivers what
+        // arrived and waits for its own FIN's acknowledgement: torn down once that is done,
+        // not at the peer's disconnect (which would drop bytes the app has not read yet).
         let stream_over = conn.error.is_some()
             || conn.stream_done()
             || matches!(conn.app, App::Relay(..))
-            || conn.peer_gone;
+            || (conn.peer_gone && !matches!(conn.app, App::Stream(_)));
         let teardown =
             stream_over && conn.id.is_some() && !matches!(conn.cm, CmPhase::Disconnecting(_));
         self.apply(fds);

@@ -3,4 +3,5 @@
 pub mod shim_apps;
 pub mod shim_faults;
 pub mod shim_load;
+pub mod shim_wire;
 pub mod support;

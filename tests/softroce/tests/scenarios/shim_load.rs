@@ -62,8 +62,8 @@ while done < n:
 "#;
 
 /// Makes `n` connections one after the other (each: a line out, the same line back, close),
-/// after one warm-up connection; prints the resources of itself and of the server before the
-/// run and after it, as JSON.
+/// after one warm-up connection and before a last one that ends the server; prints the
+/// resources of itself and of the server before the run and after it, as JSON.
 const CLIENT: &str = r#"
 import json, os, socket, sys, time
 host, port, n, server = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -110,6 +110,7 @@ for i in range(1, n + 1):
 elapsed = time.time() - t0
 settle([me, server])
 after = {"client": res(me), "server": res(server)}
+one(n + 1)  # the last one lets the server finish (and write its stats) after the measurement
 print(json.dumps({"start": start, "before": before, "after": after, "seconds": elapsed}))
 "#;
 
@@ -123,7 +124,7 @@ fn churn(ctx: &Ctx) -> anyhow::Result<()> {
         "exec {} {py} {} {a} 9400 {}",
         shimmed(ctx, "srv", "")?,
         server.display(),
-        N + 1
+        N + 2
     ))?;
     ctx.sh(&format!("{WAIT_PORT} wait_port 9400"))?;
     let pid = srv.pid();
@@ -135,7 +136,7 @@ fn churn(ctx: &Ctx) -> anyhow::Result<()> {
     ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
     let line = out.stdout.lines().last().unwrap_or_default();
     let r: Value = serde_json::from_str(line).with_context(|| format!("client said {line}"))?;
-    ctx.log(format_args!(
+    ctx.report(format_args!(
         "{N} connections in {:.1} s: {}",
         r["seconds"].as_f64().unwrap_or(0.0),
         r
@@ -161,8 +162,8 @@ fn churn(ctx: &Ctx) -> anyhow::Result<()> {
             r["start"][who]["vmpin_kib"]
         );
     }
-    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", u64::from(N) + 1)])?;
-    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", u64::from(N) + 1)])
+    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", u64::from(N) + 2)])?;
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", u64::from(N) + 2)])
 }
 
 /// 64 threads, each its own connection to a thread-per-connection echo server, 2 MiB of random
