@@ -347,7 +347,7 @@ pub const BUNDLED_VERBS_PROVIDERS: [&str; 15] = [
     "vmw_pvrdma",
 ];
 
-/// The built-in profile's env: proxy mode, and the rsocket provider shipped in the bundle
+/// The built-in profile's env: proxy mode, and the RDMA libraries shipped in the bundle
 /// mounted at `mount` (`STREAMSHIM_PROVIDER`, `RDMAV_DRIVERS`), so app images need no
 /// rdma-core (the chart sets the same with `shim.bundledProvider`).
 fn builtin_env(mount: &str) -> BTreeMap<String, String> {

@@ -7,11 +7,11 @@
 //! straight to it; op panicked before calling it -> called afterwards; op panicked after ->
 //! its result is returned. errno is the original call's errno on return.
 //!
-//! Phase 2 added getpeername/getsockname/getsockopt/setsockopt (answered from the kept TCP
-//! socket for upgraded fds; one atomic load otherwise), dup/dup2/dup3/fcntl(F_DUPFD*) (copies
-//! keep what the shim knows of the fd) and epoll_ctl (sockets registered before connect stay
-//! TCP). A new detour needs a `real.rs` entry,
-//! an op, a line in `streamshim.map` and the `HOOKS` list of the tests.
+//! getpeername/getsockname/getsockopt/setsockopt answer from the kept TCP socket for upgraded
+//! fds (one atomic load otherwise); dup/dup2/dup3/fcntl(F_DUPFD*) copies keep what the shim
+//! knows of the fd; epoll_ctl marks sockets registered before connect (they stay TCP). A new
+//! detour needs a `real.rs` entry, an op, a line in `streamshim.map` and the `HOOKS` list of
+//! the tests.
 
 // `unsafe` here: `#[unsafe(no_mangle)]` exports, `.init_array`/`.fini_array` entries, calls of
 // the original libc functions through raw pointers, and reading the caller's address buffers.
@@ -52,7 +52,8 @@ fn detour(real: &dyn Fn() -> c_int, op: impl FnOnce(&mut dyn FnMut() -> c_int) -
             sys::set_errno(errno);
             rc
         }
-        // The op answered without the original (phase 2 paths); it set errno itself.
+        // The op answered without the original (a swapped fd's EISCONN, a refused close);
+        // it set errno itself.
         (Ok(rc), None) => rc,
         (Err(_), Some((rc, errno))) => {
             sys::set_errno(errno);

@@ -305,11 +305,11 @@ pub fn write_stats_once() {
 }
 
 /// In a fork child: fresh counters and a stats file of its own. A child of a capable process
-/// (or of one that was deciding, maybe inside the provider's `dlopen` or probe) passes through,
+/// (or of one that was deciding, maybe inside the libraries' `dlopen` or probe) passes through,
 /// counted `UNSUPPORTED`: the RDMA stack its parent initialized cannot be used or rebuilt in a
-/// fork child (librdmacm and libibverbs have no re-initialisation; the provider's own locks may
+/// fork child (librdmacm and libibverbs have no re-initialisation; the libraries' own locks may
 /// be held by parent threads that do not exist here). Its inherited upgraded connections keep
-/// working: they are socketpair ends whose pumps run in the parent. `exec` starts afresh.
+/// working: they are socketpair ends whose engine runs in the parent. `exec` starts afresh.
 pub fn after_fork_child() {
     Stats::global().reset();
     STATS_WRITTEN.store(false, Ordering::Release);

@@ -19,18 +19,20 @@ pub const TCP: u8 = 2;
 pub const COUNTED: u8 = 4;
 /// ... and `listen()` succeeded on it.
 pub const LISTENING: u8 = 8;
-/// ... and it was upgraded: the fd is now one end of the pump's socketpair, its kernel TCP
-/// socket is kept by the shim (phase 2).
+/// ... and it was upgraded: the fd is now one end of the engine's socketpair, its kernel TCP
+/// socket is kept by the shim.
 pub const SWAPPED: u8 = 16;
-/// ... and it is a listener with a side-channel rsocket listener (phase 2).
+/// ... and it is a listener with an RDMA listener on the same address and port (the upgrade's
+/// side channel).
 pub const SIDE: u8 = 32;
 /// ... and it was registered with `epoll_ctl` before it was connected: its swap would leave
 /// the registration on the old (TCP) description, so it is never upgraded (`UNSUPPORTED`).
 pub const POLLED: u8 = 64;
-/// The fd belongs to the shim (a kept TCP socket, a pump's socketpair end, a wake-up pair,
-/// a socket the provider made): the app's `close()` of this number answers `EBADF` without
-/// closing it. Apps that close a number twice (iperf3 does) would otherwise close the shim's
-/// fd that reused it, and the shim would later close whatever reused it next.
+/// The fd belongs to the shim (a kept TCP socket, the engine's socketpair end, its epoll and
+/// eventfd, the connection manager's and the devices' fds): the app's `close()` of this number
+/// answers `EBADF` without closing it. Apps that close a number twice (iperf3 does) would
+/// otherwise close the shim's fd that reused it, and the shim would later close whatever
+/// reused it next.
 pub const SHIM_OWNED: u8 = 128;
 
 static TABLE: [AtomicU8; MAX_FDS] = [const { AtomicU8::new(0) }; MAX_FDS];

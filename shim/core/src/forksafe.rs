@@ -10,7 +10,7 @@
 //! handler calls [`ForkSafe::after_fork`] while the child is still single-threaded: when the
 //! current slot is held (by a parent thread), the child moves to the next slot, which no
 //! process of its line has used yet, so it is unlocked and empty. What the held slot contained
-//! is left alone (never dropped: its entries, rsockets among them, belong to the parent). Only
+//! is left alone (never dropped: its entries, engine handles among them, belong to the parent). Only
 //! a chain of `SLOTS - 1` forks that each hit a held lock exhausts the slots; the last slot is
 //! then used as it is.
 use std::sync::atomic::{AtomicUsize, Ordering};

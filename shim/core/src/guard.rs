@@ -1,11 +1,11 @@
 //! The per-thread re-entrancy guard.
 //!
-//! While a hook runs the shim's own logic (the decision loads a provider with `dlopen`, whose
-//! `rsocket()` calls `socket()`; stats writing calls `close()`), nested calls of hooked
-//! functions on the same thread go straight to the originals. The flag is a `const`-initialised
-//! `Cell<bool>` without `Drop`, so touching it never allocates and never registers a TLS
-//! destructor (redhook#15); the library is loaded at start-up (LD_PRELOAD), so its TLS lives in
-//! the static TLS block and `__tls_get_addr` does not allocate either.
+//! While a hook runs the shim's own logic (the decision loads the RDMA libraries with
+//! `dlopen`, whose device scan opens files and sockets; stats writing calls `close()`), nested
+//! calls of hooked functions on the same thread go straight to the originals. The flag is a
+//! `const`-initialised `Cell<bool>` without `Drop`, so touching it never allocates and never
+//! registers a TLS destructor (redhook#15); the library is loaded at start-up (LD_PRELOAD), so
+//! its TLS lives in the static TLS block and `__tls_get_addr` does not allocate either.
 
 use std::cell::Cell;
 

@@ -192,8 +192,8 @@ pub fn epoll_ctl(op: c_int, fd: c_int) {
     }
 }
 
-/// `listen()`: noted; in a capable process a TCP listener also gets its side-channel rsocket
-/// listener on the same address and port in the rsocket port space.
+/// `listen()`: noted; in a capable process a TCP listener also gets an RDMA listener on the
+/// same address and port (the connection manager's IB port space: the upgrade's side channel).
 pub fn listen(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
     let rc = real();
     let flags = fdtable::get(fd);
@@ -251,8 +251,8 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
 }
 
 /// `close()`: the fd number is forgotten before the real close (see [`fdtable`]); a swapped fd
-/// drops its kept TCP socket reference (the pump sees EOF and finishes), a side-listening fd
-/// closes its side-channel listener.
+/// drops its kept TCP socket reference (the engine sees EOF and finishes the stream), a
+/// side-listening fd closes its RDMA listener.
 pub fn close(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
     let flags = fdtable::get(fd);
     if flags & SHIM_OWNED != 0 {
