@@ -12,7 +12,7 @@
 # Layout (the injector's library path is <mountPath>/lib/libstreamshim.so):
 #
 #   /bundle/lib/libstreamshim.so           the shim (LD_PRELOAD)
-#   /bundle/lib/librdmacm.so.1             the rsocket provider (STREAMSHIM_PROVIDER)
+#   /bundle/lib/librdmacm.so.1             the connection manager (STREAMSHIM_PROVIDER)
 #   /bundle/lib/libibverbs.so.1            its verbs library
 #   /bundle/lib/libnl-3.so.200, libnl-route-3.so.200
 #   /bundle/lib/libibverbs/lib<p>-rdmav<N>.so   verbs providers (RDMAV_DRIVERS)
