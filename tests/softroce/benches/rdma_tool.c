@@ -1,0 +1,195 @@
+/* Helper of tests/softroce/benches/rdma.rs, compiled with `cc -O2` on the host at bench time
+ * and run inside the Soft-RoCE guest (whose root is the host's).
+ *
+ *   rdma_tool run OUTFILE CMD ARGS...
+ *       runs CMD (execvp) as a child and waits for it; writes one line to OUTFILE:
+ *       `start_ns=.. end_ns=.. utime_us=.. stime_us=.. status=..` (CLOCK_MONOTONIC around
+ *       fork and wait4; the child's user and system CPU, all its threads and the children it
+ *       waited for; status: the exit code, or 128 + the signal). Exits with that status.
+ *       SIGTERM, SIGINT and SIGHUP are passed on to CMD.
+ *   rdma_tool server ADDR PORT
+ *       listens on ADDR:PORT, accepts connections and closes each at once (the server closes
+ *       first, so TIME_WAIT lands on the server and client ports never pile up); SIGTERM ends
+ *       it with exit(0), so that a preloaded library's exit handlers run (the shim writes its
+ *       STREAMSHIM_STATS file there).
+ *   rdma_tool connlat HOST PORT N WARMUP
+ *       N timed rounds of socket() + connect() + close() to HOST:PORT (after WARMUP untimed
+ *       ones); between connect and close it waits, untimed, for the server's FIN. Prints one
+ *       line: `n=.. median_ns=.. p90_ns=.. p99_ns=.. max_ns=.. mean_ns=.. first_socket_ns=..`.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <signal.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int cmp_ll(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+static long long tv_us(struct timeval tv) { return (long long)tv.tv_sec * 1000000LL + tv.tv_usec; }
+
+static volatile pid_t child_pid;
+static volatile sig_atomic_t stop;
+
+static void forward(int sig) {
+    if (child_pid > 0) kill(child_pid, sig);
+}
+
+static void on_stop(int sig) {
+    (void)sig;
+    stop = 1;
+}
+
+/* Installs `fn` for SIGTERM, SIGINT and SIGHUP, without SA_RESTART (a blocked accept or wait
+ * returns EINTR). */
+static void handle_stop_signals(void (*fn)(int)) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = fn;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
+static int run(const char *outfile, char **argv) {
+    long long start = now_ns();
+    handle_stop_signals(forward);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fork");
+        return 125;
+    }
+    if (pid == 0) {
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
+        execvp(argv[0], argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    child_pid = pid;
+    int status = 0;
+    struct rusage ru;
+    while (wait4(pid, &status, 0, &ru) < 0) {
+        if (errno != EINTR) {
+            perror("wait4");
+            return 125;
+        }
+    }
+    long long end = now_ns();
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    FILE *f = fopen(outfile, "w");
+    if (f == NULL) {
+        perror(outfile);
+        return 125;
+    }
+    fprintf(f, "start_ns=%lld end_ns=%lld utime_us=%lld stime_us=%lld status=%d\n", start, end,
+            tv_us(ru.ru_utime), tv_us(ru.ru_stime), code);
+    fclose(f);
+    return code;
+}
+
+static int addr_of(const char *host, int port, struct sockaddr_in *sa) {
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((unsigned short)port);
+    if (inet_pton(AF_INET, host, &sa->sin_addr) != 1) {
+        fprintf(stderr, "bad address %s\n", host);
+        return -1;
+    }
+    return 0;
+}
+
+static int server(const char *addr, int port) {
+    struct sockaddr_in sa;
+    int one = 1;
+    if (addr_of(addr, port, &sa) != 0) return 2;
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(ls, 4096) != 0) {
+        perror("server");
+        return 1;
+    }
+    handle_stop_signals(on_stop);
+    while (!stop) {
+        int c = accept(ls, NULL, NULL);
+        if (c < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            perror("accept");
+            return 1;
+        }
+        close(c);
+    }
+    close(ls);
+    exit(0);
+}
+
+static int connlat(const char *host, int port, int n, int warmup) {
+    struct sockaddr_in sa;
+    if (addr_of(host, port, &sa) != 0 || n <= 0) return 2;
+    long long *samples = calloc((size_t)n, sizeof *samples);
+    char buf[64];
+    /* The process's first INET stream socket: a preloaded library decides here. */
+    long long t0 = now_ns();
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    long long first = now_ns() - t0;
+    if (s < 0 || samples == NULL) {
+        perror("socket");
+        return 1;
+    }
+    close(s);
+    for (int i = 0; i < warmup + n; i++) {
+        t0 = now_ns();
+        s = socket(AF_INET, SOCK_STREAM, 0);
+        if (s < 0) {
+            perror("socket");
+            return 1;
+        }
+        if (connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
+            fprintf(stderr, "connect (round %d): %s\n", i, strerror(errno));
+            return 1;
+        }
+        long long t1 = now_ns();
+        while (read(s, buf, sizeof buf) > 0) {
+        }
+        long long t2 = now_ns();
+        close(s);
+        long long t3 = now_ns();
+        if (i >= warmup) samples[i - warmup] = (t1 - t0) + (t3 - t2);
+    }
+    long long sum = 0;
+    for (int i = 0; i < n; i++) sum += samples[i];
+    qsort(samples, (size_t)n, sizeof *samples, cmp_ll);
+    printf("n=%d median_ns=%lld p90_ns=%lld p99_ns=%lld max_ns=%lld mean_ns=%lld first_socket_ns=%lld\n",
+           n, samples[n / 2], samples[(n * 9) / 10], samples[(n * 99) / 100], samples[n - 1], sum / n,
+           first);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 4 && strcmp(argv[1], "run") == 0) return run(argv[2], argv + 3);
+    if (argc == 4 && strcmp(argv[1], "server") == 0) return server(argv[2], atoi(argv[3]));
+    if (argc == 6 && strcmp(argv[1], "connlat") == 0)
+        return connlat(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    fprintf(stderr,
+            "usage: %s run OUTFILE CMD ARGS... | server ADDR PORT | connlat HOST PORT N WARMUP\n",
+            argv[0]);
+    return 2;
+}
