@@ -47,6 +47,8 @@ pub(super) struct Rdma {
     probe_outstanding: bool,
     /// The QP may post sends (the accept was sent, or the connection is established).
     pub(super) ready: bool,
+    /// Both FINs went through and a later send failed: nothing more is posted.
+    quiet: bool,
     pub(super) last_rx: Instant,
     pub(super) peer_fin: bool,
     pub(super) claim_seen: bool,
@@ -131,6 +133,7 @@ impl Rdma {
             pending_control: VecDeque::new(),
             probe_outstanding: false,
             ready: false,
+            quiet: false,
             last_rx: now,
             peer_fin: false,
             claim_seen: false,
@@ -221,6 +224,13 @@ impl Rdma {
 
     fn completion(&mut self, wc: &Wc, now: Instant) -> Result<(), String> {
         if wc.status != WC_SUCCESS {
+            if self.peer_fin && self.fin_done() {
+                // Both FINs are through, so every byte of both directions arrived: a later
+                // write (a credit report, a probe) failing only means the peer has gone
+                // already. Nothing more is posted; what arrived is still delivered.
+                self.quiet = true;
+                return Ok(());
+            }
             return Err(format!(
                 "work completion failed: {} (status {})",
                 status_name(wc.status),
@@ -286,6 +296,7 @@ impl Rdma {
 
     fn flush_control(&mut self) {
         while self.ready
+            && !self.quiet
             && self.sq_used < self.sq
             && self.control_posted - self.control_done < u64::from(self.sq)
             && let Some(kind) = self.pending_control.front().copied()
@@ -347,7 +358,7 @@ impl Rdma {
         let Some(send) = &mut self.send else {
             return Ok((false, 0));
         };
-        while self.ready && ready.readable && self.sq_used < self.sq {
+        while self.ready && !self.quiet && ready.readable && self.sq_used < self.sq {
             let w = send.window();
             if w.len == 0 {
                 break;
@@ -442,6 +453,7 @@ impl Rdma {
     /// (an error completion) when the peer is gone.
     pub(super) fn probe_if_idle(&mut self, now: Instant, keepalive: Duration) {
         if !self.ready
+            || self.quiet
             || self.probe_outstanding
             || self.sq_used >= self.sq
             || now.saturating_duration_since(self.last_rx) < keepalive
@@ -460,7 +472,7 @@ impl Rdma {
 
     /// When the next probe is due.
     pub(super) fn probe_due(&self, keepalive: Duration) -> Option<Instant> {
-        (self.ready && !self.probe_outstanding).then(|| self.last_rx + keepalive)
+        (self.ready && !self.quiet && !self.probe_outstanding).then(|| self.last_rx + keepalive)
     }
 }
 
@@ -893,6 +905,19 @@ impl StreamConn {
         fds.closing.push(Arc::new(local));
         if let Some(k) = kept {
             fds.closing.push(k);
+        }
+    }
+
+    /// Bytes moved between the local side and the peer so far (the exit flush's sign of
+    /// progress).
+    pub(super) fn moved(&self) -> u64 {
+        match &self.app {
+            App::Stream(a) => a.sent + a.received,
+            App::Relay(r, _) => {
+                let (up, down) = r.moved();
+                up + down
+            }
+            App::Unattached | App::Done => 0,
         }
     }
 

@@ -796,7 +796,12 @@ impl Loop {
             return;
         };
         let mut fds = Fds::default();
+        let moved = conn.moved();
         conn.progress(now, config, self.draining, &mut fds);
+        let moved = conn.moved().saturating_sub(moved);
+        if moved > 0 {
+            self.inner.progress.fetch_add(moved, Ordering::Release);
+        }
         if conn.peer_gone
             && conn.error.is_none()
             && matches!(conn.app, App::Stream(_) | App::Unattached)

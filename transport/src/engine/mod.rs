@@ -313,6 +313,8 @@ struct Inner {
     draining: AtomicBool,
     /// Attached connections that still have bytes of the app to deliver (see [`Engine::flush`]).
     unflushed: AtomicUsize,
+    /// Bytes the attached connections moved so far (the exit flush's sign of life).
+    progress: AtomicU64,
     /// Connections (any state) the engine holds.
     connections: AtomicUsize,
     /// The engine thread ended (its setup failed or it panicked): handles fail fast.
@@ -367,6 +369,7 @@ impl Engine {
             next_token: AtomicU64::new(1),
             draining: AtomicBool::new(false),
             unflushed: AtomicUsize::new(0),
+            progress: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
         });
@@ -437,18 +440,31 @@ impl Engine {
     }
 
     /// At exit: every attached connection delivers what its local fd already holds ("nothing
-    /// more to read right now" counts as EOF), sends FIN and waits for its completion; returns
-    /// when none is left or at `deadline`. True when everything was delivered.
-    pub fn flush(&self, deadline: Instant) -> bool {
+    /// more to read right now" counts as EOF), sends FIN and waits for its completion. Returns
+    /// when none is left, when no byte moved for `stall` (the peers stopped reading, or are
+    /// gone), or at `deadline`. True when everything was delivered.
+    ///
+    /// A slow reader thus holds the exit up for as long as it keeps reading (up to
+    /// `deadline`), much as the kernel keeps delivering a closed TCP socket's bytes after the
+    /// process is gone.
+    pub fn flush(&self, stall: Duration, deadline: Instant) -> bool {
         self.inner.draining.store(true, Ordering::Release);
         let _ = self.inner.wake.write(1);
+        let mut seen = self.inner.progress.load(Ordering::Acquire);
+        let mut moved = Instant::now();
         loop {
             if self.inner.unflushed.load(Ordering::Acquire) == 0
                 || self.inner.stopped.load(Ordering::Acquire)
             {
                 return true;
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            let progress = self.inner.progress.load(Ordering::Acquire);
+            if progress != seen {
+                seen = progress;
+                moved = now;
+            }
+            if now >= deadline || now.duration_since(moved) >= stall {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(1));
