@@ -24,8 +24,10 @@ struct Setup {
 static SETUP: OnceLock<Setup> = OnceLock::new();
 static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
 
-/// The longest an exiting process waits for its streams to deliver what the app wrote.
-const EXIT_FLUSH: Duration = Duration::from_secs(2);
+/// The longest an exiting process waits for its streams to deliver what the app wrote ...
+const EXIT_FLUSH: Duration = Duration::from_secs(60);
+/// ... and for any byte to move (a peer that stopped reading, or is gone, costs this much).
+const EXIT_STALL: Duration = Duration::from_secs(5);
 
 /// Called by the decision of a capable process.
 pub fn configure(lib: &'static Lib, memlock_limit: Option<u64>) {
@@ -67,7 +69,8 @@ pub fn engine() -> Option<&'static Engine> {
 }
 
 /// At exit: every stream delivers what the app already wrote and sends FIN, as the kernel would
-/// for a TCP socket after the process is gone; at most [`EXIT_FLUSH`] in all.
+/// for a TCP socket after the process is gone: as long as bytes move, at most [`EXIT_FLUSH`]
+/// in all, and at most [`EXIT_STALL`] without progress.
 pub fn flush_at_exit() {
     if FORKED.load(Ordering::Acquire) {
         return;
@@ -75,10 +78,11 @@ pub fn flush_at_exit() {
     let Some(Some(engine)) = ENGINE.get() else {
         return;
     };
-    if !engine.flush(Instant::now() + EXIT_FLUSH) {
+    if !engine.flush(EXIT_STALL, Instant::now() + EXIT_FLUSH) {
         log_at!(
             Level::Info,
-            "exit: some upgraded connections could not deliver everything within {EXIT_FLUSH:?}"
+            "exit: some upgraded connections could not deliver everything (no progress for \
+             {EXIT_STALL:?}, or {EXIT_FLUSH:?} in all)"
         );
     }
 }

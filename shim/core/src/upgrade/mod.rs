@@ -41,7 +41,7 @@ pub use client::{connect, reason_for};
 pub use engine::{config as engine_config, configure, flush_at_exit};
 pub use events::record;
 pub use server::{
-    Claim, Pending, PendingTable, claim_and_swap, close_side_listener, copy_side_listener,
+    Claim, Found, Pending, PendingTable, claim_and_swap, close_side_listener, copy_side_listener,
     open_side_listener,
 };
 

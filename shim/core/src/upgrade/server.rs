@@ -41,6 +41,14 @@ pub struct Pending<T> {
     pub at: Instant,
 }
 
+/// What a claim found for a peer.
+pub enum Found<T> {
+    /// A registration within the bound.
+    Fresh(Pending<T>),
+    /// One older than the bound: its client gave up.
+    Stale,
+}
+
 /// Registrations by client TCP address (v4-mapped addresses as IPv4), expiring after a bound.
 pub struct PendingTable<T> {
     entries: BTreeMap<SocketAddr, Pending<T>>,
@@ -79,10 +87,15 @@ impl<T> PendingTable<T> {
         );
     }
 
-    /// Takes the registration of `peer`, if it is fresh.
-    pub fn claim(&mut self, peer: SocketAddr, now: Instant) -> Option<Pending<T>> {
+    /// Takes the registration of `peer`: fresh, or stale (registered longer than the bound ago:
+    /// its client gave up and is on TCP; the entry is dropped).
+    pub fn claim(&mut self, peer: SocketAddr, now: Instant) -> Option<Found<T>> {
         let p = self.entries.remove(&key(peer))?;
-        (now.saturating_duration_since(p.at) < self.ttl).then_some(p)
+        Some(if now.saturating_duration_since(p.at) < self.ttl {
+            Found::Fresh(p)
+        } else {
+            Found::Stale
+        })
     }
 
     /// Registrations held.
@@ -207,13 +220,15 @@ pub enum Claim {
 /// `accept()` returned `fd` from `peer` on a listener with an RDMA listener: claims its
 /// registration and swaps.
 pub fn claim_and_swap(fd: c_int, peer: SocketAddr) -> Claim {
-    let Some(pending) = PENDING.lock().claim(peer, now()) else {
-        return Claim::None;
+    let found = PENDING.lock().claim(peer, now());
+    let pending = match found {
+        None => return Claim::None,
+        Some(Found::Fresh(p)) if p.conn.is_alive() => p,
+        Some(Found::Fresh(_) | Found::Stale) => {
+            record(Role::Server, fd, Some(peer), Path::Tcp, Reason::Timeout);
+            return Claim::GaveUp;
+        }
     };
-    if !pending.conn.is_alive() {
-        record(Role::Server, fd, Some(peer), Path::Tcp, Reason::Timeout);
-        return Claim::GaveUp;
-    }
     match swap(fd) {
         Ok(s) => {
             pending.conn.attach(
@@ -277,17 +292,20 @@ mod tests {
         let t0 = Instant::now();
         let mut t: PendingTable<u32> = PendingTable::new(Duration::from_secs(10));
         t.register(sa("[::ffff:10.0.0.2]:4000"), 1, 7, t0, |_| true);
-        let p = t
-            .claim(sa("10.0.0.2:4000"), t0)
-            .expect("found by its IPv4 form");
+        let Some(Found::Fresh(p)) = t.claim(sa("10.0.0.2:4000"), t0) else {
+            panic!("not found by its IPv4 form");
+        };
         assert_eq!((p.conn, p.nonce), (1, 7));
         assert!(t.claim(sa("10.0.0.2:4000"), t0).is_none(), "claimed once");
         t.register(sa("10.0.0.3:1"), 2, 0, t0, |_| true);
         assert!(
-            t.claim(sa("10.0.0.3:1"), t0 + Duration::from_secs(11))
-                .is_none(),
-            "expired"
+            matches!(
+                t.claim(sa("10.0.0.3:1"), t0 + Duration::from_secs(11)),
+                Some(Found::Stale)
+            ),
+            "an expired registration: its client gave up"
         );
+        assert!(t.claim(sa("10.0.0.3:1"), t0).is_none(), "and it is gone");
         t.register(sa("10.0.0.4:1"), 3, 0, t0, |_| true);
         t.register(sa("10.0.0.5:1"), 4, 0, t0 + Duration::from_secs(20), |_| {
             true
