@@ -98,6 +98,9 @@ pub struct Running {
     started: Instant,
     stdout: Collector,
     stderr: Option<Collector>,
+    /// Set: dropped unwaited (a scenario that failed early), the process's end and output go
+    /// to stdout (the scenario's log) under this name.
+    report_as: Option<String>,
 }
 
 impl Running {
@@ -128,7 +131,16 @@ impl Running {
             started,
             stdout: Collector::start(out_r, tee.clone()),
             stderr: err.map(|r| Collector::start(r, tee)),
+            report_as: None,
         })
+    }
+
+    /// Dropped without a wait, the process is killed and its output printed on stdout
+    /// under `name` (the scenario's log, where it would otherwise be lost).
+    #[must_use]
+    pub fn report_as(mut self, name: impl Into<String>) -> Running {
+        self.report_as = Some(name.into());
+        self
     }
 
     /// The child's pid.
@@ -198,9 +210,26 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            kill_tree(child.id(), self.own_group);
-            let _ = child.wait();
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let running = matches!(child.try_wait(), Ok(None));
+        kill_tree(child.id(), self.own_group);
+        let Ok(status) = child.wait() else {
+            return;
+        };
+        if let Some(name) = self.report_as.take() {
+            self.child = Some(child);
+            let c = self.finish(status, false);
+            let how = if running {
+                "still running, killed"
+            } else {
+                "had ended"
+            };
+            let out = format!("{c}").replace('\n', "\n     ");
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "[background] {name} ({how}): {out}");
+            let _ = stdout.flush();
         }
     }
 }

@@ -182,9 +182,11 @@ impl Ctx {
     }
 
     /// Logs a figure worth seeing in every run (the runner prints it with the scenario's
-    /// result, also when it passed).
+    /// result, also when it passed), on one line.
     pub fn report(&self, msg: impl Display) {
-        self.log(format_args!("report: {msg}"));
+        let msg = msg.to_string();
+        let one_line: Vec<&str> = msg.lines().map(str::trim).collect();
+        self.log(format_args!("report: {}", one_line.join(" | ")));
     }
 
     /// Runs `script` (bash, own process group) until it ends or the deadline, logging the
@@ -208,10 +210,13 @@ impl Ctx {
     }
 
     /// Starts `script` in the background (bash, own process group), logging it; dropping the
-    /// handle kills it.
+    /// handle kills it and logs what it wrote (when [`Ctx::wait`] did not).
     pub fn spawn(&self, script: &str) -> anyhow::Result<Running> {
         self.log(format_args!("$ {script} &"));
-        helpers::spawn_bash(script).with_context(|| format!("starting bash for {script}"))
+        let name: String = script.chars().take(100).collect();
+        helpers::spawn_bash(script)
+            .map(|r| r.report_as(name))
+            .with_context(|| format!("starting bash for {script}"))
     }
 
     /// Waits for a background script until the deadline and logs its end and output.

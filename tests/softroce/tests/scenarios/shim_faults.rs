@@ -132,6 +132,13 @@ fn wait_line(
     }
 }
 
+/// The reader's `ended ...` line.
+fn ended_line(text: &str) -> &str {
+    text.lines()
+        .find(|l| l.starts_with("ended"))
+        .unwrap_or_default()
+}
+
 fn now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -183,6 +190,7 @@ fn peer_killed(ctx: &Ctx) -> anyhow::Result<()> {
         ctx.sh(&format!("kill -9 {writer_pid}"))?;
         let text = wait_line(ctx, reader_out, "ended", Duration::from_secs(30))?;
         let ended = when(&text, "ended").context("no time")?;
+        let text = ended_line(&text);
         ctx.report(format_args!(
             "{reader}: {text} ({:.2} s after the kill)",
             ended - killed
@@ -237,6 +245,7 @@ fn node_gone(ctx: &Ctx) -> anyhow::Result<()> {
     ));
     let text = result?;
     let ended = when(&text, "ended").context("no time")?;
+    let text = ended_line(&text);
     ctx.report(format_args!(
         "reader: {text} ({:.2} s after the cut)",
         ended - cut

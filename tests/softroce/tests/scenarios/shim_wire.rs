@@ -37,7 +37,9 @@ fn iperf3_and_curl(ctx: &Ctx) -> anyhow::Result<()> {
                 "{} iperf3 -s -1 -B {a} -p 5201",
                 shimmed(ctx, "iperfsrv", "")?
             ))?;
-            let http = file(ctx, "http.py", HTTP_ONCE)?;
+            // Not `http.py`: the script's directory comes first on sys.path, and the
+            // script would import itself as `http`.
+            let http = file(ctx, "serve_once.py", HTTP_ONCE)?;
             let web = ctx.spawn(&format!(
                 "{} {} {} {t} {a} 8000",
                 shimmed(ctx, "websrv", "")?,
