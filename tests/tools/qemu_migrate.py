@@ -21,9 +21,20 @@ from each QEMU's RAM block through /proc/PID/mem (host address from HMP `gpa2hva
 against the file, destination against the source; where ptrace rights are missing this part is
 reported as `"ram_pam_window": "unchecked (...)"`. `--corrupt-dst` proves the check works.
 
+Two machines (`--role source` on one, `--role destination` on the other; default `--role
+both`, the two QEMUs here): the destination starts its QEMU, runs `migrate-incoming` on the
+listen URI, creates `--ready-file` (if given), waits for the incoming migration to complete and
+dumps its RAM; the source dumps its RAM (checked against the random file as above) and migrates
+to the target URI. Each hashes its RAM: `ram_sha256` of the `pmemsave` dump and
+`ram_pam_window_sha256` of the PAM window read from the RAM block, in its JSON line and, with
+`--sha-file`, as one line `<ram_sha256> <pam window sha256 or "unchecked">` in that file: the
+migration was byte-exact when the two sides' lines are equal. `ram_match` stays null there (one
+side cannot tell).
+
 Prints one JSON line on stdout (status, seconds, bytes, ram_match, qemu_version,
 multifd_channels, ...); exits 0 when the migration completed and the RAM matched (or was not
-verified with --no-verify), 1 otherwise, 2 on usage errors. Both QEMUs are stopped on every
+verified with --no-verify; with --role source or destination: completed and hashed), 1
+otherwise, 2 on usage errors. Both QEMUs are stopped on every
 exit path (QMP `quit`, then SIGTERM, then SIGKILL of their process groups), timeouts and
 signals included; they also get SIGTERM if this script dies (PR_SET_PDEATHSIG).
 
@@ -413,88 +424,258 @@ def parse_args(argv):
         "(through /proc/PID/mem, so it needs ptrace rights on QEMU; repeatable); the run must "
         "then report ram_match false and exit 1",
     )
+    p.add_argument(
+        "--role",
+        choices=("both", "source", "destination"),
+        default="both",
+        help="both QEMUs here (default), or only one side of a migration between two machines",
+    )
+    p.add_argument(
+        "--ready-file",
+        help="--role destination: created once migrate-incoming listens on the listen URI",
+    )
+    p.add_argument(
+        "--sha-file",
+        help="--role source or destination: write '<ram sha256> <PAM window sha256>' there",
+    )
     p.add_argument("--print-version", action="store_true", help="print the QEMU version as JSON and exit")
     return p.parse_args(argv)
 
 
-def run(args, result):
+class Setup:
+    """What both roles derive from the arguments: sizes, files, URIs, QEMU command lines."""
+
+    def __init__(self, args, result):
+        version = qemu_version(args.qemu)
+        result["qemu_version"] = ".".join(map(str, version))
+        self.size = args.ram_mib << 20
+        result["ram_bytes"] = self.size
+        self.workdir = args.workdir
+        os.makedirs(self.workdir, exist_ok=True)
+        self.ram_file = args.ram_file or os.path.join(self.workdir, f"ram-{args.ram_mib}M.bin")
+        if args.role != "destination":
+            ensure_ram_file(self.ram_file, self.size)
+        port = args.port or free_port()
+        self.listen = args.listen or f"tcp:127.0.0.1:{port}"
+        self.target = args.target or self.listen
+        result.update(listen=self.listen, target=self.target)
+
+        common = [
+            args.qemu,
+            "-machine", "pc,accel=tcg,memory-backend=ram0",
+            "-cpu", "qemu64",
+            "-smp", "1",
+            "-m", f"{args.ram_mib}M",
+            "-nodefaults", "-no-user-config", "-display", "none", "-vga", "none",
+            "-S",
+        ]  # fmt: skip
+        self.dst_argv = shlex.split(args.dst_wrap) + common + [
+            "-object", f"memory-backend-ram,id=ram0,size={args.ram_mib}M,prealloc=on",
+            "-incoming", "defer",
+        ]  # fmt: skip
+        self.src_argv = shlex.split(args.src_wrap) + common + [
+            "-object",
+            f"memory-backend-file,id=ram0,size={args.ram_mib}M,mem-path={self.ram_file},share=off,prealloc=on",
+        ]  # fmt: skip
+        both = env_pairs(args.env, "--env")
+        self.dst_env = {**both, **env_pairs(args.dst_env, "--dst-env")}
+        self.src_env = {**both, **env_pairs(args.src_env, "--src-env")}
+        names = (["multifd"] if args.multifd else []) + (args.cap or [])
+        self.caps = [{"capability": c, "state": True} for c in names]
+
+    def configure(self, args, q):
+        """The migration capabilities and parameters of one side."""
+        if self.caps:
+            q.cmd("migrate-set-capabilities", capabilities=self.caps)
+        if args.multifd:
+            q.cmd("migrate-set-parameters", **{"multifd-channels": args.multifd})
+
+
+def check_source(args, setup, src, result, deadline):
+    """The source's RAM dump equals the random file (the PAM window read from the RAM block);
+    returns (dump path, PAM window bytes or None)."""
+    size, ram_file = setup.size, setup.ram_file
+    src_dump = os.path.join(setup.workdir, "src.ram")
+    src.qmp.cmd("pmemsave", val=0, size=size, filename=src_dump)
+    check_source_holds_file(src_dump, ram_file, size)
+    result["ram_sha256_src"] = sha256_file(src_dump)
+    lo, hi = PAM_WINDOW
+    try:
+        src_window = read_ram_block(src, lo, hi - lo)
+    except OSError as e:
+        src_window = None
+        result["ram_pam_window"] = f"unchecked ({e})"
+    if src_window is not None:
+        with open(ram_file, "rb") as f:
+            f.seek(lo)
+            if f.read(hi - lo) != src_window:
+                raise Failure("error", "source RAM block differs from the random file in "
+                              "the PAM window")
+    deadline.check("hashing the source RAM")
+    return src_dump, src_window
+
+
+def finish_stats(src_info, result, pids, cpu0, size):
+    cpu1 = {k: cpu_seconds(p) for k, p in pids.items()}
+    if None not in cpu0.values() and None not in cpu1.values():
+        result["cpu_seconds"] = {k: round(cpu1[k] - cpu0[k], 3) for k in pids}
+    result["qemu_total_time_ms"] = src_info.get("total-time")
+    result["qemu_setup_time_ms"] = src_info.get("setup-time")
+    result["qemu_downtime_ms"] = src_info.get("downtime")
+    ram = src_info.get("ram", {})
+    result["bytes"] = ram.get("transferred")
+    result["ram_pages_normal"] = ram.get("normal")
+    result["ram_dirty_sync_count"] = ram.get("dirty-sync-count")
+    if result["seconds"]:
+        result["mib_per_s"] = round(size / (1 << 20) / result["seconds"], 1)
+
+
+def stop_all(vms, result):
+    # No signal may cut the cleanup short.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    for vm in reversed(vms):
+        vm.stop()
+    result["exit_codes"] = {vm.name: vm.proc.returncode for vm in vms}
+
+
+def write_sha(args, result, window):
+    """--role source/destination: the RAM's hashes in the JSON line and the --sha-file."""
+    pam = hashlib.sha256(window).hexdigest() if window is not None else None
+    result["ram_pam_window_sha256"] = pam
+    if args.sha_file:
+        with open(args.sha_file, "w") as f:
+            f.write(f"{result['ram_sha256']} {pam or 'unchecked'}\n")
+
+
+def run_source(args, result):
+    """--role source: dump and check the RAM, migrate to the target URI, wait for completion."""
     deadline = Deadline(args.timeout)
-    version = qemu_version(args.qemu)
-    result["qemu_version"] = ".".join(map(str, version))
-    size = args.ram_mib << 20
-    result["ram_bytes"] = size
-    workdir = args.workdir
-    os.makedirs(workdir, exist_ok=True)
-    ram_file = args.ram_file or os.path.join(workdir, f"ram-{args.ram_mib}M.bin")
-    ensure_ram_file(ram_file, size)
-    port = args.port or free_port()
-    listen = args.listen or f"tcp:127.0.0.1:{port}"
-    target = args.target or listen
-    result.update(listen=listen, target=target)
-
-    common = [
-        args.qemu,
-        "-machine", "pc,accel=tcg,memory-backend=ram0",
-        "-cpu", "qemu64",
-        "-smp", "1",
-        "-m", f"{args.ram_mib}M",
-        "-nodefaults", "-no-user-config", "-display", "none", "-vga", "none",
-        "-S",
-    ]  # fmt: skip
-    dst_argv = shlex.split(args.dst_wrap) + common + [
-        "-object", f"memory-backend-ram,id=ram0,size={args.ram_mib}M,prealloc=on",
-        "-incoming", "defer",
-    ]  # fmt: skip
-    src_argv = shlex.split(args.src_wrap) + common + [
-        "-object",
-        f"memory-backend-file,id=ram0,size={args.ram_mib}M,mem-path={ram_file},share=off,prealloc=on",
-    ]  # fmt: skip
-    both = env_pairs(args.env, "--env")
-    dst_env = {**both, **env_pairs(args.dst_env, "--dst-env")}
-    src_env = {**both, **env_pairs(args.src_env, "--src-env")}
-
+    setup = Setup(args, result)
     vms = []
     try:
-        dst = Vm("dst", dst_argv, dst_env, workdir)
+        src = Vm("src", setup.src_argv, setup.src_env, setup.workdir)
+        vms.append(src)
+        sq = src.connect(deadline)
+        window = None
+        if not args.no_verify:
+            dump, window = check_source(args, setup, src, result, deadline)
+            result["ram_sha256"] = result.pop("ram_sha256_src")
+            if not args.keep_dumps:
+                os.unlink(dump)
+        setup.configure(args, sq)
+        sq.cmd("migrate-set-parameters", **{"max-bandwidth": args.max_bandwidth})
+        pids = {"src": qemu_pid(src)}
+        cpu0 = {"src": cpu_seconds(pids["src"])}
+        t0 = time.monotonic()
+        sq.cmd("migrate", uri=setup.target)
+        while True:
+            info = sq.cmd("query-migrate")
+            if info.get("status") in ("completed", "failed", "cancelled"):
+                break
+            if deadline.left() <= 0:
+                result["src_status"] = info.get("status")
+                raise Failure("timeout", f"overall timeout ({args.timeout:g} s) during migration")
+            time.sleep(0.02)
+        result["src_status"] = info.get("status")
+        if info.get("status") != "completed":
+            msg = info.get("error-desc") or "migration did not complete"
+            raise Failure("failed", f"{msg} (source {info.get('status')})")
+        result["seconds"] = round(time.monotonic() - t0, 4)
+        finish_stats(info, result, pids, cpu0, setup.size)
+        if not args.no_verify:
+            write_sha(args, result, window)
+        result["status"] = "completed"
+    finally:
+        stop_all(vms, result)
+
+
+def run_destination(args, result):
+    """--role destination: listen, wait for the incoming migration to complete, dump the RAM."""
+    deadline = Deadline(args.timeout)
+    setup = Setup(args, result)
+    vms = []
+    try:
+        dst = Vm("dst", setup.dst_argv, setup.dst_env, setup.workdir)
         vms.append(dst)
-        src = Vm("src", src_argv, src_env, workdir)
+        dq = dst.connect(deadline)
+        setup.configure(args, dq)
+        dq.cmd("migrate-incoming", uri=setup.listen)
+        if args.ready_file:
+            with open(args.ready_file, "w") as f:
+                f.write(f"{setup.listen}\n")
+        t0 = time.monotonic()
+        active = None
+        while True:
+            info = dq.cmd("query-migrate")
+            status = info.get("status")
+            if active is None and status not in (None, "none", "setup"):
+                active = time.monotonic()
+            if status in ("completed", "failed", "cancelled"):
+                break
+            if deadline.left() <= 0:
+                result["dst_status"] = status
+                raise Failure("timeout", f"overall timeout ({args.timeout:g} s) waiting for "
+                              "the incoming migration")
+            time.sleep(0.02)
+        result["dst_status"] = status
+        if status != "completed":
+            msg = info.get("error-desc") or "migration did not complete"
+            raise Failure("failed", f"{msg} (destination {status})")
+        end = time.monotonic()
+        result["waited_seconds"] = round(end - t0, 4)
+        result["seconds"] = round(end - active, 4) if active is not None else None
+        for offset in args.corrupt_dst or []:
+            poke_destination(dst, offset)
+            result.setdefault("corrupted_dst_at", []).append(offset)
+        if not args.no_verify:
+            deadline.check("dumping the destination RAM")
+            dump = os.path.join(setup.workdir, "dst.ram")
+            dq.cmd("pmemsave", val=0, size=setup.size, filename=dump)
+            result["ram_sha256"] = sha256_file(dump)
+            lo, hi = PAM_WINDOW
+            try:
+                window = read_ram_block(dst, lo, hi - lo)
+            except OSError as e:
+                window = None
+                result["ram_pam_window"] = f"unchecked ({e})"
+            write_sha(args, result, window)
+            if not args.keep_dumps:
+                os.unlink(dump)
+        result["status"] = "completed"
+    finally:
+        stop_all(vms, result)
+
+
+def run(args, result):
+    if args.role == "source":
+        return run_source(args, result)
+    if args.role == "destination":
+        return run_destination(args, result)
+    deadline = Deadline(args.timeout)
+    setup = Setup(args, result)
+    size, workdir = setup.size, setup.workdir
+    vms = []
+    try:
+        dst = Vm("dst", setup.dst_argv, setup.dst_env, workdir)
+        vms.append(dst)
+        src = Vm("src", setup.src_argv, setup.src_env, workdir)
         vms.append(src)
         dq = dst.connect(deadline)
         sq = src.connect(deadline)
 
-        src_dump = os.path.join(workdir, "src.ram")
         dst_dump = os.path.join(workdir, "dst.ram")
         if not args.no_verify:
-            sq.cmd("pmemsave", val=0, size=size, filename=src_dump)
-            check_source_holds_file(src_dump, ram_file, size)
-            result["ram_sha256_src"] = sha256_file(src_dump)
-            lo, hi = PAM_WINDOW
-            try:
-                src_window = read_ram_block(src, lo, hi - lo)
-            except OSError as e:
-                src_window = None
-                result["ram_pam_window"] = f"unchecked ({e})"
-            if src_window is not None:
-                with open(ram_file, "rb") as f:
-                    f.seek(lo)
-                    if f.read(hi - lo) != src_window:
-                        raise Failure("error", "source RAM block differs from the random file in "
-                                      "the PAM window")
-            deadline.check("hashing the source RAM")
+            src_dump, src_window = check_source(args, setup, src, result, deadline)
 
-        names = (["multifd"] if args.multifd else []) + (args.cap or [])
-        caps = [{"capability": c, "state": True} for c in names]
         for q in (dq, sq):
-            if caps:
-                q.cmd("migrate-set-capabilities", capabilities=caps)
-            if args.multifd:
-                q.cmd("migrate-set-parameters", **{"multifd-channels": args.multifd})
+            setup.configure(args, q)
         sq.cmd("migrate-set-parameters", **{"max-bandwidth": args.max_bandwidth})
-        dq.cmd("migrate-incoming", uri=listen)
+        dq.cmd("migrate-incoming", uri=setup.listen)
         pids = {"src": qemu_pid(src), "dst": qemu_pid(dst)}
         cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
         t0 = time.monotonic()
-        sq.cmd("migrate", uri=target)
+        sq.cmd("migrate", uri=setup.target)
         src_info = dst_info = {}
         src_done = dst_done = None
         while src_done is None or dst_done is None:
@@ -522,18 +703,7 @@ def run(args, result):
             raise Failure("failed", f"{msg} (source {src_info.get('status')}, destination "
                           f"{dst_info.get('status')})")
         result["seconds"] = round(max(src_done, dst_done), 4)
-        cpu1 = {k: cpu_seconds(p) for k, p in pids.items()}
-        if None not in cpu0.values() and None not in cpu1.values():
-            result["cpu_seconds"] = {k: round(cpu1[k] - cpu0[k], 3) for k in pids}
-        result["qemu_total_time_ms"] = src_info.get("total-time")
-        result["qemu_setup_time_ms"] = src_info.get("setup-time")
-        result["qemu_downtime_ms"] = src_info.get("downtime")
-        ram = src_info.get("ram", {})
-        result["bytes"] = ram.get("transferred")
-        result["ram_pages_normal"] = ram.get("normal")
-        result["ram_dirty_sync_count"] = ram.get("dirty-sync-count")
-        if result["seconds"]:
-            result["mib_per_s"] = round(size / (1 << 20) / result["seconds"], 1)
+        finish_stats(src_info, result, pids, cpu0, size)
 
         for offset in args.corrupt_dst or []:
             poke_destination(dst, offset)
@@ -548,6 +718,7 @@ def run(args, result):
                 result["ram_first_difference"] = first
                 result["ram_differing_bytes"] = count
             if src_window is not None:
+                lo, hi = PAM_WINDOW
                 window_ok = read_ram_block(dst, lo, hi - lo) == src_window
                 result["ram_pam_window"] = "match" if window_ok else "differs"
                 same = same and window_ok
@@ -557,12 +728,7 @@ def run(args, result):
                     os.unlink(f)
         result["status"] = "completed"
     finally:
-        # No signal may cut the cleanup short.
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        for vm in reversed(vms):
-            vm.stop()
-        result["exit_codes"] = {vm.name: vm.proc.returncode for vm in vms}
+        stop_all(vms, result)
 
 
 def main(argv=None):
@@ -574,6 +740,10 @@ def main(argv=None):
     if args.multifd < 0 or not 2 <= args.ram_mib <= 3072:
         # Above 3 GiB the pc machine splits RAM around the PCI hole below 4 GiB.
         print("--multifd must be >= 0 and --ram-mib between 2 and 3072", file=sys.stderr)
+        return 2
+
+    if args.role == "both" and (args.ready_file or args.sha_file):
+        print("--ready-file and --sha-file need --role source or destination", file=sys.stderr)
         return 2
 
     def on_signal(signum, _frame):
@@ -607,7 +777,10 @@ def main(argv=None):
         if tmp is not None:
             tmp.cleanup()
     print(json.dumps(result), flush=True)
-    verified = result["ram_match"] is True or (args.no_verify and result["ram_match"] is None)
+    if args.role == "both":
+        verified = result["ram_match"] is True or (args.no_verify and result["ram_match"] is None)
+    else:
+        verified = args.no_verify or result.get("ram_sha256") is not None
     return 0 if result["status"] == "completed" and verified else 1
 
 
