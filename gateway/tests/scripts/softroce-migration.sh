@@ -3,6 +3,11 @@
 # real RDMA streams between them: the cases the host tests (gateway/tests/migration.rs) cannot
 # run, because the development machines have no RDMA device.
 #
+# `make test` runs it in the Soft-RoCE loop guest: the gateway_loop_* scenarios of
+# tests/softroce (tests/softroce/tests/scenarios/gateway.rs) run it with one --scenario each
+# (the three fallbacks together) and --ram-mib 32, judge its PASS/FAIL lines and report its
+# `figure:` lines. The two-guest migration (gateway_wire_*) is written out in that file.
+#
 # Usage: softroce-migration.sh [--scenario NAME[,NAME..]] [--ram-mib N] GATEWAY QEMU_MIGRATE ADDR_A ADDR_B
 #
 #   GATEWAY       the rdma-migration-gateway binary
@@ -35,7 +40,8 @@
 #   peer-killed  gateway B killed (SIGKILL) mid-migration: the reset reaches both QEMUs (the
 #                migration fails within a bound), gateway A keeps serving with nothing open
 #   peer-down    no gateway B: the stream is refused (PEER_REFUSED) and the same connection is
-#                relayed over TCP; the migration completes byte-exact
+#                relayed over TCP; the migration completes (the RAM check of the TCP relay is
+#                the host tests')
 #   no-peer      gateway A knows no peer (NO_PEER, judged only where RDMA is usable): TCP
 #   timeout      --stream-timeout-ms 1 (TIMEOUT): TCP, and gateway B never dials a request whose
 #                source gave up (the destination QEMU takes only one connection)
@@ -47,8 +53,10 @@
 #     $PWD/tests/tools/qemu_migrate.py 198.18.0.1 198.18.0.2
 #
 # Needs root, ip, nft, socat, curl, python3, qemu-system-x86_64. Prints `PASS NAME (N s)` or
-# `FAIL NAME` per scenario (each check as it goes; the gateways' logs after a failure) and a
-# summary line. Exit status: 0 every scenario passed; 1 one failed; 2 usage; 77 no RDMA device.
+# `FAIL NAME` per scenario (each check as it goes, with the seconds since the scenario started;
+# `figure: SCENARIO KEY VALUE` lines with what was measured; the gateways' logs after a
+# failure) and a summary line. Exit status: 0 every scenario passed; 1 one failed; 2 usage; 77
+# no RDMA device.
 
 set -euo pipefail
 
@@ -116,6 +124,10 @@ EVENT_TIMEOUT=120
 
 PORT=49152
 RAM_BYTES=$((RAM_MIB << 20))
+# The throttled migrations (abort, peer-killed) would take 32 s whatever the RAM: time to see
+# bytes flow and act while they do, also in a loaded TCG guest (at a fixed 4 MiB/s, a 32 MiB
+# migration there completed before the abort came).
+THROTTLE=$((RAM_BYTES / 32))
 echo "softroce-migration: RDMA devices $(ls /sys/class/infiniband | tr '\n' ' ')gateways $(node_listen nodeA) -> $(node_listen nodeB), $RAM_MIB MiB migrations, $(qemu-system-x86_64 --version | head -1)"
 
 ## Helpers (each scenario runs in a subshell: its gateways and relays go with it); the
@@ -147,13 +159,13 @@ fds() { ls "/proc/$1/fd" | wc -l; }
 threads() { ls "/proc/$1/task" | wc -l; }
 
 failed=0
-# check WHAT COMMAND..: one check of the scenario.
+# check WHAT COMMAND..: one check of the scenario (with the seconds since it started).
 check() {
 	local what=$1; shift
 	if "$@"; then
-		echo "  ok: $what"
+		echo "  ok: $what [$((SECONDS - started)) s]"
 	else
-		echo "  FAILED: $what"
+		echo "  FAILED: $what [$((SECONDS - started)) s]"
 		failed=$((failed + 1))
 	fi
 }
@@ -161,6 +173,9 @@ eq() { [ "$(awk -v a="$1" -v b="$2" 'BEGIN {print (a + 0 == b + 0)}')" = 1 ]; }
 ge() { [ "$(awk -v a="$1" -v b="$2" 'BEGIN {print (a + 0 >= b + 0)}')" = 1 ]; }
 lt() { [ "$(awk -v a="$1" -v b="$2" 'BEGIN {print (a + 0 < b + 0)}')" = 1 ]; }
 say() { echo "  $*"; }
+# figure KEY VALUE: a figure worth keeping, with the scenario's name (tests/softroce reports
+# these lines with every run).
+figure() { echo "  figure: $name $1 $2"; }
 # A migration that completed byte-exact.
 completed() { # RESULT
 	check "the migration completed ($(field "$1" status), $(field "$1" seconds) s)" [ "$(field "$1" status)" = completed ]
@@ -186,7 +201,11 @@ scenario_rdma() {
 	pkts=$(rxe_sent) va=$(tx_bytes va) vb=$(tx_bytes vb) lo=$(tx_bytes lo)
 	r=$(migrate | tail -1)
 	say "qemu: $r"
-	say "the stream opened in $(grep -o '"open_ms":[0-9]*' "$T/gw-nodeA.log" | head -1 | cut -d: -f2) ms (connect, the peer's dial, the accept)"
+	local open_ms
+	open_ms=$(grep -o '"open_ms":[0-9]*' "$T/gw-nodeA.log" | head -1 | cut -d: -f2)
+	say "the stream opened in $open_ms ms (connect, the peer's dial, the accept)"
+	figure stream_open_ms "$open_ms"
+	figure migration_s "$(field "$r" seconds)"
 	completed "$r"
 	check "A: the streams ended" wait_for 30 idle nodeA
 	check "B: the streams ended" wait_for 30 idle nodeB
@@ -245,7 +264,7 @@ scenario_abort() {
 	local fa fb ta tb
 	fa=$(fds "$A") fb=$(fds "$B") ta=$(threads "$A") tb=$(threads "$B")
 	announce
-	MIGRATE_TIMEOUT=300 migrate --max-bandwidth 4194304 --no-verify >"$T/mig.out" 2>"$T/mig.err" &
+	MIGRATE_TIMEOUT=300 migrate --max-bandwidth $THROTTLE --no-verify >"$T/mig.out" 2>"$T/mig.err" &
 	local m=$!
 	check "bytes flow on a stream" wait_for 300 eval '[ "$(active nodeA)" -ge 1 ] && [ "$(active nodeB)" -ge 1 ]'
 	sleep 2
@@ -255,6 +274,7 @@ scenario_abort() {
 	local rc=0
 	wait $m || rc=$?
 	say "qemu (rc $rc, $((SECONDS - t0)) s after the abort): $(tail -1 "$T/mig.out")"
+	figure failed_after_abort_s $((SECONDS - t0))
 	check "the migration failed" [ $rc -ne 0 ]
 	check "... within 60 s of the abort" lt $((SECONDS - t0)) 60
 	check "A: nothing open" wait_for 30 idle nodeA
@@ -262,6 +282,8 @@ scenario_abort() {
 	back() { [ "$(fds "$A")" -le "$fa" ] && [ "$(fds "$B")" -le "$fb" ] && [ "$(threads "$A")" -le "$ta" ] && [ "$(threads "$B")" -le "$tb" ]; }
 	wait_for 15 back || true
 	say "fds A $fa -> $(fds "$A"), B $fb -> $(fds "$B"); threads A $ta -> $(threads "$A"), B $tb -> $(threads "$B")"
+	figure fds_after_abort "A $fa->$(fds "$A"), B $fb->$(fds "$B")"
+	figure threads_after_abort "A $ta->$(threads "$A"), B $tb->$(threads "$B")"
 	check "both gateways are back to their fd and thread counts" back
 	check "no capture table left" [ -z "$(tables vhA)" ]
 	check "A: it was carried as a stream" eq "$(conns nodeA source rdma)" 2
@@ -272,7 +294,7 @@ scenario_peer_killed() {
 	gw_b
 	gw_a --peer $PEER_B
 	announce
-	MIGRATE_TIMEOUT=300 migrate --max-bandwidth 4194304 --no-verify >"$T/mig.out" 2>"$T/mig.err" &
+	MIGRATE_TIMEOUT=300 migrate --max-bandwidth $THROTTLE --no-verify >"$T/mig.out" 2>"$T/mig.err" &
 	local m=$!
 	check "bytes flow on a stream" wait_for 300 eval '[ "$(active nodeA)" -ge 1 ] && [ "$(active nodeB)" -ge 1 ]'
 	sleep 2
@@ -280,6 +302,7 @@ scenario_peer_killed() {
 	local t0=$SECONDS rc=0
 	wait $m || rc=$?
 	say "qemu (rc $rc, $((SECONDS - t0)) s after the kill): $(tail -1 "$T/mig.out")"
+	figure failed_after_kill_s $((SECONDS - t0))
 	check "the migration failed" [ $rc -ne 0 ]
 	check "... within 60 s of the kill" lt $((SECONDS - t0)) 60
 	check "A: its stream ended" wait_for 30 idle nodeA
@@ -296,6 +319,7 @@ falls_back() { # REASON
 	local r
 	r=$(migrate --no-verify | tail -1)
 	say "qemu: $r"
+	figure tcp_migration_s "$(field "$r" seconds)"
 	check "the migration completed ($(field "$r" status), $(field "$r" seconds) s)" [ "$(field "$r" status)" = completed ]
 	check "A: over TCP" eq "$(conns nodeA source tcp)" 1
 	check "A: not over RDMA" eq "$(conns nodeA source rdma)" 0
@@ -334,9 +358,9 @@ for name in ${scenarios//,/ }; do
 		echo "softroce-migration: unknown scenario '$name' (see --help)" >&2
 		exit 2
 	fi
-	echo "== $name"
+	echo "== $name (at $SECONDS s)"
 	rm -f "$T"/gw-*.log "$T"/*.sock
-	t0=$SECONDS
+	t0=$SECONDS started=$SECONDS
 	rc=0
 	(
 		set +e

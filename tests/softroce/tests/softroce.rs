@@ -55,6 +55,7 @@ fn main() -> ExitCode {
         .chain(scenarios::shim_load::SCENARIOS)
         .chain(scenarios::shim_faults::SCENARIOS)
         .chain(scenarios::shim_wire::SCENARIOS)
+        .chain(scenarios::gateway::SCENARIOS)
         .copied()
         .collect();
     runner::main(&all)
