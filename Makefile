@@ -102,8 +102,10 @@ clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # Every test, then one closing line with the totals over all test binaries. The build first:
-# `cargo test` does not produce cdylibs (libstreamshim.so, libfakersocket.so) that the
-# real-process tests load with LD_PRELOAD and dlopen.
+# `cargo test` does not produce the cdylib (libstreamshim.so) that the real-process tests load
+# with LD_PRELOAD, nor the binaries (the gateway) that the Soft-RoCE guests run.
+# tests/softroce boots QEMU guests with Soft-RoCE and runs the real-RDMA suite in them (about
+# 20-30 minutes under TCG).
 unit:
 	$(CARGO) build --workspace
 	@log=$$(mktemp); set -o pipefail; \
