@@ -1,12 +1,17 @@
 //! gRPC over unix sockets (feature `uds`): a tonic channel to a socket path, a listener bound
-//! afresh, and the identity of the socket file (kubelet's device plugin sockets, KubeVirt's
-//! node hook socket).
+//! afresh, its connections as a server should serve them, and the identity of the socket file
+//! (kubelet's device plugin sockets, KubeVirt's node hook socket).
 
 use std::{io, path::Path, time::Duration};
 
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::{Stream, StreamExt, wrappers::UnixListenerStream};
 use tonic::transport::{Channel, Endpoint};
+
+mod authority;
+
+pub use authority::ServerConn;
 
 /// A channel to the gRPC server on `path`, connected eagerly within `connect_timeout`.
 /// `request_timeout` bounds each call; leave it `None` for long-lived streams.
@@ -41,6 +46,15 @@ pub fn bind_fresh(path: &Path) -> io::Result<UnixListener> {
         Err(e) => return Err(e),
     }
     UnixListener::bind(path)
+}
+
+/// The connections `listener` accepts, for tonic's `serve_with_incoming*`: each a
+/// [`ServerConn`], so that clients sending the socket path as `:authority` (grpc-java,
+/// grpcurl, Python grpcio, kubelets before 1.26) are served like those sending `localhost`.
+pub fn incoming(
+    listener: UnixListener,
+) -> impl Stream<Item = io::Result<ServerConn<UnixStream>>> + Send + 'static {
+    UnixListenerStream::new(listener).map(|conn| conn.map(ServerConn::new))
 }
 
 pub use crate::file_id::{FileId, file_id, remove_if_ours};
