@@ -27,7 +27,6 @@ use tokio::{
     sync::{broadcast, mpsc, watch},
     time::Instant,
 };
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -240,7 +239,7 @@ impl Runner {
         }));
         let server_stop = stop.clone();
         let mut server = tokio::spawn(router.serve_with_incoming_shutdown(
-            UnixListenerStream::new(listener),
+            uds::incoming(listener),
             async move {
                 server_stop.cancelled().await;
             },

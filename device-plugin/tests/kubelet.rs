@@ -659,3 +659,56 @@ async fn cdi_mode_spec_and_names() {
     })
     .await;
 }
+
+/// Kubelets before 1.26, grpc-java and grpcurl send the socket path as `:authority`; Python
+/// grpcio >= 1.57 (grpc-core) sends it percent-encoded. The plugin answers them all, on one
+/// connection, including fields the client indexed in its HPACK dynamic table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_authority_a_unix_socket_client_sends() {
+    use prost::Message;
+    use rdma_streams_testkit::h2_raw::{Conn, Field, Outcome, grpc_request};
+
+    within(60, async {
+        let mut h = Harness::registered().await;
+        let sock = h.kubelet.endpoint(RESOURCE).unwrap();
+        let method = "/v1beta1.DevicePlugin/GetDevicePluginOptions";
+        let options = |outcome: Outcome, what: &str| match outcome {
+            Outcome::Reply(r) => {
+                assert_eq!(r.grpc_status(), Some("0"), "{what}: {r:?}");
+                pb::DevicePluginOptions::decode(r.message().unwrap()).unwrap()
+            }
+            other => panic!("{what}: {other:?}"),
+        };
+        let kubelet_sock = "/var/lib/kubelet/device-plugins/kubelet.sock";
+        let grpcio = "%2Fvar%2Flib%2Fkubelet%2Fdevice-plugins%2Fkubelet.sock";
+        for authority in ["localhost", kubelet_sock, grpcio, ""] {
+            let mut conn = Conn::connect(&sock).await.unwrap();
+            let reply = conn.unary(1, &grpc_request(authority, method), &[]).await;
+            let opts = options(reply.unwrap(), authority);
+            assert!(opts.get_preferred_allocation_available, "{authority:?}");
+        }
+        // One connection: a valid authority first, then the path, each entered in the
+        // dynamic table, then both referred to by index (62 is the newest entry).
+        let mut conn = Conn::connect(&sock).await.unwrap();
+        let mut fields = grpc_request("", method);
+        fields[3] = Field::Indexing(":authority", "localhost");
+        fields.push(Field::Indexing("x-client", "a"));
+        options(
+            conn.unary(1, &fields, &[]).await.unwrap(),
+            "localhost, indexed",
+        );
+        fields[3] = Field::Indexing(":authority", kubelet_sock);
+        fields[6] = Field::Indexed(63); // x-client: a
+        options(conn.unary(3, &fields, &[]).await.unwrap(), "path, indexed");
+        fields[3] = Field::Indexed(62); // the path
+        options(conn.unary(5, &fields, &[]).await.unwrap(), "path by index");
+        fields[3] = Field::Indexed(64); // localhost
+        options(
+            conn.unary(7, &fields, &[]).await.unwrap(),
+            "localhost by index",
+        );
+        drop(conn);
+        h.stop_plugin().await;
+    })
+    .await;
+}

@@ -2,13 +2,16 @@
 //! only.
 //!
 //! - [`within`]: run a test body under a time limit;
-//! - `mock_api` (feature `kube`): a mocked Kubernetes API server for kube-side unit tests.
+//! - `mock_api` (feature `kube`): a mocked Kubernetes API server for kube-side unit tests;
+//! - `h2_raw` (feature `h2`): a raw HTTP/2 client for unary gRPC calls over a unix socket.
 #![warn(missing_docs)]
 
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
+#[cfg(feature = "h2")]
+pub mod h2_raw;
 #[cfg(feature = "kube")]
 #[allow(missing_docs)]
 pub mod mock_api;

@@ -18,7 +18,6 @@ use std::{
 };
 
 use tokio::{sync::watch, task::JoinHandle};
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, transport::Channel};
 
@@ -336,10 +335,7 @@ impl FakeKubelet {
         let task = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(svc))
-                .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(listener),
-                    s.cancelled_owned(),
-                )
+                .serve_with_incoming_shutdown(crate::uds::incoming(listener), s.cancelled_owned())
                 .await;
         });
         self.server = Some((stop, task));

@@ -40,9 +40,11 @@ use std::{
     time::Duration,
 };
 
-use rdma_streams_common::file_id::{FileId, file_id, remove_if_ours};
+use rdma_streams_common::{
+    file_id::{FileId, file_id, remove_if_ours},
+    uds,
+};
 use tokio::{net::UnixListener, sync::mpsc};
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, transport::Server};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -346,10 +348,7 @@ pub async fn serve(
     info!(path = %path.display(), node = %server.node_name, "serving KubeVirt node hooks");
     let result = Server::builder()
         .add_service(NodeHookServiceServer::new(server))
-        .serve_with_incoming_shutdown(
-            UnixListenerStream::new(listener),
-            shutdown.cancelled_owned(),
-        )
+        .serve_with_incoming_shutdown(uds::incoming(listener), shutdown.cancelled_owned())
         .await;
     remove_if_ours(&path, id);
     info!(path = %path.display(), "node hook server stopped");

@@ -474,6 +474,38 @@ async fn old_client_body() {
 }
 
 #[test]
+fn clients_sending_the_socket_path_as_authority_are_answered() {
+    within(LIMIT, path_authority_body);
+}
+
+/// virt-handler dials with grpc-go (`localhost`), but grpc-java, grpcurl and Python grpcio
+/// send the socket path, grpcio percent-encoded: all of them get an answer.
+async fn path_authority_body() {
+    use rdma_streams_testkit::h2_raw::{Conn, Outcome, grpc_request};
+
+    let fx = Fixture::start("node-a", DEFAULT_CALL_TIMEOUT).await;
+    let method = "/kubevirt.hooks.plugins.v1alpha1.NodeHookService/ExecuteNodeHook";
+    let message = request("PreVMStart", b"{}", "node-a").encode_to_vec();
+    let socket = fx.path.to_str().unwrap().to_string();
+    let grpcio = socket.trim_start_matches('/').replace('/', "%2F");
+    for authority in ["localhost", &socket, &grpcio] {
+        let mut conn = Conn::connect(&fx.path).await.unwrap();
+        let outcome = conn
+            .unary(1, &grpc_request(authority, method), &message)
+            .await;
+        let reply = match outcome.unwrap() {
+            Outcome::Reply(reply) => reply,
+            other => panic!("{authority}: {other:?}"),
+        };
+        assert_eq!(reply.grpc_status(), Some("0"), "{authority}: {reply:?}");
+        let response = ExecuteNodeHookResponse::decode(reply.message().unwrap()).unwrap();
+        assert!(response.success, "{authority}");
+    }
+    assert_eq!(fx.count("PreVMStart", HookOutcome::Ignored), 3);
+    fx.stop().await;
+}
+
+#[test]
 fn the_socket_replaces_a_stale_one_keeps_its_mode_and_refuses_other_files() {
     within(LIMIT, socket_body);
 }
