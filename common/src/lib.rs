@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod file_id;
+pub mod names;
 pub mod reload_metrics;
 pub mod shutdown;
 pub mod telemetry;

@@ -48,13 +48,13 @@ use std::fmt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
+use rdma_streams_common::names::validate_extended_resource_name;
 use serde::de::DeserializeOwned;
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 use thiserror::Error;
 use tracing::info;
 
-use crate::resource_name::validate_extended_resource_name;
 use crate::selector::Selectors;
 
 /// The resource advertised when there is no config file.

@@ -25,6 +25,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use rdma_streams_common::names::{
+    is_dns1123_label, is_dns1123_subdomain, validate_extended_resource_name,
+};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// Extended resource a profile requests when it names none.
@@ -470,11 +473,8 @@ impl Default for Config {
 
 impl Profile {
     fn check(&self, at: &str, roots: &[String], problems: &mut Vec<String>) {
-        if let Err(why) = check_extended_resource_name(&self.resource.name) {
-            problems.push(format!(
-                "{at}.resource.name {:?}: {why}",
-                self.resource.name
-            ));
+        if let Err(why) = validate_extended_resource_name(&self.resource.name) {
+            problems.push(format!("{at}.resource.name: {why}"));
         }
         if self.resource.count == 0 {
             problems.push(format!("{at}.resource.count must be at least 1"));
@@ -643,61 +643,6 @@ fn check_relative_path(path: &str) -> Result<(), &'static str> {
         return Err("must not contain '..'");
     }
     Ok(())
-}
-
-/// `domain/name`, outside the `kubernetes.io` domains, as the API server requires of extended
-/// resources.
-fn check_extended_resource_name(name: &str) -> Result<(), &'static str> {
-    let Some((domain, short)) = name.split_once('/') else {
-        return Err("an extended resource needs a domain prefix, like rdma-streams.io/hca");
-    };
-    if !is_dns1123_subdomain(domain) {
-        return Err("the domain prefix is not a DNS-1123 subdomain");
-    }
-    if domain == "kubernetes.io"
-        || domain.ends_with(".kubernetes.io")
-        || domain == "k8s.io"
-        || domain.ends_with(".k8s.io")
-    {
-        return Err("the kubernetes.io and k8s.io domains are reserved");
-    }
-    if !is_qualified_name_part(short) {
-        return Err("the name after '/' must be 1-63 letters, digits, '-', '_' or '.'");
-    }
-    if short.starts_with("requests.") {
-        return Err("the name must not start with 'requests.'");
-    }
-    Ok(())
-}
-
-fn is_qualified_name_part(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
-/// DNS-1123 label: lowercase alphanumerics and '-', 1-63, alphanumeric at both ends.
-pub(crate) fn is_dns1123_label(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && is_lower_alnum(bytes[0])
-        && is_lower_alnum(bytes[bytes.len() - 1])
-        && bytes.iter().all(|&b| is_lower_alnum(b) || b == b'-')
-}
-
-/// DNS-1123 subdomain: dot-separated labels, at most 253.
-pub(crate) fn is_dns1123_subdomain(name: &str) -> bool {
-    name.len() <= 253 && name.split('.').all(is_dns1123_label)
-}
-
-fn is_lower_alnum(b: u8) -> bool {
-    b.is_ascii_lowercase() || b.is_ascii_digit()
 }
 
 /// The classic Kubernetes env var name rule (`[-._a-zA-Z][-._a-zA-Z0-9]*`), which every
@@ -993,7 +938,7 @@ profiles:
         for needle in [
             "allowedHostPathRoots[0] \"relative/root\": must be absolute",
             "defaultProfile \"missing\" is not among the profiles",
-            "profiles.bad.resource.name \"hca\": an extended resource needs a domain prefix",
+            "profiles.bad.resource.name: resource name `hca` has no domain",
             "profiles.bad.resource.count must be at least 1",
             "profiles.bad.shim.image is required for delivery init-copy",
             "profiles.bad.shim.initCommand must name a program",
@@ -1005,7 +950,7 @@ profiles:
             "profiles.bad.network.name \"Bad_Name\"",
             "profiles.bad.network.namespace \"ns/x\"",
             "profiles.bad.network.interface \"way-too-long-interface\"",
-            "profiles.host.resource.name \"kubernetes.io/hca\": the kubernetes.io and k8s.io domains are reserved",
+            "profiles.host.resource.name: resource name `kubernetes.io/hca` is reserved",
             "profiles.host.shim.hostPath \"/etc/rdma\" is not under any allowedHostPathRoots (relative/root, /opt/ok)",
             "profiles.image.shim.hostPath is only used with delivery host-path",
             "profiles.image.shim.initCommand is only used with delivery init-copy",
@@ -1076,18 +1021,38 @@ profiles:
     }
 
     #[test]
-    fn name_rules() {
+    fn resource_names_follow_kubelet() {
+        let with_resource = |name: &str| {
+            minimal(&format!(
+                "    resource: {{name: \"{name}\"}}\n    shim: {{delivery: init-copy, image: b:1}}\n"
+            ))
+        };
+        for good in ["foo.k8s.io/hca", "example.com/requests.x", "rdma/hca_a"] {
+            parse(&with_resource(good), "t.yaml").expect(good);
+        }
+        for (bad, needle) in [
+            ("xkubernetes.io/hca", "is reserved"),
+            (
+                "requests.example.com/hca",
+                "must not start with `requests.`",
+            ),
+        ] {
+            let problems = problems_of(&with_resource(bad)).join("\n");
+            assert!(
+                problems.contains(&format!(
+                    "profiles.default.resource.name: resource name `{bad}`"
+                )) && problems.contains(needle),
+                "{problems}"
+            );
+        }
+    }
+
+    #[test]
+    fn env_name_rule() {
         assert!(is_env_name("STREAMSHIM_MODE"));
         assert!(is_env_name("_x.y-z"));
         assert!(!is_env_name("9LIVES"));
         assert!(!is_env_name(""));
         assert!(!is_env_name("A=B"));
-        assert!(is_dns1123_subdomain("rdma-streams.io"));
-        assert!(!is_dns1123_subdomain("Rdma.io"));
-        assert!(!is_dns1123_label("a.b"));
-        assert!(check_extended_resource_name("rdma-streams.io/hca").is_ok());
-        assert!(check_extended_resource_name("example.com/requests.x").is_err());
-        assert!(check_extended_resource_name("example.com/").is_err());
-        assert!(check_extended_resource_name("foo.k8s.io/x").is_err());
     }
 }

@@ -110,24 +110,9 @@ impl Drop for FakeKubelet {
     }
 }
 
-/// kubelet's `IsExtendedResourceName`, in short: `domain/name`, the domain not kubernetes.io,
-/// both parts of allowed characters (`rdma/hca_shared_devices_a` is fine).
+/// kubelet's `IsExtendedResourceName`: the plugin's own check, shared with the injector.
 fn kubelet_accepts_resource(name: &str) -> bool {
-    let Some((domain, res)) = name.split_once('/') else {
-        return false;
-    };
-    let ok_chars = |s: &str, extra: &[char]| {
-        !s.is_empty()
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
-            && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-            && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
-    };
-    !(domain == "kubernetes.io" || domain.ends_with(".kubernetes.io"))
-        && ok_chars(domain, &['-', '.'])
-        && ok_chars(res, &['-', '.', '_'])
-        && res.len() <= 63
-        && !res.contains('/')
+    rdma_streams_common::names::validate_extended_resource_name(name).is_ok()
 }
 
 struct RegistrationSvc {
