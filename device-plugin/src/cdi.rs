@@ -10,6 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use rdma_streams_common::names::contract::DOMAIN;
 use serde_json::{Value, json};
 
 use crate::{
@@ -43,7 +44,7 @@ pub enum CdiError {
 pub fn cdi_kind(resource_name: &str) -> String {
     match resource_name.split_once('/') {
         Some((vendor, class)) => format!("{vendor}/{}", class.replace('.', "-")),
-        None => format!("rdma-streams.io/{}", resource_name.replace('.', "-")),
+        None => format!("{DOMAIN}/{}", resource_name.replace('.', "-")),
     }
 }
 

@@ -48,6 +48,7 @@ use std::fmt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
+use rdma_streams_common::names::contract::DEFAULT_RESOURCE;
 use rdma_streams_common::names::validate_extended_resource_name;
 use serde::de::DeserializeOwned;
 use serde::ser::SerializeStruct;
@@ -57,8 +58,6 @@ use tracing::info;
 
 use crate::selector::Selectors;
 
-/// The resource advertised when there is no config file.
-pub const DEFAULT_RESOURCE: &str = "rdma-streams.io/hca";
 /// Slots per HCA when a pool does not say.
 pub const DEFAULT_SLOTS_PER_HCA: u32 = 64;
 /// Most slots one HCA may have (device ids are `<rdmadev>-<nnnn>`).

@@ -25,13 +25,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use rdma_streams_common::names::contract::{
+    DEFAULT_RESOURCE, SHIM_MODE_ENV, SHIM_MODE_PROXY, SHIM_PROVIDER_ENV,
+};
 use rdma_streams_common::names::{
     is_dns1123_label, is_dns1123_subdomain, validate_extended_resource_name,
 };
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// Extended resource a profile requests when it names none.
-pub const DEFAULT_RESOURCE: &str = "rdma-streams.io/hca";
 /// Where the shim directory is mounted in target containers unless the profile says otherwise.
 pub const DEFAULT_MOUNT_PATH: &str = "/opt/rdma-streams";
 /// The shim library, relative to the mount path.
@@ -359,9 +360,9 @@ fn builtin_env(mount: &str) -> BTreeMap<String, String> {
         .map(|p| format!("{mount}/lib/libibverbs/lib{p}"))
         .collect();
     BTreeMap::from([
-        ("STREAMSHIM_MODE".to_owned(), "proxy".to_owned()),
+        (SHIM_MODE_ENV.to_owned(), SHIM_MODE_PROXY.to_owned()),
         (
-            "STREAMSHIM_PROVIDER".to_owned(),
+            SHIM_PROVIDER_ENV.to_owned(),
             format!("{mount}/lib/librdmacm.so.1"),
         ),
         ("RDMAV_DRIVERS".to_owned(), drivers.join(":")),

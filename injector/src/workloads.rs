@@ -13,16 +13,9 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value, json};
 
 use crate::{
-    core::{self, Decision, NamespaceFacts, PlanInput},
+    core::{self, Decision, NamespaceFacts, PlanInput, names},
     profile::Config,
 };
-
-/// The opt-in label (pods) and its values.
-pub const INJECT_LABEL: &str = "rdma-streams.io/inject";
-/// The profile annotation.
-pub const PROFILE_ANNOTATION: &str = "rdma-streams.io/profile";
-/// The VM migration opt-in label.
-pub const MIGRATION_LABEL: &str = "rdma-streams.io/migration";
 
 #[derive(Debug, thiserror::Error)]
 pub enum InjectError {
@@ -88,6 +81,15 @@ fn str_at<'a>(v: &'a Value, ptr: &str) -> &'a str {
     v.pointer(ptr).and_then(Value::as_str).unwrap_or("")
 }
 
+/// `metadata.<field>.<key>` of `obj` as a string, `""` when absent or not a string.
+fn meta_str<'a>(obj: &'a Value, field: &str, key: &str) -> &'a str {
+    obj.get("metadata")
+        .and_then(|meta| meta.get(field))
+        .and_then(|map| map.get(key))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
 /// Sets `metadata.<field>.<key> = value` on `obj` (creating maps), unless the key is present.
 fn ensure_meta(obj: &mut Value, field: &str, key: &str, value: &str) {
     let Some(root) = obj.as_object_mut() else {
@@ -111,15 +113,16 @@ fn inject_pod(
     opts: &InjectOptions,
 ) -> Result<(String, Vec<String>), InjectOrDeny> {
     // The label wins over the annotation, as in the webhook; either saying "false" opts out.
-    let label = str_at(pod, "/metadata/labels/rdma-streams.io~1inject");
-    let annotation = str_at(pod, "/metadata/annotations/rdma-streams.io~1inject");
-    let opted_out = label == "false" || (label.is_empty() && annotation == "false");
+    let label = meta_str(pod, "labels", names::INJECT);
+    let annotation = meta_str(pod, "annotations", names::INJECT);
+    let opted_out =
+        label == names::INJECT_FALSE || (label.is_empty() && annotation == names::INJECT_FALSE);
     if opted_out {
         return Ok(("skipped: opted out".to_string(), vec![]));
     }
-    ensure_meta(pod, "labels", INJECT_LABEL, "true");
+    ensure_meta(pod, "labels", names::INJECT, names::INJECT_TRUE);
     if let Some(profile) = &opts.profile {
-        ensure_meta(pod, "annotations", PROFILE_ANNOTATION, profile);
+        ensure_meta(pod, "annotations", names::PROFILE_ANNOTATION, profile);
     }
     let input = PlanInput {
         pod,
@@ -205,7 +208,7 @@ fn inject_doc(
         let Some(template) = doc.pointer_mut("/spec/template") else {
             return Ok(report("passed: no spec.template".to_string(), vec![]));
         };
-        ensure_meta(template, "labels", MIGRATION_LABEL, "rdma");
+        ensure_meta(template, "labels", names::MIGRATION, names::MIGRATION_RDMA);
         return Ok(report("labelled".to_string(), vec![]));
     }
     let Some(ptr) = template_pointer(&kind) else {

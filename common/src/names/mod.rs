@@ -1,7 +1,8 @@
-//! Kubernetes names: the one rule for extended resource names
-//! ([`validate_extended_resource_name`]) that the device plugin and the injector both apply, so
-//! that the injector never asks for a resource the plugin cannot register.
+//! Kubernetes names: the project's fixed names ([`contract`]) and the one rule for extended
+//! resource names ([`validate_extended_resource_name`]) that the device plugin and the injector
+//! both apply, so that the injector never asks for a resource the plugin cannot register.
 
+pub mod contract;
 mod resource;
 mod syntax;
 

@@ -45,7 +45,4 @@ pub use node::{
     GATEWAY_ADDRESS_ANNOTATION, NodeAnnotations, NodePublisher, PeerDirectory,
     VIRT_HANDLER_ADDRESSES_ANNOTATION, run_node_publisher,
 };
-pub use vmi::{
-    MIGRATION_OPT_IN_LABEL, MIGRATION_OPT_IN_VALUE, VirtualMachineInstance, VmiView, events_for,
-    watch_migrations,
-};
+pub use vmi::{VirtualMachineInstance, VmiView, events_for, watch_migrations};

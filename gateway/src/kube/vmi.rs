@@ -48,6 +48,7 @@ use kube::{
         watcher::{self, Event},
     },
 };
+use rdma_streams_common::names::contract::{MIGRATION, MIGRATION_RDMA};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -56,11 +57,6 @@ use tracing::{debug, info, warn};
 
 use super::node::PeerDirectory;
 use crate::events::{Delivery, Migration, MigrationEvent, Role};
-
-/// Label of a VM template (and so of its VMIs) that opts the VM in to RDMA migration.
-pub const MIGRATION_OPT_IN_LABEL: &str = "rdma-streams.io/migration";
-/// Value of [`MIGRATION_OPT_IN_LABEL`] that opts in.
-pub const MIGRATION_OPT_IN_VALUE: &str = "rdma";
 
 /// `status.migrationState.abortStatus` once an abort took effect.
 const ABORT_SUCCEEDED: &str = "Succeeded";
@@ -171,8 +167,8 @@ impl VmiView {
             opted_in: meta
                 .labels
                 .as_ref()
-                .and_then(|l| l.get(MIGRATION_OPT_IN_LABEL))
-                .is_some_and(|v| v == MIGRATION_OPT_IN_VALUE),
+                .and_then(|l| l.get(MIGRATION))
+                .is_some_and(|v| v == MIGRATION_RDMA),
             deleted: false,
             migration: vmi.status.migration_state.clone(),
         }
@@ -368,9 +364,7 @@ pub async fn watch_migrations(
     shutdown: CancellationToken,
 ) {
     let api: Api<VirtualMachineInstance> = Api::all(client);
-    let config = watcher::Config::default().labels(&format!(
-        "{MIGRATION_OPT_IN_LABEL}={MIGRATION_OPT_IN_VALUE}"
-    ));
+    let config = watcher::Config::default().labels(&format!("{MIGRATION}={MIGRATION_RDMA}"));
     let stream = watcher::watcher(api, config).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut state = Tracker::new(node);
@@ -752,7 +746,7 @@ mod tests {
                 "namespace": "ns",
                 "uid": uid,
                 "resourceVersion": rv,
-                "labels": { MIGRATION_OPT_IN_LABEL: MIGRATION_OPT_IN_VALUE, "kubevirt.io/nodeName": NODE },
+                "labels": { MIGRATION: MIGRATION_RDMA, "kubevirt.io/nodeName": NODE },
             },
             "spec": { "domain": { "cpu": { "cores": 2 } } },
             "status": { "phase": "Running", "nodeName": NODE, "migrationState": migration },

@@ -1,25 +1,10 @@
 //! Fixed names: labels, annotations, volumes and containers (see the names table in the design).
+//! The project's own labels and annotations come from the shared contract.
 
-/// Pod label (objectSelector) or annotation (matchConditions) that opts a pod in (`"true"`) or
-/// out (`"false"`); namespace label that opts every pod in (`"enabled"`).
-pub const INJECT: &str = "rdma-streams.io/inject";
-/// Pod opt-in value.
-pub const INJECT_TRUE: &str = "true";
-/// Pod opt-out value (wins over a namespace opt-in).
-pub const INJECT_FALSE: &str = "false";
-/// Namespace opt-in value.
-pub const NAMESPACE_ENABLED: &str = "enabled";
-/// Pod annotation naming the profile.
-pub const PROFILE_ANNOTATION: &str = "rdma-streams.io/profile";
-/// Pod annotation listing target containers (comma list).
-pub const CONTAINERS_ANNOTATION: &str = "rdma-streams.io/containers";
-/// Pod annotation the injector writes: JSON {version, profile, containers, hash}.
-pub const STATUS_ANNOTATION: &str = "rdma-streams.io/status";
-/// VM template label (propagated to the virt-launcher pod) opting a VM into RDMA migration, and
-/// the annotation the injector writes on the launcher pod for the gateway.
-pub const MIGRATION: &str = "rdma-streams.io/migration";
-/// The only migration transport so far.
-pub const MIGRATION_RDMA: &str = "rdma";
+pub use rdma_streams_common::names::contract::{
+    CONTAINERS_ANNOTATION, INJECT, INJECT_FALSE, INJECT_TRUE, MIGRATION, MIGRATION_RDMA,
+    NAMESPACE_ENABLED, PROFILE_ANNOTATION, STATUS_ANNOTATION,
+};
 
 /// kubectl's default container annotation.
 pub const DEFAULT_CONTAINER_ANNOTATION: &str = "kubectl.kubernetes.io/default-container";
