@@ -47,7 +47,8 @@ pub(super) struct Rdma {
     probe_outstanding: bool,
     /// The QP may post sends (the accept was sent, or the connection is established).
     pub(super) ready: bool,
-    /// Both FINs went through and a later send failed: nothing more is posted.
+    /// The peer FIN is in and a later work request failed (the peer is gone): nothing more is
+    /// posted.
     quiet: bool,
     pub(super) last_rx: Instant,
     pub(super) peer_fin: bool,
@@ -224,10 +225,11 @@ impl Rdma {
 
     fn completion(&mut self, wc: &Wc, now: Instant) -> Result<(), String> {
         if wc.status != WC_SUCCESS {
-            if self.peer_fin && self.fin_done() {
-                // Both FINs are through, so every byte of both directions arrived: a later
-                // write (a credit report, a probe) failing only means the peer has gone
-                // already. Nothing more is posted; what arrived is still delivered.
+            if self.peer_fin {
+                // The peer's FIN is in, so every byte of its direction arrived: a failure now
+                // (a credit report, a probe, flushed receives) means the peer is gone. Nothing
+                // more is posted; what arrived is still delivered, and the stream ends once it
+                // was (`step_stream`).
                 self.quiet = true;
                 return Ok(());
             }
@@ -857,7 +859,11 @@ impl StreamConn {
     /// One round of the stream: Ok(true) when both directions finished.
     fn step_stream(&mut self, now: Instant, draining: bool) -> Result<bool, String> {
         let StreamConn {
-            rdma, app, shared, ..
+            rdma,
+            app,
+            shared,
+            peer_gone,
+            ..
         } = self;
         let Some(rdma) = rdma.as_mut() else {
             return Ok(false);
@@ -879,7 +885,13 @@ impl StreamConn {
             (a.on_event)(Event::Decided(Path::Rdma));
         }
         pump(rdma, a, draining).map_err(|e| format!("local side: {e}"))?;
-        Ok(rdma.fin_done() && rdma.peer_fin && a.local_shut && !rdma.has_pending())
+        let inbound_done = rdma.peer_fin && a.local_shut && !rdma.has_pending();
+        // A peer gone after its FIN (its process exited, say) ends the stream once the app has
+        // every byte it sent and its EOF, as a TCP socket's would: what the app writes from now
+        // on has nowhere to go (the closed local side answers EPIPE, or a reset when it held
+        // unread bytes of the app).
+        let peer_left = *peer_gone || rdma.quiet;
+        Ok(inbound_done && (rdma.fin_done() || peer_left))
     }
 
     /// Both directions finished: the local side is closed and the end reported; the loop

@@ -113,14 +113,12 @@ pub(super) fn run(
         dirty: Vec::new(),
         draining: false,
     };
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.serve()));
-    // A panic must not leave waiters hanging: every handle fails fast from now on.
+    // A panic must not leave waiters hanging: every handle fails fast from now on (and a
+    // flush sees `stopped` and returns: nothing more can be delivered).
+    let _panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.serve())).is_err();
     l.inner.stopped.store(true, Ordering::Release);
     for conn in l.conns.values() {
         conn.shared.fail(ConnectError::EngineGone);
-    }
-    if result.is_err() {
-        l.inner.unflushed.store(0, Ordering::Release);
     }
 }
 
@@ -802,20 +800,18 @@ impl Loop {
         if moved > 0 {
             self.inner.progress.fetch_add(moved, Ordering::Release);
         }
+        // A peer gone before its FIN leaves bytes of its direction missing: the stream fails.
+        // One gone after its FIN has sent everything: the stream delivers what arrived and
+        // ends when it did (`StreamConn::progress`), not at the disconnect (which would drop
+        // bytes the app has not read yet).
         if conn.peer_gone
             && conn.error.is_none()
             && matches!(conn.app, App::Stream(_) | App::Unattached)
-            && !conn
-                .rdma
-                .as_ref()
-                .is_some_and(|r| r.peer_fin && r.fin_queued())
+            && !conn.rdma.as_ref().is_some_and(|r| r.peer_fin)
         {
             let state = conn.rdma.as_ref().map(Rdma::describe).unwrap_or_default();
             conn.fail(format!("the peer disconnected ({state})"), &mut fds);
         }
-        // A peer that disconnected after both FINs leaves a stream that still delivers what
-        // arrived and waits for its own FIN's acknowledgement: torn down once that is done,
-        // not at the peer's disconnect (which would drop bytes the app has not read yet).
         let stream_over = conn.error.is_some()
             || conn.stream_done()
             || matches!(conn.app, App::Relay(..))

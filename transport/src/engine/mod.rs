@@ -303,6 +303,9 @@ enum Command {
 }
 
 /// What the engine thread and the handles share.
+/// [`Inner::unflushed`] before the engine counted.
+const NOT_COUNTED: usize = usize::MAX;
+
 struct Inner {
     config: EngineConfig,
     commands: Mutex<VecDeque<Command>>,
@@ -311,7 +314,8 @@ struct Inner {
     budget: Budget,
     /// Set at exit: "nothing more to read from the app right now" counts as the app's EOF.
     draining: AtomicBool,
-    /// Attached connections that still have bytes of the app to deliver (see [`Engine::flush`]).
+    /// Attached connections that still have bytes of the app to deliver (see [`Engine::flush`]);
+    /// [`NOT_COUNTED`] until the engine counted them after a flush began.
     unflushed: AtomicUsize,
     /// Bytes the attached connections moved so far (the exit flush's sign of life).
     progress: AtomicU64,
@@ -368,7 +372,7 @@ impl Engine {
             wake,
             next_token: AtomicU64::new(1),
             draining: AtomicBool::new(false),
-            unflushed: AtomicUsize::new(0),
+            unflushed: AtomicUsize::new(NOT_COUNTED),
             progress: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
@@ -453,10 +457,13 @@ impl Engine {
         let mut seen = self.inner.progress.load(Ordering::Acquire);
         let mut moved = Instant::now();
         loop {
-            if self.inner.unflushed.load(Ordering::Acquire) == 0
-                || self.inner.stopped.load(Ordering::Acquire)
-            {
+            // Not counted yet means not known: the engine counts in its next turn, which the
+            // wake above starts.
+            if self.inner.unflushed.load(Ordering::Acquire) == 0 {
                 return true;
+            }
+            if self.inner.stopped.load(Ordering::Acquire) {
+                return false;
             }
             let now = Instant::now();
             let progress = self.inner.progress.load(Ordering::Acquire);

@@ -312,8 +312,30 @@ fn c_client_modes(ctx: &Ctx) -> anyhow::Result<()> {
     )
 }
 
+/// A sink that reads nothing for `delay` seconds after its accept, then reads slowly (16 KiB
+/// every 2 ms) into a file until EOF.
+const SLOW_SINK: &str = r#"
+import socket, sys, time
+host, port, out, delay = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((host, port))
+ls.listen(1)
+c, _ = ls.accept()
+time.sleep(delay)
+with open(out, "wb") as f:
+    while True:
+        b = c.recv(16384)
+        if not b:
+            break
+        f.write(b)
+        time.sleep(0.002)
+"#;
+
 /// A client that writes 8 MiB and calls `exit(0)` at once (no close): the kernel would deliver
-/// what a TCP socket holds after the process is gone; the shim's exit flush does the same.
+/// what a TCP socket holds after the process is gone; the shim's exit flush does the same. Once
+/// to a sink that reads as fast as it can, once to one that reads nothing for 3 s and then
+/// slowly, so that the client exits with its buffers full (the flush must wait for the reader).
 fn exit_flush(ctx: &Ctx) -> anyhow::Result<()> {
     let a = ctx.addr_a;
     let echo = build_echo(ctx)?;
@@ -331,7 +353,32 @@ fn exit_flush(ctx: &Ctx) -> anyhow::Result<()> {
     ensure!(ctx.wait("sink", srv)?.success(), "the sink failed");
     same(ctx, &data, &format!("{t}/got.bin"))?;
     expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", 1)])?;
-    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 1)])
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 1)])?;
+
+    let sink = file(ctx, "slow_sink.py", SLOW_SINK)?;
+    let slow = ctx.spawn(&format!(
+        "{} {} {} {a} 9311 {t}/slow.bin 3",
+        shimmed(ctx, "slowsrv", "")?,
+        python(),
+        sink.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9311"))?;
+    let out = ctx.sh(&format!(
+        "start=$EPOCHREALTIME; {} {echo} client {a} 9311 {data} - blast; \
+         awk -v a=$start -v b=$EPOCHREALTIME 'BEGIN {{ printf \"client exited after %.2f s\", b - a }}'",
+        shimmed(ctx, "slowcli", "")?
+    ))?;
+    ensure!(
+        ctx.wait("slow sink", slow)?.success(),
+        "the slow sink failed"
+    );
+    same(ctx, &data, &format!("{t}/slow.bin"))?;
+    ctx.report(format_args!(
+        "to a slow reader: {}, every byte arrived",
+        out.stdout.lines().last().unwrap_or_default()
+    ));
+    expect_counts(ctx, "slowcli", "client", &[("rdma UPGRADED", 1)])?;
+    expect_counts(ctx, "slowsrv", "server", &[("rdma UPGRADED", 1)])
 }
 
 /// The QEMU migration driver (`tests/tools/qemu_migrate.py`).
