@@ -14,6 +14,8 @@
 //!
 //! Exits non-zero when a goal is missed. Results and the command go to docs/benchmarks.md.
 
+// A benchmark harness: a failed step panics, like a test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(clippy::print_stdout)]
 
 #[path = "../tests/common/mod.rs"]

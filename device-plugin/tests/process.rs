@@ -1,6 +1,9 @@
 //! The real `rdma-device-plugin` binary as a process: `discover`, serving a fake kubelet,
 //! the admin endpoint, and SIGTERM draining.
 
+// An integration test: its helpers panic to fail the test, as its `#[test]` functions may.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::{

@@ -43,6 +43,8 @@
 //!   GATEWAY_BENCH_RDMA=1 GATEWAY_BENCH_ROUNDS=2 GATEWAY_BENCH_RAM_MIB=64 target/release/deps/chain-<hash>
 //! ```
 
+// A benchmark harness: a failed step panics, like a test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(clippy::print_stdout)]
 
 #[path = "../tests/common/mod.rs"]

@@ -26,6 +26,9 @@
 //! (`--node-hooks-socket`). Every scenario runs under a hard timeout in its own network, PID
 //! and mount namespace.
 
+// An integration test: its helpers panic to fail the test, as its `#[test]` functions may.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::{

@@ -5,6 +5,8 @@
 //! Goals (issue 4): p99 <= 10 ms at 64 clients and >= 2000 reviews/s, on this 2-core machine
 //! with the load generator on the same cores. Exits non-zero when a goal is missed.
 
+// A benchmark harness: a failed step panics, like a test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(clippy::print_stdout, clippy::cast_precision_loss)]
 
 use std::{

@@ -1,6 +1,9 @@
 //! The real `rdma-stream-injector audit` process against a canned API server on 127.0.0.1,
 //! reached through a kubeconfig, as an admin runs it after a webhook outage.
 
+// An integration test: its helpers panic to fail the test, as its `#[test]` functions may.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::TcpListener,

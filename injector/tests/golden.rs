@@ -5,6 +5,9 @@
 //! same way. `UPDATE_GOLDEN=1 cargo test -p rdma-stream-injector --test golden` rewrites the
 //! expected files; a stale one fails the test.
 
+// An integration test: its helpers panic to fail the test, as its `#[test]` functions may.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     path::{Path, PathBuf},
     process::Command,

@@ -1,6 +1,9 @@
 //! The real `rdma-stream-injector serve` process, driven by curl over real HTTPS with a
 //! private CA, the way the API server calls it (caBundle = that CA).
 
+// An integration test: its helpers panic to fail the test, as its `#[test]` functions may.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     net::TcpListener,
     process::{Child, Command, Stdio},

@@ -16,7 +16,6 @@
 // `unsafe` here: `#[unsafe(no_mangle)]` exports, `.init_array`/`.fini_array` entries, calls of
 // the original libc functions through raw pointers, and reading the caller's address buffers.
 #![allow(unsafe_code)]
-#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -5,6 +5,8 @@
 //! - `mock_api` (feature `kube`): a mocked Kubernetes API server for kube-side unit tests;
 //! - `h2_raw` (feature `h2`): a raw HTTP/2 client for unary gRPC calls over a unix socket.
 #![warn(missing_docs)]
+// Only tests link this crate: a panic is how its helpers fail the calling test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::mpsc;
 use std::thread;

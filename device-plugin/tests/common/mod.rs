@@ -1,5 +1,7 @@
 //! Shared harness: a fixture node, a fake kubelet and the plugin running in-process.
 
+// Test support: a panic is how a helper fails the test that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
 use std::{future::Future, path::PathBuf, time::Duration};

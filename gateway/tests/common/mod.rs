@@ -6,6 +6,8 @@
 //! (`NO_DEVICE` with the system's librdmacm): the capture, the nftables rules, the fallback
 //! and the clean-ups are real, the RDMA stream is not. The stream itself runs in the Soft-RoCE
 //! guests (`tests/scripts/softroce-migration.sh`).
+// Test support: a panic is how a helper fails the test that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};

@@ -2,6 +2,9 @@
 //! `tls.crt` and `tls.key` (what the API server's caBundle and the injector's flags use).
 //! Shared by the `serve` process tests and the admission benchmark.
 
+// Test support: a panic is how a helper fails the test that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 
 /// Writes the files into `dir` and returns the CA certificate (DER) for rustls clients.

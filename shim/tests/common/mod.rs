@@ -3,6 +3,9 @@
 //!
 //! The shim: `STREAMSHIM_LIB` if set, else the cdylib Cargo built for this test run
 //! (`<target>/<profile>/libstreamshim.so` or `.../deps/libstreamshim.so`, the newer one).
+
+// Test support: a panic is how a helper fails the test that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Not every test binary uses every helper.
 #![allow(dead_code)]
 

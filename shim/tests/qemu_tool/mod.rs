@@ -3,6 +3,8 @@
 //! neither, or both QEMUs under the shim; shared by `tests/qemu.rs` and
 //! `benches/qemu_migration.rs`. Needs `mod common;` next to it.
 
+// Test support: a panic is how a helper fails the test that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Not every user needs every helper.
 #![allow(dead_code)]
 

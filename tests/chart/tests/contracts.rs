@@ -2,6 +2,9 @@
 //! binary and parses with the binary's own command line; every ConfigMap parses with the
 //! component's own parser; every value in values.yaml is documented.
 
+// An integration test: its helpers panic to fail the test, as its `#[test]` functions may.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -1,6 +1,9 @@
 //! `helm template` over every value set, with assertions on what the chart renders: security
 //! contexts, selectors, webhook scoping, RBAC, mounts, certificate modes and the optional parts.
 
+// An integration test: its helpers panic to fail the test, as its `#[test]` functions may.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 

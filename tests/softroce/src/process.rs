@@ -159,7 +159,8 @@ impl Running {
     /// processes of its own group are killed either way.
     pub fn wait_timeout(mut self, timeout: Duration) -> io::Result<Captured> {
         let deadline = Instant::now() + timeout;
-        let child = self.child.as_mut().expect("child present until finished");
+        let own_group = self.own_group;
+        let child = self.running_child()?;
         let mut timed_out = false;
         let status = loop {
             if let Some(status) = child.try_wait()? {
@@ -167,7 +168,7 @@ impl Running {
             }
             if Instant::now() >= deadline {
                 timed_out = true;
-                kill_tree(child.id(), self.own_group);
+                kill_tree(child.id(), own_group);
                 break child.wait()?;
             }
             thread::sleep(Duration::from_millis(20));
@@ -177,10 +178,18 @@ impl Running {
 
     /// Kills the child's tree now and collects what it wrote.
     pub fn kill(mut self) -> io::Result<Captured> {
-        let child = self.child.as_mut().expect("child present until finished");
-        kill_tree(child.id(), self.own_group);
+        let own_group = self.own_group;
+        let child = self.running_child()?;
+        kill_tree(child.id(), own_group);
         let status = child.wait()?;
         Ok(self.finish(status, false))
+    }
+
+    /// The child, there until [`Self::finish`] (which only the consuming methods call).
+    fn running_child(&mut self) -> io::Result<&mut Child> {
+        self.child
+            .as_mut()
+            .ok_or_else(|| io::Error::other("the child was already waited for"))
     }
 
     fn finish(&mut self, status: ExitStatus, timed_out: bool) -> Captured {

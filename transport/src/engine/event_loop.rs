@@ -611,7 +611,13 @@ impl Loop {
                     .remove(&token)
                     .map(|c| c.0)
                     .unwrap_or_default();
-                match self.setup(id, token) {
+                // `setup` borrows the whole engine, so the connection is looked up again after
+                // it (`setup` removes none; were it gone, there would be nothing to connect).
+                let setup = self.setup(id, token);
+                let Some(conn) = self.conns.get_mut(&token) else {
+                    return;
+                };
+                match setup {
                     Ok(rdma) => {
                         let data = PrivateData::encode(Kind::Connect, rdma.ring_info(), &payload);
                         let settings = ConnSettings {
@@ -619,7 +625,6 @@ impl Loop {
                             retry_count: RETRIES,
                             rnr_retry_count: RNR_RETRIES,
                         };
-                        let conn = self.conns.get_mut(&token).unwrap_or_else(|| unreachable!());
                         conn.rdma = Some(rdma);
                         match id.connect(&settings) {
                             Ok(()) => conn.cm = CmPhase::Connecting,
@@ -632,19 +637,16 @@ impl Loop {
                             ),
                         }
                     }
-                    Err(e) => {
-                        let conn = self.conns.get_mut(&token).unwrap_or_else(|| unreachable!());
-                        fail_connect(
-                            conn,
-                            match e {
-                                SetupError::Memlock => ConnectError::Memlock,
-                                SetupError::Local(what, error) => ConnectError::Local {
-                                    what,
-                                    error: error.to_string(),
-                                },
+                    Err(e) => fail_connect(
+                        conn,
+                        match e {
+                            SetupError::Memlock => ConnectError::Memlock,
+                            SetupError::Local(what, error) => ConnectError::Local {
+                                what,
+                                error: error.to_string(),
                             },
-                        );
-                    }
+                        },
+                    ),
                 }
             }
             EventKind::AddrError

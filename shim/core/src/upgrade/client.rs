@@ -264,13 +264,13 @@ mod tests {
 
     #[test]
     fn the_route_source_of_loopback_is_loopback() {
-        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap_or_else(|_| unreachable!());
-        let local: SocketAddr = "0.0.0.0:0".parse().unwrap_or_else(|_| unreachable!());
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let local: SocketAddr = "0.0.0.0:0".parse().unwrap();
         assert_eq!(
             route_source(peer, local),
             Some(IpAddr::V4(Ipv4Addr::LOCALHOST))
         );
-        let local6: SocketAddr = "[::]:0".parse().unwrap_or_else(|_| unreachable!());
+        let local6: SocketAddr = "[::]:0".parse().unwrap();
         assert_eq!(
             route_source(peer, local6),
             Some(IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped()))

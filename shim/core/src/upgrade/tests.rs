@@ -16,12 +16,12 @@ fn a_fork_child_never_waits_for_a_lock_a_parent_thread_held() {
     let holder = thread::spawn(move || {
         let swapped = SWAPPED_FDS.lock();
         hold_tables(|| {
-            held_tx.send(()).unwrap_or_else(|_| unreachable!());
-            forked_rx.recv().unwrap_or_else(|_| unreachable!());
+            held_tx.send(()).unwrap();
+            forked_rx.recv().unwrap();
         });
         drop(swapped);
     });
-    held_rx.recv().unwrap_or_else(|_| unreachable!());
+    held_rx.recv().unwrap();
     let child = sys::fork_for_test(|| {
         after_fork_child();
         close_side_listener(900);
@@ -31,8 +31,8 @@ fn a_fork_child_never_waits_for_a_lock_a_parent_thread_held() {
         assert_eq!(listeners_len(), 0);
         assert!(engine::engine().is_none(), "a fork child has no engine");
     });
-    forked_tx.send(()).unwrap_or_else(|_| unreachable!());
-    holder.join().unwrap_or_else(|_| unreachable!());
+    forked_tx.send(()).unwrap();
+    holder.join().unwrap();
     assert_eq!(
         sys::wait_for_test(child),
         0,
