@@ -1,7 +1,8 @@
 # rdma-streams: one entry point for builds, tests, benchmarks and the demo.
 #
 #   make deps    install the system packages builds and tests need (Debian 12, root; idempotent)
-#   make test    deps, fmt check, clippy -D warnings, manifests/ check, every test
+#   make test    deps, fmt check, unused-dependency check, clippy -D warnings, manifests/ check,
+#                every test
 #   make manifests  render manifests/ from charts/rdma-streams
 #   make bench   side-by-side benchmarks (results go to docs/benchmarks.md by hand)
 #   make demo    the newcomer's tour, no cluster needed
@@ -38,7 +39,11 @@ VNG_VERSION := 1.42
 VNG_VENV := $(CURDIR)/.tools/vng
 VNG := $(VNG_VENV)/bin/vng
 
-.PHONY: all build deps test fmt-check clippy unit bench demo e2e-softroce clean manifests manifests-check \
+# cargo-machete (crates.io), the unused-dependency check of `make test`; `cargo install`ed into
+# cargo's bin directory. Exceptions it cannot see: `[package.metadata.cargo-machete]`.
+MACHETE_VERSION := 0.9.2
+
+.PHONY: all build deps test fmt-check machete clippy unit bench demo e2e-softroce clean manifests manifests-check \
 	images e2e
 
 all: build
@@ -94,9 +99,17 @@ deps:
 	fi
 	@command -v $(CARGO) >/dev/null || { echo "make deps: cargo not found (install Rust via rustup)"; exit 1; }
 	@$(CARGO) --version
+	@if [ "$$($(CARGO) machete --version 2>/dev/null)" != "$(MACHETE_VERSION)" ]; then \
+		echo "make deps: installing cargo-machete $(MACHETE_VERSION)"; \
+		$(CARGO) install --locked --quiet cargo-machete --version $(MACHETE_VERSION); \
+	fi
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
+
+# Dependencies a crate declares but never uses.
+machete:
+	$(CARGO) machete
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
@@ -123,7 +136,7 @@ manifests:
 manifests-check:
 	@HELM=$(HELM) bash scripts/render-manifests.sh --check
 
-test: deps fmt-check clippy manifests-check unit
+test: deps fmt-check machete clippy manifests-check unit
 
 # Every benchmark runs even when an earlier one misses a goal; the list of those that did and a
 # non-zero exit come at the end.
