@@ -2,8 +2,8 @@
 //!
 //! Binding a pool's socket removes whatever socket had that name, so two plugin instances with
 //! the same pool on one node (a DaemonSet rolling update with `maxSurge`, two DaemonSets with
-//! the same resource names, a plugin started by hand for debugging) used to take the socket
-//! from each other and re-register in a loop. Now a pool's runner first takes
+//! the same resource names, a plugin started by hand for debugging) would take the socket
+//! from each other and re-register in a loop. So a pool's runner first takes
 //! `<socket dir>/.rdma-device-plugin/<socket name>.lock` with `flock(LOCK_EX | LOCK_NB)`. The
 //! instance that holds it serves; another one stands by (logged once, `/ready` says
 //! `standby`, metric `rdma_dp_standby`), tries the lock every

@@ -364,8 +364,8 @@ async fn a_second_instance_stands_by_and_takes_over_when_the_first_exits() {
                 && body.contains("rdma_dp_registered{resource=\"rdma-streams.io/hca\"} 0")
         })
         .await;
-        // It leaves the first one's socket and registration alone (it used to take the socket
-        // and both re-registered in a loop).
+        // It leaves the first one's socket and registration alone (without the lock it would
+        // take the socket, and both would re-register in a loop).
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(h.kubelet.registrations(RESOURCE), 1);
         assert_eq!(rdma_streams_common::file_id::file_id(&sock), sock_id);

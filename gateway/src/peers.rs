@@ -2,9 +2,9 @@
 
 use std::{collections::HashMap, net::IpAddr, net::SocketAddr, str::FromStr};
 
-/// Maps a target virt-handler's migration address to the rsocket address of the gateway on
-/// the same node. The kube side implements it from node annotations; [`StaticPeers`] serves
-/// the CLI (`--peer`) and tests.
+/// Maps a target virt-handler's migration address to the RDMA stream address (`--listen`) of
+/// the gateway on the same node. The kube side implements it from node annotations;
+/// [`StaticPeers`] serves the CLI (`--peer`) and tests.
 pub trait PeerDirectory: Send + Sync + 'static {
     /// The peer gateway for `target`, or `None` (the connection then goes over TCP, reason
     /// `NO_PEER`).

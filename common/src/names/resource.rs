@@ -95,10 +95,11 @@ pub fn validate_extended_resource_name(name: &str) -> Result<(), ResourceNameErr
 mod tests {
     use super::*;
 
-    /// The names on which the device plugin's and the injector's former copies of this rule
-    /// disagreed; kubelet's answer for each.
+    /// The edges of the `kubernetes.io/` and `requests.` rules, where a plausible reading of
+    /// either (a domain suffix match, a prefix check on the name part) gives the wrong answer;
+    /// kubelet's answer for each.
     #[test]
-    fn the_names_the_two_copies_disagreed_on() {
+    fn reserved_and_requests_rules_at_their_edges() {
         use ResourceNameError as E;
         assert!(matches!(
             validate_extended_resource_name("xkubernetes.io/hca"),

@@ -3,8 +3,8 @@
 //! `fork()` copies a mutex in whatever state it is in. If another thread of the parent held it
 //! at that moment, the child, where that thread does not exist, would wait for it forever: a
 //! fork-per-connection server whose child closes the inherited listener (the shim then drops
-//! the listener's side-channel entry) hung whenever the parent's side-channel thread was inside
-//! the listener table at the fork.
+//! the listener's side-channel entry) would hang whenever the parent's side-channel thread was
+//! inside the listener table at the fork.
 //!
 //! A [`ForkSafe`] keeps [`SLOTS`] copies of a table and uses one at a time. The fork-child
 //! handler calls [`ForkSafe::after_fork`] while the child is still single-threaded: when the

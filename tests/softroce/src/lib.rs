@@ -26,7 +26,7 @@
 //! once (60 s bound, after a `vng --dry-run` that must work) and caches the answer in
 //! `<target>/softroce/accel-<kernel release>` (re-probed when the host kernel changes). On the
 //! development machines nested KVM fails within seconds: QEMU 7.2 aborts with `failed to set
-//! MSR 0x10a` (earlier notes saw a hang after "Probing EDD"), so guests run under TCG.
+//! MSR 0x10a` (or hangs after "Probing EDD"), so guests run under TCG.
 //!
 //! # What vng needs and does here (virtme-ng 1.42, QEMU 7.2, Debian's 6.1 kernel)
 //! - vng runs `virtme-run` through `/bin/sh`: its virtualenv's `bin` must be on `PATH` or it
