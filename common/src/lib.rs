@@ -4,6 +4,7 @@ pub mod admin;
 pub mod file_id;
 pub mod names;
 pub mod reload_metrics;
+pub mod report;
 pub mod shutdown;
 pub mod telemetry;
 #[cfg(feature = "uds")]

@@ -36,11 +36,13 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+use crate::report::Report;
+
 /// A config type that can be watched: parsed from the file's text, with a fallback for when
 /// there is no file.
 pub trait Watchable: Clone + PartialEq + Send + Sync + 'static {
-    /// Parse or validation failure; its Display is what operators read.
-    type Error: std::fmt::Display + Send + Sync + 'static;
+    /// Parse or validation failure; operators read its [`Report`] (message and causes).
+    type Error: std::error::Error + Send + Sync + 'static;
 
     /// Parses and validates the file's text; `origin` names the file in messages.
     fn parse(text: &str, origin: &str) -> Result<Self, Self::Error>;
@@ -338,7 +340,7 @@ impl<T: Watchable> Watch<T> {
                 if !self.notify_failure_logged {
                     warn!(
                         dir = %self.dir.display(),
-                        error = %e,
+                        error = %Report(&e),
                         poll_seconds = self.options.poll.as_secs_f64(),
                         "cannot watch the config directory; falling back to polling"
                     );
@@ -435,13 +437,14 @@ impl<T: Watchable> Watch<T> {
 
     fn reject(&self, e: &T::Error, trigger: &'static str) {
         let failures = self.stats.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let report = Report(e).to_string();
         error!(
             trigger,
-            error = %e,
+            error = %report,
             failures,
             "config reload failed; keeping the last good config"
         );
-        self.stats.set_last_error(Some(e.to_string()));
+        self.stats.set_last_error(Some(report));
     }
 }
 
@@ -475,7 +478,7 @@ fn start_notify(
         let relevant = match &res {
             Ok(event) => is_relevant(event, &file_name),
             Err(e) => {
-                debug!(error = %e, "notify error; re-reading the config");
+                debug!(error = %Report(e), "notify error; re-reading the config");
                 true
             }
         };
@@ -515,19 +518,34 @@ mod tests {
     #[derive(Clone, Debug, PartialEq)]
     struct Word(String);
 
+    /// Word's error: a message, and the I/O error when the file could not be read.
+    #[derive(Debug, thiserror::Error)]
+    #[error("{message}")]
+    struct WordError {
+        message: String,
+        #[source]
+        source: Option<std::io::Error>,
+    }
+
     impl Watchable for Word {
-        type Error = String;
-        fn parse(text: &str, origin: &str) -> Result<Self, String> {
+        type Error = WordError;
+        fn parse(text: &str, origin: &str) -> Result<Self, WordError> {
             match text.trim() {
-                "bad" => Err(format!("{origin}: bad word")),
+                "bad" => Err(WordError {
+                    message: format!("{origin}: bad word"),
+                    source: None,
+                }),
                 w => Ok(Word(w.to_string())),
             }
         }
         fn fallback() -> Self {
             Word("default".into())
         }
-        fn read_error(path: PathBuf, source: std::io::Error) -> String {
-            format!("{}: {source}", path.display())
+        fn read_error(path: PathBuf, source: std::io::Error) -> WordError {
+            WordError {
+                message: format!("cannot read {}", path.display()),
+                source: Some(source),
+            }
         }
         fn summary(&self) -> String {
             self.0.clone()
@@ -560,6 +578,29 @@ mod tests {
         assert!(spawn::<Word>(None, Duration::from_secs(1)).is_ok());
         std::fs::write(&path, "bad").expect("write");
         assert!(spawn::<Word>(Some(path), Duration::from_secs(1)).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_read_error_is_recorded_with_its_cause() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("word");
+        let w: WatchedFile<Word> =
+            spawn(Some(path.clone()), Duration::from_millis(50)).expect("spawn");
+        std::fs::create_dir(&path).expect("mkdir");
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while w.reload_failures() == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("failure counted");
+        assert_eq!(
+            w.stats().last_error().expect("recorded"),
+            format!(
+                "cannot read {}: Is a directory (os error 21)",
+                path.display()
+            )
+        );
     }
 
     #[test]
