@@ -26,7 +26,7 @@ pub const SPEC_PREFIX: &str = "rdma-streams-dp_";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CdiError {
-    #[error("writing CDI spec {path}: {source}")]
+    #[error("writing CDI spec {path}")]
     Write {
         path: PathBuf,
         #[source]

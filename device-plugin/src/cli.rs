@@ -13,6 +13,7 @@ use std::{
 use clap::{Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
 use rdma_streams_common::reload_metrics::ReloadStatsCollector;
+use rdma_streams_common::report::Report;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -157,7 +158,7 @@ pub enum RunError {
     Discovery(#[from] crate::discovery::DiscoveryError),
     #[error(transparent)]
     Admin(#[from] admin::BindError),
-    #[error("installing signal handlers: {0}")]
+    #[error("installing signal handlers")]
     Signal(#[source] std::io::Error),
     #[error("writing output: {0}")]
     Output(String),
@@ -264,7 +265,7 @@ pub async fn run_plugin(args: Args, shutdown: CancellationToken) -> Result<(), R
     if let Some(task) = admin_task
         && let Ok(Err(error)) = task.await
     {
-        error!(%error, "admin endpoint failed");
+        error!(error = %Report(&error), "admin endpoint failed");
     }
     info!("rdma-device-plugin stopped");
     Ok(())

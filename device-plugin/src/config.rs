@@ -233,7 +233,7 @@ impl fmt::Display for TextLocation {
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// The file exists but cannot be read.
-    #[error("cannot read config {}: {source}", path.display())]
+    #[error("cannot read config {}", path.display())]
     Read {
         path: PathBuf,
         #[source]

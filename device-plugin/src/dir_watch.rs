@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use rdma_streams_common::report::Report;
 use tokio::sync::broadcast;
 use tracing::{debug, warn};
 
@@ -30,7 +31,7 @@ impl DirWatch {
     pub fn new(dir: &Path) -> Self {
         let (tx, _) = broadcast::channel(256);
         if let Err(error) = std::fs::create_dir_all(dir) {
-            warn!(dir = %dir.display(), %error, "cannot create the kubelet socket folder");
+            warn!(dir = %dir.display(), error = %Report(&error), "cannot create the kubelet socket folder");
         }
         let sender = tx.clone();
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
@@ -58,7 +59,7 @@ impl DirWatch {
                 Some(w)
             }
             Err(error) => {
-                warn!(dir = %dir.display(), %error, "inotify unavailable; relying on polling");
+                warn!(dir = %dir.display(), error = %Report(&error), "inotify unavailable; relying on polling");
                 None
             }
         };

@@ -29,6 +29,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use rdma_streams_common::report::Report;
 use tracing::{debug, warn};
 
 use crate::{
@@ -104,7 +105,7 @@ pub fn discover(sys_root: &Path, dev_root: &Path) -> Result<Inventory, Discovery
                 Err(raw) => warn!(name = ?raw, "skipping non-UTF-8 class/infiniband entry"),
             },
             Err(error) => {
-                warn!(path = %class_path.display(), %error, "class/infiniband entry unreadable")
+                warn!(path = %class_path.display(), error = %Report(&error), "class/infiniband entry unreadable")
             }
         }
     }
@@ -181,7 +182,7 @@ fn read_hca(
             debug!(hca = name, "no device link: software RDMA device");
         }
         Err(error) => {
-            warn!(hca = name, path = %device_link.display(), %error, "device link unreadable");
+            warn!(hca = name, path = %device_link.display(), error = %Report(&error), "device link unreadable");
         }
         Ok(_) => match sys.dir(&device_link) {
             Some(dev_dir) => {
@@ -588,7 +589,7 @@ impl Sysfs {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
             Err(error) => {
-                warn!(hca, path = %dir.display(), %error, "directory unreadable");
+                warn!(hca, path = %dir.display(), error = %Report(&error), "directory unreadable");
                 return Vec::new();
             }
         };
@@ -608,7 +609,7 @@ impl Sysfs {
         match self.read_attr(dir, name) {
             Ok(v) => v,
             Err(error) => {
-                warn!(hca, path = %dir.join(name).display(), %error, "attribute unreadable");
+                warn!(hca, path = %dir.join(name).display(), error = %Report(&error), "attribute unreadable");
                 None
             }
         }

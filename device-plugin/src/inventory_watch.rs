@@ -6,6 +6,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
+use rdma_streams_common::report::Report;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -142,11 +143,11 @@ async fn run_pass(settings: &InventorySettings) -> Option<Inventory> {
     match tokio::task::spawn_blocking(move || discover_once(&s)).await {
         Ok(Ok(inv)) => Some(inv),
         Ok(Err(error)) => {
-            warn!(%error, "discovery failed; keeping the last inventory");
+            warn!(error = %Report(&error), "discovery failed; keeping the last inventory");
             None
         }
         Err(error) => {
-            warn!(%error, "discovery task failed; keeping the last inventory");
+            warn!(error = %Report(&error), "discovery task failed; keeping the last inventory");
             None
         }
     }

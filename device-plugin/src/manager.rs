@@ -16,6 +16,7 @@ use std::{
     time::Duration,
 };
 
+use rdma_streams_common::report::Report;
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -140,7 +141,7 @@ impl Manager {
                         && running.holds_lock.load(Ordering::SeqCst)
                         && let Err(error) = cdi::write_spec(dir, &snapshot, &self.settings.dev_root)
                     {
-                        warn!(resource = %name, %error, "cannot write the CDI spec");
+                        warn!(resource = %name, error = %Report(&error), "cannot write the CDI spec");
                     }
                     running.tx.send_if_modified(|cur| {
                         if **cur == snapshot {

@@ -30,13 +30,13 @@ pub enum RegistrationMode {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrationError {
-    #[error("connecting to kubelet at {path}: {cause}")]
+    #[error("connecting to kubelet at {path}")]
     Connect {
         path: String,
-        /// The whole source chain ("transport error" alone says nothing).
-        cause: String,
+        #[source]
+        source: tonic::transport::Error,
     },
-    #[error("kubelet rejected the registration: {0}")]
+    #[error("kubelet rejected the registration")]
     Rejected(#[source] Status),
     #[error("kubelet reported registration failure: {0}")]
     WatcherFailed(String),
@@ -51,9 +51,9 @@ pub async fn register(
 ) -> Result<(), RegistrationError> {
     let channel = crate::uds::channel(kubelet_socket, REGISTER_TIMEOUT, Some(REGISTER_TIMEOUT))
         .await
-        .map_err(|e| RegistrationError::Connect {
+        .map_err(|source| RegistrationError::Connect {
             path: kubelet_socket.display().to_string(),
-            cause: error_chain(&e),
+            source,
         })?;
     RegistrationClient::new(channel)
         .register(pb::RegisterRequest {
@@ -65,21 +65,6 @@ pub async fn register(
         .await
         .map_err(RegistrationError::Rejected)?;
     Ok(())
-}
-
-/// `outer: inner: innermost`, skipping a cause whose text is already said.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cur = s.source();
-    }
-    out
 }
 
 /// Exponential backoff for registration retries: 100 ms doubling to a 5 s ceiling.
@@ -176,5 +161,21 @@ mod tests {
         assert_eq!(seq, [100, 200, 350, 350]);
         b.reset();
         assert_eq!(b.next_delay().as_millis(), 100);
+    }
+
+    #[tokio::test]
+    async fn a_missing_kubelet_socket_is_reported_with_its_errno() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("kubelet.sock");
+        let error = register(&socket, "rdma-streams.io/hca", "rdma.sock")
+            .await
+            .expect_err("no kubelet");
+        assert_eq!(
+            rdma_streams_common::report::Report(&error).to_string(),
+            format!(
+                "connecting to kubelet at {}: transport error: No such file or directory (os error 2)",
+                socket.display()
+            )
+        );
     }
 }

@@ -23,6 +23,7 @@ use std::{
     time::Duration,
 };
 
+use rdma_streams_common::report::Report;
 use tokio::{
     sync::{broadcast, mpsc, watch},
     time::Instant,
@@ -190,7 +191,7 @@ impl Runner {
                     self.set_state(PoolState::Standby);
                 }
                 Err(error) => {
-                    warn!(%error, lock = %path.display(), "cannot take the instance lock; serving without it");
+                    warn!(error = %Report(&error), lock = %path.display(), "cannot take the instance lock; serving without it");
                     self.set_state(PoolState::NotRegistered);
                     return Some(None);
                 }
@@ -208,7 +209,9 @@ impl Runner {
         let sock_path = dir.join(&sock_name);
         let listener = match uds::bind_fresh(&sock_path) {
             Ok(l) => l,
-            Err(e) => return Outcome::Failed(format!("binding {}: {e}", sock_path.display())),
+            Err(e) => {
+                return Outcome::Failed(format!("binding {}: {}", sock_path.display(), Report(&e)));
+            }
         };
         let my_id = uds::file_id(&sock_path);
         let stop = self.shutdown.child_token();
@@ -261,8 +264,8 @@ impl Runner {
                 res = &mut server => {
                     let why = match res {
                         Ok(Ok(())) => "server stopped".to_string(),
-                        Ok(Err(e)) => format!("server error: {e}"),
-                        Err(e) => format!("server task: {e}"),
+                        Ok(Err(e)) => format!("server error: {}", Report(&e)),
+                        Err(e) => format!("server task: {}", Report(&e)),
                     };
                     break Outcome::Failed(why);
                 }
@@ -308,9 +311,9 @@ impl Runner {
                             // Right after a kubelet restart its socket may not be there yet:
                             // say so quietly; keep failing and it becomes a warning.
                             if failures < 3 {
-                                info!(%error, retry_in = ?delay, "Register failed; retrying");
+                                info!(error = %Report(&error), retry_in = ?delay, "Register failed; retrying");
                             } else {
-                                warn!(%error, failures, retry_in = ?delay, "Register keeps failing");
+                                warn!(error = %Report(&error), failures, retry_in = ?delay, "Register keeps failing");
                             }
                             retry_at = Some(Instant::now() + delay);
                         }
@@ -368,7 +371,7 @@ impl Runner {
         if let Some(dir) = &self.settings.cdi_dir {
             let snapshot = self.snapshot.borrow().clone();
             if let Err(error) = crate::cdi::write_spec(dir, &snapshot, &self.settings.dev_root) {
-                warn!(%error, "cannot write the CDI spec");
+                warn!(error = %Report(&error), "cannot write the CDI spec");
             }
         }
     }

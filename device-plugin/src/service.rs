@@ -8,6 +8,7 @@
 use std::{path::PathBuf, pin::Pin, sync::Arc};
 
 use futures::Stream;
+use rdma_streams_common::report::Report;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -210,7 +211,7 @@ impl DevicePlugin for PoolService {
                     .allocations
                     .get_or_create(&Metrics::result(&resource, "error"))
                     .inc();
-                warn!(%resource, %error, "Allocate refused");
+                warn!(%resource, error = %Report(&error), "Allocate refused");
                 Err(error.into())
             }
         }

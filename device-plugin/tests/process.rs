@@ -126,6 +126,30 @@ fn discover_with_a_bad_config_fails_with_location() {
     assert!(err.contains("slots"), "{err}");
 }
 
+#[test]
+fn discover_errors_name_their_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path().join("no-such-sys");
+    let dev = Path::new(EXAMPLE).join("dev");
+    let (ok, _, err) = discover(&sys, &dev, &[]);
+    assert!(!ok);
+    let want = format!(
+        "rdma-device-plugin: sysfs root {} is not readable: No such file or directory (os error 2)\n",
+        sys.display()
+    );
+    assert!(err.ends_with(&want), "{err}");
+
+    // A config path that is a directory: the reason is the kernel's.
+    let sys = Path::new(EXAMPLE).join("sys");
+    let (ok, _, err) = discover(&sys, &dev, &["--config", &dir.path().to_string_lossy()]);
+    assert!(!ok);
+    let want = format!(
+        "rdma-device-plugin: cannot read config {}: Is a directory (os error 21)\n",
+        dir.path().display()
+    );
+    assert!(err.ends_with(&want), "{err}");
+}
+
 fn http_get(addr: &str, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect admin");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
