@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::{Api, Client, api::ListParams};
+use rdma_streams_common::report::Report;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -39,7 +40,7 @@ pub const PROFILES_KEY: &str = "profiles.yaml";
 pub enum ConfigMapError {
     #[error("--config-map takes NAMESPACE/NAME, not {0:?}")]
     Reference(String),
-    #[error("reading ConfigMap {reference}: {source}")]
+    #[error("reading ConfigMap {reference}")]
     Read {
         reference: String,
         #[source]
@@ -158,7 +159,10 @@ pub fn audit(
                 }
             }
             Ok(Decision::Deny { message, .. }) => (State::WouldBeDenied, message),
-            Err(error) => (State::WouldBeDenied, format!("the plan failed: {error}")),
+            Err(error) => (
+                State::WouldBeDenied,
+                format!("the plan failed: {}", Report(&error)),
+            ),
         };
         findings.push(Finding {
             pod: pod["metadata"]["name"]

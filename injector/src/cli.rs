@@ -15,6 +15,7 @@ use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
 use rdma_streams_common::{
     reload_metrics::ReloadStatsCollector,
+    report::Report,
     telemetry::{self, LogFormat},
 };
 use tokio_util::sync::CancellationToken;
@@ -201,7 +202,7 @@ pub enum RunError {
     Profile(#[from] profile::ProfileError),
     #[error(transparent)]
     Inject(#[from] workloads::InjectError),
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Input {
         path: String,
         #[source]
@@ -209,17 +210,17 @@ pub enum RunError {
     },
     #[error(transparent)]
     Server(#[from] ServerError),
-    #[error("connecting to the API server (use --cluster-access off to run without one): {0}")]
+    #[error("connecting to the API server (use --cluster-access off to run without one)")]
     Kube(#[source] kube::Error),
-    #[error("reading the cluster (kubeconfig, or the in-cluster service account): {0}")]
+    #[error("reading the cluster (kubeconfig, or the in-cluster service account)")]
     Audit(#[source] kube::Error),
     #[error(transparent)]
     ConfigMap(#[from] audit::ConfigMapError),
-    #[error("self-managed certificates: {0}")]
+    #[error("self-managed certificates")]
     Certs(#[from] certs::CertError),
     #[error("{0}")]
     Usage(String),
-    #[error("starting: {0}")]
+    #[error("starting")]
     Io(#[from] std::io::Error),
 }
 
@@ -310,13 +311,16 @@ async fn audit_client(context: Option<&str>) -> Result<kube::Client, RunError> {
                 context: Some(context.to_owned()),
                 ..Default::default()
             };
-            kube::Config::from_kubeconfig(&options)
-                .await
-                .map_err(|e| RunError::Usage(format!("kubeconfig context {context:?}: {e}")))?
+            kube::Config::from_kubeconfig(&options).await.map_err(|e| {
+                RunError::Usage(format!("kubeconfig context {context:?}: {}", Report(&e)))
+            })?
         }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| RunError::Usage(format!("no kubeconfig and not in a cluster: {e}")))?,
+        None => kube::Config::infer().await.map_err(|e| {
+            RunError::Usage(format!(
+                "no kubeconfig and not in a cluster: {}",
+                Report(&e)
+            ))
+        })?,
     };
     kube::Client::try_from(config).map_err(RunError::Audit)
 }
@@ -489,7 +493,7 @@ async fn self_managed_certs(
         match certs::bootstrap(client, &cfg).await {
             Ok(b) => break b,
             Err(e) if e.is_transient() => {
-                warn!(error = %e, retry_in = ?delay, "certificate bootstrap failed; retrying");
+                warn!(error = %Report(&e), retry_in = ?delay, "certificate bootstrap failed; retrying");
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(false),
                     () = tokio::time::sleep(delay) => {}

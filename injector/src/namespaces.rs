@@ -18,6 +18,7 @@ use kube::{
         watcher::{self, Event},
     },
 };
+use rdma_streams_common::report::Report;
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -68,7 +69,7 @@ impl NamespaceCache {
                             synced_tx.send_replace(true);
                         }
                         Some(Ok(_)) => {}
-                        Some(Err(error)) => warn!(%error, "namespace watch failed; retrying with backoff"),
+                        Some(Err(error)) => warn!(error = %Report(&error), "namespace watch failed; retrying with backoff"),
                         None => {
                             warn!("namespace watch ended");
                             break;

@@ -257,7 +257,7 @@ impl PodSecurityAction {
 #[non_exhaustive]
 pub enum ProfileError {
     /// The file could not be read.
-    #[error("cannot read profile config {path}: {source}")]
+    #[error("cannot read profile config {path}")]
     Read {
         /// The file.
         path: PathBuf,

@@ -6,6 +6,7 @@ use kube::core::{
     DynamicObject,
     admission::{AdmissionRequest, Operation},
 };
+use rdma_streams_common::report::Report;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -40,7 +41,7 @@ impl Handler for InjectorHandler {
             Ok(v) => v,
             Err(e) => {
                 return Reviewed::Error {
-                    message: format!("cannot encode the pod: {e}"),
+                    message: format!("cannot encode the pod: {}", Report(&e)),
                 };
             }
         };
@@ -111,7 +112,7 @@ impl Handler for InjectorHandler {
                 Reviewed::deny(reason.as_str(), message)
             }
             Err(error) => Reviewed::Error {
-                message: format!("injection failed ({}): {error}", error.as_str()),
+                message: format!("injection failed ({}): {}", error.as_str(), Report(&error)),
             },
         }
     }

@@ -19,7 +19,7 @@ use crate::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum InjectError {
-    #[error("document {index}: not valid YAML: {source}")]
+    #[error("document {index}: not valid YAML")]
     Yaml {
         index: usize,
         #[source]
@@ -32,7 +32,7 @@ pub enum InjectError {
         name: String,
         message: String,
     },
-    #[error("document {index} ({kind} {name}): {source}")]
+    #[error("document {index} ({kind} {name})")]
     Core {
         index: usize,
         kind: String,
@@ -40,7 +40,7 @@ pub enum InjectError {
         #[source]
         source: core::CoreError,
     },
-    #[error("writing YAML: {0}")]
+    #[error("writing YAML")]
     Output(#[source] serde_yaml::Error),
 }
 

@@ -241,3 +241,48 @@ fn diff_mode_and_errors() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Each error the CLI prints names its cause after the message (one line, `: `-joined).
+#[test]
+fn errors_name_their_cause() {
+    let stderr = |args: &[&str], file: &Path| {
+        let out = Command::new(BIN)
+            .args(["inject"])
+            .args(args)
+            .arg("-f")
+            .arg(file)
+            .env_remove("RDMA_INJECTOR_CONFIG")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = golden_dir().join("pod-basic.yaml");
+
+    let missing = dir.path().join("missing.yaml");
+    let err = stderr(&[], &missing);
+    let want = format!(
+        "rdma-stream-injector: reading {}: No such file or directory (os error 2)\n",
+        missing.display()
+    );
+    assert!(err.ends_with(&want), "{err}");
+
+    let err = stderr(&["--config", &dir.path().to_string_lossy()], &input);
+    let want = format!(
+        "rdma-stream-injector: cannot read profile config {}: Is a directory (os error 21)\n",
+        dir.path().display()
+    );
+    assert!(err.ends_with(&want), "{err}");
+
+    // serde_yaml's own words follow the document index.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "kind: Pod\n  bad: [indent\n").unwrap();
+    let err = stderr(&[], &bad);
+    let line = err.lines().last().unwrap_or_default();
+    assert!(
+        line.starts_with("rdma-stream-injector: document 0: not valid YAML: ")
+            && line.contains("line 2"),
+        "{err}"
+    );
+}

@@ -13,6 +13,7 @@ use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
 };
+use rdma_streams_common::report::Report;
 use tracing::{debug, info};
 
 use super::{
@@ -209,7 +210,7 @@ pub(crate) fn ca_from_secret(
     };
     let cert_pem = field(CA_CERT_KEY)?;
     let key_pem = field(CA_KEY_KEY)?;
-    CertAuthority::from_pem(&cert_pem, &key_pem).map_err(|e| unusable(e.to_string()))
+    CertAuthority::from_pem(&cert_pem, &key_pem).map_err(|e| unusable(Report(&e).to_string()))
 }
 
 #[cfg(test)]

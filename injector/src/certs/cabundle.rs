@@ -27,6 +27,7 @@ use kube::{
         watcher::{self, DefaultBackoff, Event},
     },
 };
+use rdma_streams_common::report::Report;
 use serde_json::{Value, json};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -232,7 +233,7 @@ pub async fn run_ca_bundle_controller(
                     }
                     Err(error) => {
                         let delay = next_delay(&mut backoff);
-                        warn!(%error, mwc = %mwc_name, ?delay, "caBundle repair failed; retrying");
+                        warn!(error = %Report(&error), mwc = %mwc_name, ?delay, "caBundle repair failed; retrying");
                         Some(Instant::now() + delay)
                     }
                 };
@@ -250,7 +251,7 @@ pub async fn run_ca_bundle_controller(
                         }
                         Err(error) => {
                             let delay = next_delay(&mut backoff);
-                            warn!(%error, mwc = %mwc_name, ?delay, "caBundle patch failed; retrying");
+                            warn!(error = %Report(&error), mwc = %mwc_name, ?delay, "caBundle patch failed; retrying");
                             Some(Instant::now() + delay)
                         }
                     };
@@ -260,7 +261,7 @@ pub async fn run_ca_bundle_controller(
                     retry_at = None;
                 }
                 Some(Ok(Event::Init | Event::InitDone)) => {}
-                Some(Err(error)) => warn!(%error, mwc = %mwc_name, "watch of MutatingWebhookConfiguration failed; retrying"),
+                Some(Err(error)) => warn!(error = %Report(&error), mwc = %mwc_name, "watch of MutatingWebhookConfiguration failed; retrying"),
                 None => {
                     warn!(mwc = %mwc_name, "watch of MutatingWebhookConfiguration ended; restarting");
                     events = watch();

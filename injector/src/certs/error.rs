@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum CertError {
     /// rcgen could not generate a key pair or sign a certificate.
-    #[error("certificate generation failed: {0}")]
+    #[error("certificate generation failed")]
     Generate(#[source] rcgen::Error),
 
     /// A CA certificate or key given as PEM could not be parsed.
@@ -68,7 +68,7 @@ pub enum CertError {
     },
 
     /// A Kubernetes API call failed (transport error or an error Status from the API server).
-    #[error("{action}: {source}")]
+    #[error("{action}")]
     Kube {
         /// What we were doing, e.g. `create Secret ns/name`.
         action: String,
@@ -78,7 +78,7 @@ pub enum CertError {
     },
 
     /// Writing the serving certificate or key to disk failed.
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}")]
     Io {
         /// The file or directory involved.
         path: PathBuf,

@@ -21,6 +21,7 @@ use kube::{
         watcher::{self, Event},
     },
 };
+use rdma_streams_common::report::Report;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -88,7 +89,7 @@ pub async fn run_ca_follower(
                         ca.send_replace(Arc::from(new));
                     }
                     SecretChange::Broken(error) => {
-                        warn!(%secret, %error, "the CA Secret is unusable; keeping the CA in use");
+                        warn!(%secret, error = %Report(&error), "the CA Secret is unusable; keeping the CA in use");
                     }
                 }
             }
@@ -107,13 +108,15 @@ pub async fn run_ca_follower(
                 // RBAC from before the follower (no list/watch on the Secret): say it once,
                 // keep serving from the CA in use, and keep trying (RBAC may be fixed).
                 if !forbidden_said {
-                    warn!(%secret, %error, "not allowed to list/watch the CA Secret: a new CA reaches this replica only at its next restart; grant get, list, watch on it (the chart does)");
+                    warn!(%secret, error = %Report(&error), "not allowed to list/watch the CA Secret: a new CA reaches this replica only at its next restart; grant get, list, watch on it (the chart does)");
                     forbidden_said = true;
                 } else {
-                    debug!(%secret, %error, "watch of the CA Secret still forbidden");
+                    debug!(%secret, error = %Report(&error), "watch of the CA Secret still forbidden");
                 }
             }
-            Some(Err(error)) => warn!(%secret, %error, "watch of the CA Secret failed; retrying"),
+            Some(Err(error)) => {
+                warn!(%secret, error = %Report(&error), "watch of the CA Secret failed; retrying")
+            }
             None => return,
         }
     }
@@ -150,7 +153,7 @@ async fn recreate(
                 return Some(ca);
             }
             Err(error) => {
-                warn!(%error, retry_in = ?delay, "re-creating the CA Secret failed; retrying");
+                warn!(error = %Report(&error), retry_in = ?delay, "re-creating the CA Secret failed; retrying");
                 tokio::select! {
                     () = shutdown.cancelled() => return None,
                     () = tokio::time::sleep(delay) => {}

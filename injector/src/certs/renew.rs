@@ -14,6 +14,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use rdma_streams_common::report::Report;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -118,7 +119,7 @@ pub async fn run_serving_cert_renewal(
                 renew_at = cert.renew_at();
             }
             Err(error) => {
-                warn!(%error, dir = %dir.display(), "serving certificate renewal failed; retrying");
+                warn!(error = %Report(&error), dir = %dir.display(), "serving certificate renewal failed; retrying");
                 renew_at = SystemTime::now() + RETRY_AFTER;
             }
         }

@@ -173,10 +173,10 @@ impl DenyReason {
 #[non_exhaustive]
 pub enum CoreError {
     /// A patch did not apply.
-    #[error("JSON patch does not apply: {0}")]
+    #[error("JSON patch does not apply")]
     Patch(#[from] json_patch::PatchError),
     /// JSON encoding failed.
-    #[error("JSON encoding failed: {0}")]
+    #[error("JSON encoding failed")]
     Encode(#[from] serde_json::Error),
 }
 

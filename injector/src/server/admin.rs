@@ -13,6 +13,7 @@ use std::sync::{
 use axum::{Router, body::Body, extract::State, response::Response, routing::get};
 use http::{StatusCode, header};
 use prometheus_client::registry::Registry;
+use rdma_streams_common::report::Report;
 
 use super::tls::CertReloader;
 
@@ -157,7 +158,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         ),
         Err(error) => {
-            tracing::error!(%error, "cannot encode metrics");
+            tracing::error!(error = %Report(&error), "cannot encode metrics");
             text(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "cannot encode metrics\n".to_owned(),

@@ -51,6 +51,7 @@ use kube::core::{
         AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND,
     },
 };
+use rdma_streams_common::report::Report;
 
 use super::{
     handler::{Handler, Reviewed},
@@ -213,13 +214,18 @@ impl Admission {
             Err(error) => {
                 return Err(bad(
                     "body",
-                    format!("cannot read the request body: {error}"),
+                    format!("cannot read the request body: {}", Report(&*error)),
                 ));
             }
         };
 
-        let review: AdmissionReview<DynamicObject> = serde_json::from_slice(&bytes)
-            .map_err(|error| bad("malformed", format!("malformed AdmissionReview: {error}")))?;
+        let review: AdmissionReview<DynamicObject> =
+            serde_json::from_slice(&bytes).map_err(|error| {
+                bad(
+                    "malformed",
+                    format!("malformed AdmissionReview: {}", Report(&error)),
+                )
+            })?;
         if review.types.api_version != META_API_VERSION_V1 || review.types.kind != META_KIND {
             return Err(bad(
                 "version",
@@ -275,7 +281,7 @@ impl Admission {
             let task = tokio::task::spawn_blocking(move || handler.review(&request));
             match tokio::time::timeout(deadline, task).await {
                 Ok(Ok(reviewed)) => Ok(Ok(reviewed)),
-                Ok(Err(error)) => Ok(Err(error.to_string())),
+                Ok(Err(error)) => Ok(Err(Report(&error).to_string())),
                 Err(_) => Err(()),
             }
         };
@@ -305,7 +311,7 @@ impl Admission {
                         Ok(response) => response,
                         Err(error) => {
                             self.metrics.error("encode");
-                            tracing::error!(%uid, %error, "cannot encode the patch");
+                            tracing::error!(%uid, error = %Report(&error), "cannot encode the patch");
                             let what = "internal error (cannot encode the patch)";
                             return self.answer_error(base, "encode", what);
                         }
@@ -376,7 +382,7 @@ impl Admission {
             Ok(body) => json_response(StatusCode::OK, body),
             Err(error) => {
                 self.metrics.error("encode");
-                tracing::error!(%error, "cannot encode the AdmissionReview");
+                tracing::error!(error = %Report(&error), "cannot encode the AdmissionReview");
                 status_response(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "cannot encode the AdmissionReview",

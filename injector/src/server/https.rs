@@ -17,6 +17,7 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
 };
+use rdma_streams_common::report::Report;
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::{TcpListener, TcpStream},
@@ -113,7 +114,7 @@ pub async fn serve<S, B>(
                 if let Err(error) = joined
                     && error.is_panic()
                 {
-                    tracing::error!(%error, "connection task panicked");
+                    tracing::error!(error = %Report(&error), "connection task panicked");
                 }
             }
             accepted = listener.accept() => match accepted {
@@ -133,7 +134,7 @@ pub async fn serve<S, B>(
                     );
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "accept failed");
+                    tracing::warn!(error = %Report(&error), "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -177,7 +178,7 @@ async fn connection<S, B>(
     B::Error: Into<BoxError>,
 {
     if let Err(error) = tcp.set_nodelay(true) {
-        tracing::debug!(%error, "TCP_NODELAY");
+        tracing::debug!(error = %Report(&error), "TCP_NODELAY");
     }
     match transport {
         Transport::Plain => http(tcp, &builder, service, shutdown).await,
@@ -193,7 +194,7 @@ async fn connection<S, B>(
                     tracing::trace!(%peer, alpn = alpn.as_deref().unwrap_or(""), "TLS established");
                     http(tls, &builder, service, shutdown).await;
                 }
-                Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                Ok(Err(error)) => tracing::debug!(error = %Report(&error), "TLS handshake failed"),
                 Err(_) => tracing::debug!(timeout = ?handshake_timeout, "TLS handshake timed out"),
             }
         }
@@ -228,6 +229,6 @@ async fn http<I, S, B>(
         }
     };
     if let Err(error) = result {
-        tracing::debug!(error = %error, "connection closed with an error");
+        tracing::debug!(error = %Report(&*error), "connection closed with an error");
     }
 }

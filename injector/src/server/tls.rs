@@ -19,7 +19,6 @@
 //! logged and counted once; the last good pair keeps serving until the files change again.
 
 use std::{
-    error::Error as StdError,
     fmt,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
@@ -27,6 +26,7 @@ use std::{
     time::SystemTime,
 };
 
+use rdma_streams_common::report::Report;
 use rustls::{
     crypto::CryptoProvider,
     pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
@@ -207,7 +207,7 @@ impl CertReloader {
             Ok(id) => id,
             Err(error) => {
                 // A file is missing for a moment, or permissions changed: keep serving.
-                tracing::debug!(error = %Chain(&error), "certificate files not readable; keeping the loaded pair");
+                tracing::debug!(error = %Report(&error), "certificate files not readable; keeping the loaded pair");
                 return current.key.clone();
             }
         };
@@ -240,7 +240,7 @@ impl CertReloader {
             Err(error) => {
                 self.metrics.failures.inc();
                 tracing::error!(
-                    error = %Chain(&error),
+                    error = %Report(&error),
                     serial = current.summary.serial.as_deref().unwrap_or("?"),
                     "new certificate/key pair on disk does not load; still serving the last good one"
                 );
@@ -358,20 +358,5 @@ impl FileId {
             mtime: meta.modified().ok(),
             path: real,
         })
-    }
-}
-
-/// Displays an error with its sources, `a: b: c`.
-pub(crate) struct Chain<'a>(pub(crate) &'a dyn StdError);
-
-impl fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(error) = source {
-            write!(f, ": {error}")?;
-            source = error.source();
-        }
-        Ok(())
     }
 }

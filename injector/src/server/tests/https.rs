@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode, header};
 use hyper::body::Bytes;
+use rdma_streams_common::report::Report;
 use serde_json::Value;
 
 use super::{
@@ -319,21 +320,18 @@ async fn startup_errors_name_the_file() {
                 Default::default(),
             )
         };
-        let message = |error: ServerError| {
-            let mut text = error.to_string();
-            let mut source = std::error::Error::source(&error);
-            while let Some(inner) = source {
-                text.push_str(&format!(": {inner}"));
-                source = inner.source();
-            }
-            text
-        };
+        let message = |error: ServerError| Report(&error).to_string();
 
         let error = bind("missing.crt", "good.key")
             .await
             .expect_err("missing cert");
         assert!(matches!(error, ServerError::Tls(TlsError::Read { .. })));
-        assert!(message(error).contains("missing.crt"));
+        let text = message(error);
+        assert!(
+            text.contains("missing.crt")
+                && text.ends_with(": No such file or directory (os error 2)"),
+            "{text}"
+        );
 
         let error = bind("junk.pem", "good.key")
             .await
