@@ -25,7 +25,7 @@ struct AdminState<R> {
 
 /// The admin endpoint's address could not be bound.
 #[derive(Debug, thiserror::Error)]
-#[error("binding the admin endpoint on {addr}: {source}")]
+#[error("binding the admin endpoint on {addr}")]
 pub struct BindError {
     pub addr: SocketAddr,
     #[source]

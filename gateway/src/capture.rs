@@ -8,6 +8,7 @@ use std::{
     sync::Arc,
 };
 
+use rdma_streams_common::report::Report;
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -31,7 +32,7 @@ pub enum CaptureError {
     Netns(#[from] NetnsError),
     #[error(transparent)]
     Nft(#[from] NftError),
-    #[error("capture listener: {0}")]
+    #[error("capture listener")]
     Listen(#[source] io::Error),
     #[error("blocking task failed: {0}")]
     Task(String),
@@ -81,7 +82,7 @@ pub async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, handles: Ha
         let (stream, from) = match accepted {
             Ok(a) => a,
             Err(error) => {
-                warn!(%error, "accept on the capture listener");
+                warn!(error = %Report(&error), "accept on the capture listener");
                 continue;
             }
         };
@@ -93,7 +94,7 @@ pub async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, handles: Ha
                 continue;
             }
             Err(error) => {
-                warn!(%error, "no SO_ORIGINAL_DST; closing");
+                warn!(error = %Report(&error), "no SO_ORIGINAL_DST; closing");
                 shared.metrics.unmatched.inc();
                 continue;
             }
@@ -181,7 +182,7 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
                     Ok(s) => s,
                     Err(error) => {
                         // As if virt-handler had dialed and failed: it sees a reset.
-                        warn!(%error, "TCP fallback dial failed");
+                        warn!(error = %Report(&error), "TCP fallback dial failed");
                         relay::reset(&client);
                         return;
                     }
@@ -193,7 +194,7 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
                         .add_bytes(PathKind::Tcp, to_target, to_source);
                     info!(to_target, to_source, "relay ended");
                 }
-                Err(error) => info!(%error, "relay ended with an error"),
+                Err(error) => info!(error = %Report(&error), "relay ended with an error"),
             }
         }
     }

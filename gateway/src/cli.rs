@@ -13,6 +13,7 @@ use std::{
 use clap::Parser;
 use prometheus_client::registry::Registry;
 use rdma_streams_common::{
+    report::Report,
     shutdown::spawn_signal_handler,
     telemetry::{self, LogFormat},
 };
@@ -205,7 +206,7 @@ impl Args {
                 match ::kube::Client::try_default().await {
                     Ok(client) => Some(client),
                     Err(error) => {
-                        warn!(%error, "no Kubernetes client: no VMI watch, no peer directory");
+                        warn!(error = %Report(&error), "no Kubernetes client: no VMI watch, no peer directory");
                         None
                     }
                 }
@@ -233,7 +234,7 @@ impl Args {
                 Some(engine) => match inbound::listen(shared.clone(), engine, listen) {
                     Ok(listener) => Some(listener),
                     Err(error) => {
-                        warn!(%error, %listen, "no stream listener: this node accepts no streams");
+                        warn!(error = %Report(&error), %listen, "no stream listener: this node accepts no streams");
                         None
                     }
                 },
@@ -258,7 +259,7 @@ impl Args {
                     let stop = shutdown.clone();
                     Some(tokio::spawn(async move {
                         if let Err(error) = hooks_server::serve(socket, server, stop).await {
-                            warn!(%error, "node hook server failed: migrations start from the VMI watch only");
+                            warn!(error = %Report(&error), "node hook server failed: migrations start from the VMI watch only");
                         }
                     }))
                 }
@@ -269,7 +270,7 @@ impl Args {
                 let stop = shutdown.clone();
                 tokio::spawn(async move {
                     if let Err(error) = test_events::serve(&path, tx, stop).await {
-                        warn!(%error, "test events socket failed");
+                        warn!(error = %Report(&error), "test events socket failed");
                     }
                 });
             }
@@ -361,14 +362,14 @@ fn start_engine(provider: &str, settings: &Settings) -> RdmaState {
     let lib = match Lib::load(provider) {
         Ok(lib) => &*Box::leak(Box::new(lib)),
         Err(error) => {
-            warn!(%error, provider, "RDMA libraries not loaded: every connection goes over TCP");
+            warn!(error = %Report(&error), provider, "RDMA libraries not loaded: every connection goes over TCP");
             return Err(Fallback::NoProvider);
         }
     };
     let usable = match probe_with(lib) {
         Ok(usable) => usable,
         Err(why) => {
-            warn!(%why, provider, "no usable RDMA device: every connection goes over TCP");
+            warn!(why = %Report(&why), provider, "no usable RDMA device: every connection goes over TCP");
             return Err(match why {
                 Unusable::NoLibrary(_) => Fallback::NoProvider,
                 _ => Fallback::NoDevice,
@@ -387,7 +388,7 @@ fn start_engine(provider: &str, settings: &Settings) -> RdmaState {
             Ok(engine)
         }
         Err(error) => {
-            warn!(%error, provider, "the RDMA stream engine did not start: every connection goes over TCP");
+            warn!(error = %Report(&error), provider, "the RDMA stream engine did not start: every connection goes over TCP");
             Err(Fallback::RdmaError)
         }
     }
@@ -397,9 +398,9 @@ fn start_engine(provider: &str, settings: &Settings) -> RdmaState {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
-    #[error("building the runtime: {0}")]
+    #[error("building the runtime")]
     Runtime(#[source] std::io::Error),
-    #[error("installing signal handlers: {0}")]
+    #[error("installing signal handlers")]
     Signals(#[source] std::io::Error),
     #[error(transparent)]
     Admin(#[from] crate::admin::BindError),

@@ -27,6 +27,7 @@ use std::{
     time::Duration,
 };
 
+use rdma_streams_common::report::Report;
 use rdma_streams_transport::Engine;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -206,8 +207,10 @@ impl GatewayCore {
         match result {
             Ok(Ok(0)) => {}
             Ok(Ok(n)) => info!(tables = n, "removed stale capture tables"),
-            Ok(Err(error)) => warn!(%error, "startup cleanup of capture tables skipped"),
-            Err(error) => warn!(%error, "startup cleanup task failed"),
+            Ok(Err(error)) => {
+                warn!(error = %Report(&error), "startup cleanup of capture tables skipped")
+            }
+            Err(error) => warn!(error = %Report(&error), "startup cleanup task failed"),
         }
     }
 
@@ -328,7 +331,7 @@ impl GatewayCore {
                 Handled::Started
             }
             Err(error) => {
-                warn!(%error, "capture not installed: this migration's connections go over TCP without the gateway");
+                warn!(error = %Report(&error), "capture not installed: this migration's connections go over TCP without the gateway");
                 Handled::Uncaptured
             }
         }
@@ -398,8 +401,12 @@ impl GatewayCore {
                 tokio::task::spawn_blocking(move || nft::remove(&ns, &table, target)).await;
             match result {
                 Ok(Ok(())) => info!("capture removed"),
-                Ok(Err(error)) => warn!(%error, "removing the capture table failed"),
-                Err(error) => warn!(%error, "removing the capture table: task failed"),
+                Ok(Err(error)) => {
+                    warn!(error = %Report(&error), "removing the capture table failed")
+                }
+                Err(error) => {
+                    warn!(error = %Report(&error), "removing the capture table: task failed")
+                }
             }
         }
         let outcome = if aborted { "aborted" } else { "completed" };

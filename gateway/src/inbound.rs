@@ -15,6 +15,7 @@
 
 use std::{io, net::SocketAddr, sync::Arc, time::Instant};
 
+use rdma_streams_common::report::Report;
 use rdma_streams_transport::{Acceptor, Decision, Engine, Listener, Request};
 use tokio::runtime::Handle;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -43,7 +44,7 @@ impl Acceptor for GatewayAcceptor {
         let open = match Open::decode(request.payload) {
             Ok(open) => open,
             Err(error) => {
-                warn!(%error, ?peer, "a connect request that is not a gateway's; refusing");
+                warn!(error = %Report(&error), ?peer, "a connect request that is not a gateway's; refusing");
                 return Decision::Reject(Answer::BadRequest.encode());
             }
         };
@@ -89,7 +90,7 @@ pub async fn serve<C: StreamConn>(shared: Arc<Shared>, conn: C, open: Open) {
     let tcp = match relay::dial(open.destination, settings.mark, settings.dial_timeout).await {
         Ok(tcp) => tcp,
         Err(error) => {
-            warn!(%error, "dialing the original destination; refusing");
+            warn!(error = %Report(&error), "dialing the original destination; refusing");
             conn.reject(Answer::Unreachable.encode());
             return;
         }

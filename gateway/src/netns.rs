@@ -24,14 +24,14 @@ pub enum NetnsError {
     #[error("locating the network namespace: {0}")]
     Locate(String),
     /// The nsfs file could not be opened.
-    #[error("opening {path}: {source}")]
+    #[error("opening {path}")]
     Open {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// `setns` failed (no CAP_SYS_ADMIN, not a network namespace file, ...).
-    #[error("setns into {path}: {source}")]
+    #[error("setns into {path}")]
     Enter {
         path: PathBuf,
         #[source]

@@ -38,7 +38,7 @@ pub enum NftError {
     #[error(transparent)]
     Netns(#[from] NetnsError),
     /// `nft` could not be started (not installed?).
-    #[error("running nft: {0}")]
+    #[error("running nft")]
     Spawn(#[source] std::io::Error),
     /// `nft` rejected the batch.
     #[error("nft failed: {stderr}")]

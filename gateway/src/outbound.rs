@@ -11,6 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use rdma_streams_common::report::Report;
 use rdma_streams_transport::{Conn, ConnectError, ConnectRequest, Engine, RejectedBy};
 use tracing::debug;
 
@@ -41,7 +42,7 @@ pub fn open_stream(
         // A connect still under way (the timeout) must not go on; any other error already
         // ended it, and an abort of it changes nothing.
         conn.abort();
-        debug!(%error, %peer, "stream not established");
+        debug!(error = %Report(&error), %peer, "stream not established");
         classify(&error)
     })?;
     match Answer::decode(&answer) {

@@ -7,6 +7,7 @@
 
 use std::{io, net::SocketAddr, time::Duration};
 
+use rdma_streams_common::report::Report;
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -19,7 +20,7 @@ pub async fn dial(dst: SocketAddr, mark: u32, timeout: Duration) -> io::Result<T
         && let Err(error) = socket.set_mark(mark)
     {
         // Without CAP_NET_ADMIN: only matters when dialing from a captured namespace.
-        debug!(%error, "SO_MARK not set");
+        debug!(error = %Report(&error), "SO_MARK not set");
     }
     socket.set_nonblocking(true)?;
     let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(socket));

@@ -11,6 +11,7 @@
 
 use std::{io, os::fd::OwnedFd, time::Duration};
 
+use rdma_streams_common::report::Report;
 use rdma_streams_transport::{Attach, Conn, End, Event, Gate, StreamPath};
 use tokio::{net::TcpStream, sync::oneshot};
 use tokio_util::sync::CancellationToken;
@@ -102,7 +103,7 @@ pub async fn carry<C: StreamConn + ?Sized>(
     let fd = match handover(socket) {
         Ok(fd) => fd,
         Err(error) => {
-            warn!(%error, "handing the connection to the stream");
+            warn!(error = %Report(&error), "handing the connection to the stream");
             conn.abort();
             return lost("the socket could not be handed over");
         }

@@ -16,6 +16,7 @@
 
 use std::{net::IpAddr, path::Path};
 
+use rdma_streams_common::report::Report;
 use serde::Deserialize;
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
@@ -119,8 +120,8 @@ pub async fn serve(
                         }
                     }
                     Err(error) => {
-                        warn!(%error, "bad test event");
-                        format!("error: {error}\n")
+                        warn!(error = %Report(&error), "bad test event");
+                        format!("error: {}\n", Report(&error))
                     }
                 };
                 if write.write_all(reply.as_bytes()).await.is_err() {

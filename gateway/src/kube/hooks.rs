@@ -44,7 +44,7 @@ pub struct NodeHookCall<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
     /// The `vmi` bytes are not a VMI in JSON.
-    #[error("hook call carries no readable VMI: {0}")]
+    #[error("hook call carries no readable VMI")]
     Vmi(#[from] serde_json::Error),
 }
 

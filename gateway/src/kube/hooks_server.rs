@@ -42,6 +42,7 @@ use std::{
 
 use rdma_streams_common::{
     file_id::{FileId, file_id, remove_if_ours},
+    report::Report,
     uds,
 };
 use tokio::{net::UnixListener, sync::mpsc};
@@ -76,7 +77,7 @@ pub const SOCKET_MODE: u32 = 0o660;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HookServerError {
-    #[error("creating the node hook socket directory {path}: {source}")]
+    #[error("creating the node hook socket directory {path}")]
     Dir {
         path: PathBuf,
         #[source]
@@ -84,25 +85,25 @@ pub enum HookServerError {
     },
     #[error("{path} exists and is not a socket; not replacing it")]
     NotASocket { path: PathBuf },
-    #[error("removing the stale node hook socket {path}: {source}")]
+    #[error("removing the stale node hook socket {path}")]
     Stale {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("binding the node hook socket {path}: {source}")]
+    #[error("binding the node hook socket {path}")]
     Bind {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("setting the mode of {path}: {source}")]
+    #[error("setting the mode of {path}")]
     Mode {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("serving node hooks: {0}")]
+    #[error("serving node hooks")]
     Serve(#[source] tonic::transport::Error),
 }
 
@@ -186,10 +187,13 @@ impl NodeHookServer {
         };
         match event_for_hook(call) {
             Err(error) => {
-                warn!(%error, reason = "invalid_vmi", "node hook call ignored; the VMI watch still sees this migration");
+                warn!(error = %Report(&error), reason = "invalid_vmi", "node hook call ignored; the VMI watch still sees this migration");
                 Answer::new(
                     HookOutcome::Error,
-                    format!("rdma-migration-gateway: VMI not readable ({error}); nothing done"),
+                    format!(
+                        "rdma-migration-gateway: VMI not readable ({}); nothing done",
+                        Report(&error)
+                    ),
                 )
             }
             Ok(None) => {

@@ -53,6 +53,7 @@ use kube::{
         watcher::{self, DefaultBackoff, Event},
     },
 };
+use rdma_streams_common::report::Report;
 use serde_json::{Value, json};
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -155,7 +156,7 @@ impl NodePublisher {
                 }
                 Err(error) => {
                     let delay = backoff.next().unwrap_or(Duration::from_secs(30));
-                    warn!(node = %self.node, %error, ?delay, "publishing gateway address failed; retrying");
+                    warn!(node = %self.node, error = %Report(&error), ?delay, "publishing gateway address failed; retrying");
                     tokio::select! {
                         () = shutdown.cancelled() => return false,
                         () = tokio::time::sleep(delay) => {}
@@ -177,7 +178,7 @@ impl NodePublisher {
                     return Ok(());
                 }
                 Err(error) if tokio::time::Instant::now() + delay < give_up => {
-                    warn!(node = %self.node, %error, "removing gateway address failed; retrying");
+                    warn!(node = %self.node, error = %Report(&error), "removing gateway address failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
@@ -212,7 +213,7 @@ pub async fn run_node_publisher(
         }
     }
     if let Err(error) = publisher.remove(REMOVE_DEADLINE).await {
-        warn!(node = %publisher.node, %error, "could not remove the gateway address; peers will fall back to TCP when they cannot reach it");
+        warn!(node = %publisher.node, error = %Report(&error), "could not remove the gateway address; peers will fall back to TCP when they cannot reach it");
     }
 }
 
@@ -254,7 +255,7 @@ impl PeerDirectory {
                             synced_tx.send_replace(true);
                         }
                         Some(Ok(_)) => {}
-                        Some(Err(error)) => warn!(%error, "node watch failed; retrying with backoff"),
+                        Some(Err(error)) => warn!(error = %Report(&error), "node watch failed; retrying with backoff"),
                         None => break,
                     },
                 }

@@ -9,6 +9,7 @@
 use std::{net::IpAddr, path::Path, sync::Arc, time::Duration};
 
 use nix::ifaddrs::getifaddrs;
+use rdma_streams_common::report::Report;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -24,7 +25,7 @@ pub const REFRESH: Duration = Duration::from_secs(30);
 pub enum AddressError {
     #[error(transparent)]
     Netns(#[from] NetnsError),
-    #[error("listing interface addresses: {0}")]
+    #[error("listing interface addresses")]
     List(#[source] nix::Error),
 }
 
@@ -85,13 +86,13 @@ pub async fn watch_addresses(
             }
             Ok(Err(error)) => {
                 // Once per distinct error; the last addresses stay published.
-                let text = error.to_string();
+                let text = Report(&error).to_string();
                 if last_error.as_deref() != Some(text.as_str()) {
-                    warn!(%error, "cannot read the virt-handler addresses; keeping the last ones");
+                    warn!(error = %text, "cannot read the virt-handler addresses; keeping the last ones");
                     last_error = Some(text);
                 }
             }
-            Err(error) => warn!(%error, "virt-handler address task failed"),
+            Err(error) => warn!(error = %Report(&error), "virt-handler address task failed"),
         }
         tokio::select! {
             () = shutdown.cancelled() => break,

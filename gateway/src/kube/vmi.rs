@@ -49,6 +49,7 @@ use kube::{
     },
 };
 use rdma_streams_common::names::contract::{MIGRATION, MIGRATION_RDMA};
+use rdma_streams_common::report::Report;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -110,7 +111,7 @@ where
         Some(value) => match serde_json::from_value(value) {
             Ok(parsed) => Ok(Some(parsed)),
             Err(error) => {
-                warn!(%error, "ignoring a VMI migrationState of unexpected shape");
+                warn!(error = %Report(&error), "ignoring a VMI migrationState of unexpected shape");
                 Ok(None)
             }
         },
@@ -378,7 +379,7 @@ pub async fn watch_migrations(
         let out = match event {
             Some(Ok(event)) => state.apply(event),
             Some(Err(error)) => {
-                warn!(%error, "VMI watch failed; retrying with backoff");
+                warn!(error = %Report(&error), "VMI watch failed; retrying with backoff");
                 continue;
             }
             None => {

@@ -266,8 +266,12 @@ async fn unreadable_body() {
             .call(request(PRE_MIGRATION_SOURCE, garbage, "node-a"))
             .await;
         assert!(response.success, "{garbage:?}");
+        // The message carries serde_json's reason, after the gateway's own words.
         assert!(
-            response.message.contains("not readable"),
+            response
+                .message
+                .contains("VMI not readable (hook call carries no readable VMI: ")
+                && response.message.contains(" at line "),
             "{}",
             response.message
         );
