@@ -34,3 +34,23 @@ ls / >/dev/null
         .collect();
     assert!(left.is_empty(), "no stats file expected, found {left:?}");
 }
+
+/// The harness itself: a script that outlives its bound is killed, and the failure shows what
+/// its processes were waiting for.
+#[test]
+fn a_hung_script_is_killed_and_shows_its_processes() {
+    require_netns();
+    let started = std::time::Instant::now();
+    let panic = std::panic::catch_unwind(|| {
+        netns("sleep 300 &\nwait", &[], std::time::Duration::from_secs(2))
+    })
+    .expect_err("the script must time out");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("script timed out after 2s"), "{msg}");
+    assert!(msg.contains("sleep 300"), "the process list: {msg}");
+    assert!(
+        msg.contains("hrtimer_nanosleep") || msg.contains("do_nanosleep"),
+        "{msg}"
+    );
+}

@@ -146,10 +146,12 @@ pub fn run_script(script: &str, env: &[(&str, OsString)], limit: Duration, netns
             break;
         }
         if Instant::now() > deadline {
+            let tree = process_tree(child.id());
             let _ = child.kill();
             let out = child.wait_with_output().expect("output");
             panic!(
-                "script timed out after {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                "script timed out after {limit:?}\nprocesses then (pid state wchan args; \
+                 threads; kernel stack):\n{tree}\nstdout:\n{}\nstderr:\n{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
@@ -162,6 +164,62 @@ pub fn run_script(script: &str, env: &[(&str, OsString)], limit: Duration, netns
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
+}
+
+/// `root` and its descendants as they are now: pid, state, where each waits in the kernel, the
+/// command line, and every thread's state and kernel stack (what a hung script was waiting
+/// for).
+fn process_tree(root: u32) -> String {
+    let read = |path: String| std::fs::read_to_string(path).unwrap_or_default();
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = read(format!("/proc/{pid}/stat"));
+        // After the command name in parentheses: state, then the parent's pid.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok());
+        if let Some(ppid) = ppid {
+            parents.push((pid, ppid));
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    let mut out = String::new();
+    for pid in tree {
+        let args = read(format!("/proc/{pid}/cmdline")).replace('\0', " ");
+        let state = read(format!("/proc/{pid}/status"))
+            .lines()
+            .find(|l| l.starts_with("State:"))
+            .unwrap_or_default()
+            .to_string();
+        let wchan = read(format!("/proc/{pid}/wchan"));
+        out.push_str(&format!("{pid} [{state}] {wchan}: {}\n", args.trim()));
+        for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let tid = t.file_name().to_string_lossy().into_owned();
+            let comm = read(format!("/proc/{pid}/task/{tid}/comm"));
+            let stack = read(format!("/proc/{pid}/task/{tid}/stack"));
+            let top: Vec<&str> = stack.lines().take(6).collect();
+            out.push_str(&format!("    {tid} {}: {}\n", comm.trim(), top.join(" | ")));
+        }
+    }
+    out
 }
 
 /// Fails the test unless `unshare -n` works here (root or CAP_SYS_ADMIN is required; the
