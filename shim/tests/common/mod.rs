@@ -109,20 +109,13 @@ pub fn run_script(script: &str, env: &[(&str, OsString)], limit: Duration, netns
         // no orphan keeps the output pipes open. Its own /proc (and so a mount namespace),
         // so that the pids the script sees are the ones /proc/PID knows.
         let mut c = Command::new("unshare");
-        c.args([
-            "-n",
-            "-p",
-            "-f",
-            "--mount-proc",
-            "--kill-child",
-            "bash",
-            "-c",
-            &full,
-        ]);
+        c.args(["-n", "-p", "-f", "--mount-proc", "--kill-child", "env"])
+            .args(DEFAULT_SIGNALS)
+            .args(["bash", "-c", &full]);
         c
     } else {
-        let mut c = Command::new("bash");
-        c.args(["-c", &full]);
+        let mut c = Command::new("env");
+        c.args(DEFAULT_SIGNALS).args(["bash", "-c", &full]);
         c
     };
     cmd.env("SHIM", shim_lib())
@@ -166,6 +159,11 @@ pub fn run_script(script: &str, env: &[(&str, OsString)], limit: Duration, netns
     }
 }
 
+/// `env` arguments that give the script SIGINT and SIGQUIT back: a test run started in the
+/// background of a shell (nohup, `cmd &`) inherits them ignored, a program that finds SIGINT
+/// ignored keeps it so (Python does), and a script's `kill -INT` would then hang it.
+const DEFAULT_SIGNALS: [&str; 1] = ["--default-signal=INT,QUIT"];
+
 /// `root` and its descendants as they are now: pid, state, where each waits in the kernel, the
 /// command line, and every thread's state and kernel stack (what a hung script was waiting
 /// for).
@@ -205,8 +203,22 @@ fn process_tree(root: u32) -> String {
             .find(|l| l.starts_with("State:"))
             .unwrap_or_default()
             .to_string();
+        let status = read(format!("/proc/{pid}/status"));
+        let signals: Vec<&str> = status
+            .lines()
+            .filter(|l| {
+                ["SigBlk:", "SigIgn:", "SigCgt:"]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+            })
+            .map(str::trim)
+            .collect();
         let wchan = read(format!("/proc/{pid}/wchan"));
-        out.push_str(&format!("{pid} [{state}] {wchan}: {}\n", args.trim()));
+        out.push_str(&format!(
+            "{pid} [{state}] {wchan} ({}): {}\n",
+            signals.join(" ").replace('\t', " "),
+            args.trim()
+        ));
         for t in std::fs::read_dir(format!("/proc/{pid}/task"))
             .into_iter()
             .flatten()
