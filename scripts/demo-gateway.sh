@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "7. A KubeVirt-shaped live migration through the migration gateway, over Soft-RoCE in a QEMU guest"
+step "6. A KubeVirt-shaped live migration through the migration gateway, over Soft-RoCE in a QEMU guest"
 if [[ $(id -u) -ne 0 ]] || ! command -v nft >/dev/null || ! command -v qemu-system-x86_64 >/dev/null; then
   echo "  skipped (needs root, nftables and qemu-system-x86)"
   exit 0
