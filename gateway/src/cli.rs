@@ -485,3 +485,96 @@ pub enum RunError {
     #[error(transparent)]
     NodeHooks(#[from] crate::kube::hooks_server::HookServerError),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(argv: &[&str], in_pod: bool) -> Plan {
+        let argv = std::iter::once("rdma-migration-gateway").chain(argv.iter().copied());
+        Args::try_parse_from(argv).unwrap().plan(in_pod)
+    }
+
+    #[test]
+    fn defaults() {
+        let p = plan(&[], false);
+        assert_eq!(p.admin, Some(([0, 0, 0, 0], 9103).into()));
+        assert_eq!(p.listen, SocketAddr::from(([0, 0, 0, 0], 7471)));
+        assert_eq!(p.capture, Capture::Process("virt-handler".into()));
+        assert!(!p.kube, "outside a pod");
+        // An unspecified --listen: streams from the kernel's choice, nothing to advertise.
+        assert_eq!(p.settings.stream_source, None);
+        assert_eq!(p.advertise, None);
+        assert_eq!(p.settings.stream_timeout, Duration::from_secs(2));
+        assert_eq!(p.settings.mark, DEFAULT_MARK);
+    }
+
+    #[test]
+    fn kube_auto_is_on_in_a_pod_unless_test_events_feed_the_gateway() {
+        assert!(plan(&[], true).kube);
+        assert!(!plan(&["--test-events-socket", "/t.sock"], true).kube);
+        assert!(plan(&["--kube", "on"], false).kube);
+        assert!(!plan(&["--kube", "off"], true).kube);
+    }
+
+    #[test]
+    fn capture_netns_wins_and_an_empty_process_turns_capture_off() {
+        assert_eq!(
+            plan(
+                &["--capture-netns", "/run/netns/vh", "--capture-process", "x"],
+                false
+            )
+            .capture,
+            Capture::Netns("/run/netns/vh".into())
+        );
+        assert_eq!(
+            plan(&["--capture-process", "  "], false).capture,
+            Capture::Off
+        );
+        assert_eq!(
+            plan(&["--capture-process", " virt-handler "], false).capture,
+            Capture::Process("virt-handler".into())
+        );
+    }
+
+    #[test]
+    fn the_advertised_address_takes_the_listen_port() {
+        let p = plan(&["--listen", "10.0.0.5:7000"], false);
+        assert_eq!(p.settings.stream_source, Some([10, 0, 0, 5].into()));
+        assert_eq!(p.advertise, Some(([10, 0, 0, 5], 7000).into()));
+        let p = plan(
+            &[
+                "--listen",
+                "0.0.0.0:7000",
+                "--advertise-address",
+                "10.0.0.6",
+            ],
+            false,
+        );
+        assert_eq!(p.settings.stream_source, None);
+        assert_eq!(p.advertise, Some(([10, 0, 0, 6], 7000).into()));
+    }
+
+    #[test]
+    fn flags_reach_the_plan() {
+        let p = plan(
+            &[
+                "--admin-listen",
+                "127.0.0.1:9999",
+                "--stream-timeout-ms",
+                "500",
+                "--peer",
+                "10.1.0.2=10.2.0.2:7471",
+                "--node-hooks-socket",
+                "/hooks.sock",
+                "--log-format",
+                "json",
+            ],
+            false,
+        );
+        assert_eq!(p.admin, Some(([127, 0, 0, 1], 9999).into()));
+        assert_eq!(p.settings.stream_timeout, Duration::from_millis(500));
+        assert_eq!(p.peers, ["10.1.0.2=10.2.0.2:7471".parse().unwrap()]);
+        assert_eq!(p.node_hooks_socket, Some("/hooks.sock".into()));
+    }
+}

@@ -163,6 +163,14 @@ impl Shared {
         self.tasks.spawn(future);
     }
 
+    /// [`Shared::spawn`] from outside the runtime (the stream engine's thread).
+    pub(crate) fn spawn_on<F>(&self, future: F, runtime: &tokio::runtime::Handle)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.spawn_on(future, runtime);
+    }
+
     /// After the core stopped: waits up to `grace` for every connection task to end; whether
     /// they all did.
     pub async fn connections_closed(&self, grace: Duration) -> bool {

@@ -612,3 +612,109 @@ async fn self_managed_certs(
     );
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn serve(argv: &[&str]) -> ServeArgs {
+        let argv = ["rdma-stream-injector", "serve"]
+            .into_iter()
+            .chain(argv.iter().copied());
+        match Args::try_parse_from(argv).unwrap().command {
+            Command::Serve(serve) => serve,
+            _ => panic!("not serve"),
+        }
+    }
+
+    const TLS: [&str; 4] = ["--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key"];
+
+    #[test]
+    fn external_certificates_and_defaults() {
+        let p = serve(&TLS).plan().unwrap();
+        assert_eq!(p.server.listen, SocketAddr::from(([0, 0, 0, 0], 8443)));
+        assert_eq!(p.server.tls_cert, Path::new("/tls/tls.crt"));
+        assert_eq!(p.server.admission.body_limit, 4 * 1024 * 1024);
+        assert_eq!(p.server.admission.deadline, Duration::from_secs(4));
+        assert_eq!(p.admin, None);
+        assert!(p.cluster);
+        assert_eq!(p.self_managed, None);
+        assert_eq!(p.shutdown_delay, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn flags_reach_the_plan() {
+        let mut argv = TLS.to_vec();
+        argv.extend([
+            "--admin-listen",
+            "0.0.0.0:9443",
+            "--cluster-access",
+            "off",
+            "--request-timeout-ms",
+            "900",
+            "--shutdown-delay-ms",
+            "0",
+            "--config",
+            "/etc/profiles.yaml",
+        ]);
+        let p = serve(&argv).plan().unwrap();
+        assert_eq!(p.admin, Some(([0, 0, 0, 0], 9443).into()));
+        assert!(!p.cluster);
+        assert_eq!(p.server.admission.deadline, Duration::from_millis(900));
+        assert_eq!(p.shutdown_delay, Duration::ZERO);
+        assert_eq!(p.profiles.as_deref(), Some(Path::new("/etc/profiles.yaml")));
+    }
+
+    #[test]
+    fn self_managed_certificates_go_to_the_tls_cert_folder() {
+        let mut argv = TLS.to_vec();
+        argv.extend(["--cert-mode", "self-managed", "--namespace", "rdma"]);
+        let p = serve(&argv).plan().unwrap();
+        assert_eq!(
+            p.self_managed,
+            Some(SelfManaged {
+                dir: "/tls".into(),
+                service: "rdma-stream-injector".into(),
+                namespace: Some("rdma".into()),
+                webhook_config: "rdma-stream-injector".into(),
+            })
+        );
+    }
+
+    #[test]
+    fn self_managed_certificates_need_the_cluster_and_the_standard_names() {
+        let usage = |argv: &[&str]| match serve(argv).plan() {
+            Err(RunError::Usage(message)) => message,
+            other => panic!("{other:?}"),
+        };
+        let mut argv = TLS.to_vec();
+        argv.extend(["--cert-mode", "self-managed", "--cluster-access", "off"]);
+        assert_eq!(
+            usage(&argv),
+            "--cert-mode self-managed needs --cluster-access on"
+        );
+        let message = usage(&[
+            "--tls-cert",
+            "/tls/cert.pem",
+            "--tls-key",
+            "/tls/tls.key",
+            "--cert-mode",
+            "self-managed",
+        ]);
+        assert!(
+            message.contains("point --tls-cert and --tls-key there"),
+            "{message}"
+        );
+        let message = usage(&[
+            "--tls-cert",
+            "/a/tls.crt",
+            "--tls-key",
+            "/b/tls.key",
+            "--cert-mode",
+            "self-managed",
+        ]);
+        assert!(message.contains("/a/tls.crt"), "{message}");
+    }
+}

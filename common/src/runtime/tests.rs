@@ -157,6 +157,31 @@ async fn ready_fails_first_then_tasks_stop_then_the_admin_endpoint() {
 }
 
 #[tokio::test]
+async fn a_process_that_was_not_ready_stops_without_the_drain_delay() {
+    within(async {
+        let trigger = CancellationToken::new();
+        let rt = Runtime::builder()
+            .with_shutdown(trigger.clone())
+            .drain_delay(Duration::from_secs(30))
+            .build()
+            .await
+            .unwrap();
+        let _never = rt.readiness().gate("certificate");
+        let tasks = rt.tasks().clone();
+        trigger.cancel();
+        let started = Instant::now();
+        rt.run(async move {
+            tasks.shutdown().cancelled().await;
+            Ok::<_, MainError>(())
+        })
+        .await
+        .unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5));
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn the_metrics_published_are_served() {
     within(async {
         let trigger = CancellationToken::new();
