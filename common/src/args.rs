@@ -57,6 +57,7 @@ pub struct LogArgs<E: FlagEnv> {
     #[arg(
         id = "log_format",
         long = "log-format",
+        value_name = "LOG_FORMAT",
         env = E::LOG_FORMAT,
         value_enum,
         default_value = "text",
@@ -64,11 +65,11 @@ pub struct LogArgs<E: FlagEnv> {
     )]
     pub format: LogFormat,
 
-    /// Log filter, a `tracing` directive (`info`, `debug`, `<crate>=debug,info`, ...); an
-    /// invalid one falls back to `info`.
+    /// Log filter (`info`, `debug`, `<crate>=debug,info`, ...; an invalid one means `info`).
     #[arg(
         id = "log_level",
         long = "log-level",
+        value_name = "LOG_LEVEL",
         env = E::LOG_LEVEL,
         default_value = "info",
         global = E::GLOBAL
@@ -83,10 +84,11 @@ pub struct LogArgs<E: FlagEnv> {
 /// [`crate::admin`]) listens.
 #[derive(Clone, Debug, clap::Args)]
 pub struct AdminArgs<E: FlagEnv> {
-    /// Admin endpoint (`/live`, `/ready`, `/metrics`), an IP and port such as `0.0.0.0:9101`.
+    /// Admin endpoint (`/live`, `/ready`, `/metrics`): an IP and port, e.g. `0.0.0.0:9101`.
     #[arg(
         id = "admin_listen",
         long = "admin-listen",
+        value_name = "ADMIN_LISTEN",
         env = E::ADMIN_LISTEN,
         default_value = E::ADMIN_LISTEN_DEFAULT,
         global = E::GLOBAL
