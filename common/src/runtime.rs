@@ -297,6 +297,7 @@ impl Runtime {
         } = self;
         let shutdown = tasks.shutdown.clone();
         drop(tasks);
+        // Not in the task set: it must outlive every task, and stops last.
         let admin_stop = CancellationToken::new();
         let admin_task = admin.map(|(listener, _)| {
             tokio::spawn(admin::serve(
@@ -376,12 +377,15 @@ impl Runtime {
 
         // The admin endpoint last.
         admin_stop.cancel();
-        if let Some(task) = admin_task {
-            match tokio::time::timeout(ADMIN_STOP_GRACE, task).await {
+        if let Some(mut task) = admin_task {
+            match tokio::time::timeout(ADMIN_STOP_GRACE, &mut task).await {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(error))) => error!(error = %Report(&error), "admin endpoint failed"),
                 Ok(Err(error)) => error!(error = %Report(&error), "admin endpoint task failed"),
-                Err(_) => warn!("admin endpoint did not stop in time"),
+                Err(_) => {
+                    warn!("admin endpoint did not stop in time; aborted");
+                    task.abort();
+                }
             }
         }
         match result {
