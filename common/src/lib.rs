@@ -2,6 +2,8 @@
 
 pub mod admin;
 pub mod file_id;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod names;
 pub mod reload_metrics;
 pub mod report;
