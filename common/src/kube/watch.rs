@@ -15,7 +15,7 @@
 //! as it is polled, so a cache's owner runs [`Watch::run`] on a task.
 //!
 //! Log lines come from a `watch` span that names what is watched: the kind, the namespace and
-//! the selectors (`watch{kind=Secret namespace=ns fields=metadata.name=ca}: ...`).
+//! the selectors (`watch{kind=Secret namespace="ns" fields="metadata.name=ca"}: ...`).
 
 use std::{
     fmt,
