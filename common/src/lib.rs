@@ -3,6 +3,8 @@
 pub mod admin;
 pub mod args;
 pub mod file_id;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod names;
 pub mod reload_metrics;
 pub mod report;
