@@ -1,11 +1,14 @@
 //! Pieces shared by the rdma-streams binaries.
 
 pub mod admin;
+pub mod args;
 pub mod file_id;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod names;
 pub mod reload_metrics;
 pub mod report;
-pub mod shutdown;
+pub mod runtime;
 pub mod telemetry;
 #[cfg(feature = "uds")]
 pub mod uds;

@@ -4,22 +4,22 @@
 
 use std::{
     io::Write,
-    net::SocketAddr,
     path::{Path, PathBuf},
-    sync::Arc,
     time::Duration,
 };
 
 use clap::{Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
-use rdma_streams_common::reload_metrics::ReloadStatsCollector;
-use rdma_streams_common::report::Report;
+use rdma_streams_common::{
+    args::{AdminArgs, FlagEnv, LogArgs},
+    reload_metrics::ReloadStatsCollector,
+    runtime::{self, Runtime},
+};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::info;
 
 use crate::{
-    admin,
     config::{self, Config},
     config_watch,
     hca::Inventory,
@@ -27,10 +27,8 @@ use crate::{
     manager::Manager,
     metrics::Metrics,
     pool::PoolSnapshot,
-    readiness::Readiness,
     registration::RegistrationMode,
     runner::RunnerSettings,
-    telemetry::{self, LogFormat},
 };
 
 #[derive(Debug, Parser)]
@@ -93,9 +91,9 @@ pub struct Args {
     )]
     pub cdi_dir: PathBuf,
 
-    /// Admin endpoint (`/live`, `/ready`, `/metrics`), e.g. `0.0.0.0:9101`. Off when unset.
-    #[arg(long, env = "RDMA_DP_ADMIN_LISTEN", global = true)]
-    pub admin_listen: Option<SocketAddr>,
+    /// `--admin-listen`: off when unset.
+    #[command(flatten)]
+    pub admin: AdminArgs<Env>,
 
     /// How often sysfs is re-read for devices and port state, in milliseconds.
     #[arg(
@@ -116,19 +114,19 @@ pub struct Args {
     )]
     pub socket_poll_ms: u64,
 
-    /// Log format.
-    #[arg(
-        long,
-        env = "RDMA_DP_LOG_FORMAT",
-        value_enum,
-        default_value = "text",
-        global = true
-    )]
-    pub log_format: LogFormat,
+    /// `--log-format`, `--log-level`.
+    #[command(flatten)]
+    pub log: LogArgs<Env>,
+}
 
-    /// Log filter (`info`, `debug`, `rdma_device_plugin=debug,info`, ...).
-    #[arg(long, env = "RDMA_DP_LOG_LEVEL", default_value = "info", global = true)]
-    pub log_level: String,
+/// The environment variables of the shared flags: `RDMA_DP_<FLAG>`, like every other flag.
+#[derive(Clone, Debug)]
+pub enum Env {}
+
+impl FlagEnv for Env {
+    const LOG_LEVEL: &'static str = "RDMA_DP_LOG_LEVEL";
+    const LOG_FORMAT: &'static str = "RDMA_DP_LOG_FORMAT";
+    const ADMIN_LISTEN: &'static str = "RDMA_DP_ADMIN_LISTEN";
 }
 
 #[derive(Debug, Subcommand)]
@@ -157,118 +155,154 @@ pub enum RunError {
     #[error(transparent)]
     Discovery(#[from] crate::discovery::DiscoveryError),
     #[error(transparent)]
-    Admin(#[from] admin::BindError),
-    #[error("installing signal handlers")]
-    Signal(#[source] std::io::Error),
+    Runtime(#[from] runtime::Error),
+    #[error("building the tokio runtime")]
+    Tokio(#[source] std::io::Error),
     #[error("writing output: {0}")]
     Output(String),
 }
+
+/// What the command line asks for, decided from the flags alone.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// Print what would be advertised.
+    Discover {
+        sysfs_root: PathBuf,
+        dev_root: PathBuf,
+        config: Option<PathBuf>,
+        output: OutputFormat,
+    },
+    /// Run the plugin.
+    Serve(ServePlan),
+}
+
+/// What `serve` runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServePlan {
+    /// `--config`, watched.
+    pub config: Option<PathBuf>,
+    /// `--admin-listen`.
+    pub admin: Option<std::net::SocketAddr>,
+    /// Rediscovery of the HCAs.
+    pub inventory: InventorySettings,
+    /// Every pool's runner.
+    pub runner: RunnerSettings,
+}
+
+/// Shortest interval the plugin polls at, whatever the flags say.
+const MIN_INTERVAL: Duration = Duration::from_millis(50);
 
 impl Args {
     /// Parses the command line and runs it.
     pub fn parse_and_run() -> Result<(), RunError> {
         let args = Self::parse();
-        telemetry::init(args.log_format, &args.log_level);
+        args.log.init();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
-            .map_err(RunError::Signal)?;
+            .map_err(RunError::Tokio)?;
         rt.block_on(args.run())
     }
 
-    pub async fn run(self) -> Result<(), RunError> {
+    /// What to do, from the flags alone.
+    pub fn plan(&self) -> Plan {
         match self.command {
-            Some(Command::Discover { output }) => {
-                let report =
-                    discover_report(&self.sysfs_root, &self.dev_root, self.config.as_deref())?;
-                let mut out = std::io::stdout().lock();
-                write_report(&mut out, &report, output)
-            }
-            None | Some(Command::Serve) => self.serve().await,
+            Some(Command::Discover { output }) => Plan::Discover {
+                sysfs_root: self.sysfs_root.clone(),
+                dev_root: self.dev_root.clone(),
+                config: self.config.clone(),
+                output,
+            },
+            None | Some(Command::Serve) => Plan::Serve(ServePlan {
+                config: self.config.clone(),
+                admin: self.admin.listen,
+                inventory: InventorySettings {
+                    sys_root: self.sysfs_root.clone(),
+                    dev_root: self.dev_root.clone(),
+                    interval: Duration::from_millis(self.discovery_interval_ms).max(MIN_INTERVAL),
+                    // libibverbs reads the real /sys and /dev: its view only matches ours on
+                    // the real roots.
+                    verbs: cfg!(feature = "verbs")
+                        && self.sysfs_root == Path::new("/sys")
+                        && self.dev_root == Path::new("/dev"),
+                },
+                runner: RunnerSettings {
+                    kubelet_root: self.kubelet_root_dir.clone(),
+                    mode: self.registration,
+                    dev_root: self.dev_root.clone(),
+                    poll: Duration::from_millis(self.socket_poll_ms).max(MIN_INTERVAL),
+                    cdi_dir: self.cdi.then(|| self.cdi_dir.clone()),
+                },
+            }),
         }
     }
 
-    async fn serve(self) -> Result<(), RunError> {
-        let shutdown = CancellationToken::new();
-        crate::shutdown::spawn_signal_handler(shutdown.clone()).map_err(RunError::Signal)?;
-        run_plugin(self, shutdown).await
+    /// Runs the plan; `serve` drains on SIGTERM or SIGINT.
+    pub async fn run(self) -> Result<(), RunError> {
+        match self.plan() {
+            Plan::Discover {
+                sysfs_root,
+                dev_root,
+                config,
+                output,
+            } => {
+                let report = discover_report(&sysfs_root, &dev_root, config.as_deref())?;
+                let mut out = std::io::stdout().lock();
+                write_report(&mut out, &report, output)
+            }
+            Plan::Serve(plan) => serve(plan, Runtime::builder().with_signals()).await,
+        }
     }
 }
 
 /// Runs the plugin until `shutdown` is cancelled (tests cancel it themselves).
 pub async fn run_plugin(args: Args, shutdown: CancellationToken) -> Result<(), RunError> {
+    match args.plan() {
+        Plan::Serve(plan) => serve(plan, Runtime::builder().with_shutdown(shutdown)).await,
+        Plan::Discover { .. } => args.run().await,
+    }
+}
+
+/// Runs the plugin in the runtime `runtime` builds: the config watch, the inventory watch and
+/// one runner per pool, until shutdown drains them.
+pub async fn serve(plan: ServePlan, runtime: runtime::Builder) -> Result<(), RunError> {
+    let ServePlan {
+        config,
+        admin,
+        inventory,
+        runner,
+    } = plan;
+    let config_watch = config_watch::spawn(config, config_watch::DEFAULT_POLL)?;
+    let rt = runtime.admin(admin).build().await?;
+
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let readiness = Readiness::default();
-
-    let config_watch = config_watch::spawn(args.config.clone(), config_watch::DEFAULT_POLL)?;
     registry.register_collector(Box::new(ReloadStatsCollector::new(
         "rdma_dp",
         config_watch.stats(),
     )));
-    let config_rx = config_watch.subscribe();
+    let _ = rt.metrics().publish(registry);
+    let readiness = rt.readiness().clone();
+    let tasks = rt.tasks().clone();
 
-    let admin_listener = match args.admin_listen {
-        Some(addr) => Some(admin::bind(addr).await?),
-        None => None,
-    };
-    let registry = Arc::new(registry);
-    let admin_task = admin_listener.map(|l| {
-        tokio::spawn(admin::serve(
-            l,
-            registry.clone(),
-            readiness.clone(),
-            shutdown.clone(),
-        ))
-    });
-
-    // libibverbs reads the real /sys and /dev: its view only matches ours on the real roots.
-    let verbs = cfg!(feature = "verbs")
-        && args.sysfs_root == Path::new("/sys")
-        && args.dev_root == Path::new("/dev");
-    let (inventory_rx, inventory_task) = inventory_watch::spawn(
-        InventorySettings {
-            sys_root: args.sysfs_root.clone(),
-            dev_root: args.dev_root.clone(),
-            interval: Duration::from_millis(args.discovery_interval_ms.max(50)),
+    rt.run(async move {
+        let verbs = inventory.verbs;
+        let inventory_rx = inventory_watch::spawn(inventory, metrics.clone(), &tasks).await;
+        info!(
+            kubelet_root = %runner.kubelet_root.display(),
+            registration = ?runner.mode,
+            cdi = runner.cdi_dir.is_some(),
             verbs,
-        },
-        metrics.clone(),
-        shutdown.clone(),
-    )
-    .await;
-
-    info!(
-        kubelet_root = %args.kubelet_root_dir.display(),
-        registration = ?args.registration,
-        cdi = args.cdi,
-        verbs,
-        "rdma-device-plugin starting"
-    );
-    let manager = Manager {
-        settings: RunnerSettings {
-            kubelet_root: args.kubelet_root_dir.clone(),
-            mode: args.registration,
-            dev_root: args.dev_root.clone(),
-            poll: Duration::from_millis(args.socket_poll_ms.max(50)),
-            cdi_dir: args.cdi.then(|| args.cdi_dir.clone()),
-        },
-        metrics,
-        readiness,
-        shutdown: shutdown.clone(),
-    };
-    manager.run(config_rx, inventory_rx).await;
-    drop(config_watch);
-    shutdown.cancel();
-    let _ = inventory_task.await;
-    if let Some(task) = admin_task
-        && let Ok(Err(error)) = task.await
-    {
-        error!(error = %Report(&error), "admin endpoint failed");
-    }
-    info!("rdma-device-plugin stopped");
-    Ok(())
+            "rdma-device-plugin starting"
+        );
+        let manager = Manager::new(runner, metrics, &readiness, tasks);
+        manager.run(config_watch.subscribe(), inventory_rx).await;
+        drop(config_watch);
+        info!("rdma-device-plugin stopped");
+        Ok(())
+    })
+    .await
 }
 
 /// What `discover` prints.
@@ -371,4 +405,90 @@ pub fn write_report(
     };
     out.write_all(text.as_bytes())
         .map_err(|e| RunError::Output(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(argv: &[&str]) -> Plan {
+        let argv = std::iter::once("rdma-device-plugin").chain(argv.iter().copied());
+        Args::try_parse_from(argv).unwrap().plan()
+    }
+
+    #[test]
+    fn serve_is_the_default_and_uses_the_defaults() {
+        let Plan::Serve(p) = plan(&[]) else {
+            panic!("not serve")
+        };
+        assert_eq!(
+            p,
+            match plan(&["serve"]) {
+                Plan::Serve(p) => p,
+                Plan::Discover { .. } => panic!("not serve"),
+            }
+        );
+        assert_eq!(p.admin, None);
+        assert_eq!(p.config, None);
+        assert_eq!(p.inventory.sys_root, Path::new("/sys"));
+        assert_eq!(p.inventory.interval, Duration::from_secs(1));
+        assert_eq!(p.inventory.verbs, cfg!(feature = "verbs"));
+        assert_eq!(p.runner.kubelet_root, Path::new("/var/lib/kubelet"));
+        assert_eq!(p.runner.mode, RegistrationMode::KubeletSock);
+        assert_eq!(p.runner.poll, Duration::from_secs(5));
+        assert_eq!(p.runner.cdi_dir, None);
+    }
+
+    #[test]
+    fn serve_plan_follows_the_flags() {
+        let Plan::Serve(p) = plan(&[
+            "--sysfs-root",
+            "/fixture/sys",
+            "--dev-root",
+            "/fixture/dev",
+            "--admin-listen",
+            "0.0.0.0:9101",
+            "--cdi",
+            "--cdi-dir",
+            "/cdi",
+            "--registration",
+            "plugin-watcher",
+            "--discovery-interval-ms",
+            "1",
+            "--socket-poll-ms",
+            "200",
+        ]) else {
+            panic!("not serve")
+        };
+        assert_eq!(p.admin, Some(([0, 0, 0, 0], 9101).into()));
+        // Fixture roots: libibverbs would read the real ones, so no verbs probe.
+        assert!(!p.inventory.verbs);
+        assert_eq!(p.inventory.dev_root, Path::new("/fixture/dev"));
+        assert_eq!(p.inventory.interval, MIN_INTERVAL);
+        assert_eq!(p.runner.dev_root, Path::new("/fixture/dev"));
+        assert_eq!(p.runner.mode, RegistrationMode::PluginWatcher);
+        assert_eq!(p.runner.poll, Duration::from_millis(200));
+        assert_eq!(p.runner.cdi_dir.as_deref(), Some(Path::new("/cdi")));
+    }
+
+    #[test]
+    fn discover_takes_the_global_flags_after_it() {
+        assert_eq!(
+            plan(&[
+                "discover",
+                "-o",
+                "json",
+                "--sysfs-root",
+                "/s",
+                "--log-level",
+                "debug"
+            ]),
+            Plan::Discover {
+                sysfs_root: "/s".into(),
+                dev_root: "/dev".into(),
+                config: None,
+                output: OutputFormat::Json,
+            }
+        );
+    }
 }

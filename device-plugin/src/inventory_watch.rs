@@ -7,8 +7,8 @@
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use rdma_streams_common::report::Report;
+use rdma_streams_common::runtime::Tasks;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// Where and how often to look.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InventorySettings {
     pub sys_root: PathBuf,
     pub dev_root: PathBuf,
@@ -102,12 +102,13 @@ fn record(metrics: &Metrics, inv: &Inventory) {
     }
 }
 
-/// Spawns the loop; the receiver holds the first pass's inventory (empty if it failed).
+/// Runs the first pass, then the loop as the task `inventory` of `tasks` (until their
+/// shutdown); the receiver holds the first pass's inventory (empty if it failed).
 pub async fn spawn(
     settings: InventorySettings,
     metrics: Metrics,
-    shutdown: CancellationToken,
-) -> (watch::Receiver<Arc<Inventory>>, tokio::task::JoinHandle<()>) {
+    tasks: &Tasks,
+) -> watch::Receiver<Arc<Inventory>> {
     let first = run_pass(&settings).await.unwrap_or_default();
     log_transitions(&Inventory::default(), &first);
     if first.hcas.is_empty() {
@@ -115,7 +116,8 @@ pub async fn spawn(
     }
     record(&metrics, &first);
     let (tx, rx) = watch::channel(Arc::new(first));
-    let task = tokio::spawn(async move {
+    let shutdown = tasks.shutdown().clone();
+    tasks.spawn("inventory", async move {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -135,7 +137,7 @@ pub async fn spawn(
             });
         }
     });
-    (rx, task)
+    rx
 }
 
 async fn run_pass(settings: &InventorySettings) -> Option<Inventory> {

@@ -8,7 +8,6 @@
 //!
 //! One concept per module; `cli` wires them together.
 
-pub mod admin;
 pub mod allocate;
 pub mod api;
 pub mod cdi;
@@ -26,13 +25,12 @@ pub mod metrics;
 pub mod netns_mode;
 pub mod pool;
 pub mod preferred;
-pub mod readiness;
 pub mod registration;
 pub mod resource_name;
 pub mod runner;
 pub mod selector;
 pub mod service;
-pub use rdma_streams_common::{shutdown, telemetry, uds};
+pub use rdma_streams_common::uds;
 pub mod verbs;
 
 /// Test support shared by unit tests, integration tests and benchmarks: a fixture builder for

@@ -16,7 +16,11 @@ use std::{
     time::Duration,
 };
 
-use rdma_streams_common::report::Report;
+use rdma_streams_common::{
+    admin::{Gate, Readiness},
+    report::Report,
+    runtime::Tasks,
+};
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -29,9 +33,11 @@ use crate::{
     instance_lock,
     metrics::Metrics,
     pool::PoolSnapshot,
-    readiness::Readiness,
     runner::{Runner, RunnerSettings},
 };
+
+/// How long a pool may take to stop (its streams end, its socket goes).
+const POOL_STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// A running pool.
 struct RunningPool {
@@ -47,11 +53,31 @@ pub struct Manager {
     /// Shared by every runner; `settings.cdi_dir` is `--cdi-dir` when `--cdi` is on.
     pub settings: RunnerSettings,
     pub metrics: Metrics,
+    /// Where each pool registers its gate.
     pub readiness: Readiness,
-    pub shutdown: CancellationToken,
+    /// Ready once there is a pool: `/ready` fails before the first one starts.
+    pub pools_gate: Gate,
+    /// Where removed pools are drained; its shutdown stops the manager.
+    pub tasks: Tasks,
 }
 
 impl Manager {
+    /// A manager whose pools register their gates in `readiness`, next to the gate `pools`.
+    pub fn new(
+        settings: RunnerSettings,
+        metrics: Metrics,
+        readiness: &Readiness,
+        tasks: Tasks,
+    ) -> Self {
+        Self {
+            settings,
+            metrics,
+            readiness: readiness.clone(),
+            pools_gate: readiness.gate("pools"),
+            tasks,
+        }
+    }
+
     /// Runs until `shutdown`, then drains every pool (streams end, sockets are removed).
     pub async fn run(
         self,
@@ -70,8 +96,9 @@ impl Manager {
                 self.clean_stale_cdi(&cfg);
             }
             self.reconcile(&mut pools, &cfg, &inv, &dir_watch);
+            self.pools_gate.set(!pools.is_empty());
             tokio::select! {
-                () = self.shutdown.cancelled() => break,
+                () = self.tasks.shutdown().cancelled() => break,
                 r = config.changed() => if r.is_err() { break },
                 r = inventory.changed() => if r.is_err() { break },
             }
@@ -125,8 +152,8 @@ impl Manager {
         for name in gone {
             if let Some(pool) = pools.remove(&name) {
                 info!(resource = %name, "pool removed from the config");
-                let fut = self.stop_pool_owned(name, pool);
-                tokio::spawn(fut);
+                let fut = self.stop_pool_owned(name.clone(), pool);
+                self.tasks.spawn(format!("stop pool {name}"), fut);
             }
         }
         for (name, pool_cfg) in wanted {
@@ -154,7 +181,7 @@ impl Manager {
                 None => {
                     info!(resource = %name, healthy, unhealthy, "starting pool");
                     let (tx, rx) = watch::channel(Arc::new(snapshot));
-                    let stop = self.shutdown.child_token();
+                    let stop = self.tasks.shutdown().child_token();
                     let holds_lock = Arc::new(AtomicBool::new(false));
                     let runner = Runner {
                         resource_name: name.to_string(),
@@ -162,7 +189,7 @@ impl Manager {
                         snapshot: rx,
                         events: dir_watch.subscribe(),
                         metrics: self.metrics.clone(),
-                        readiness: self.readiness.clone(),
+                        gate: self.readiness.gate(name),
                         shutdown: stop.clone(),
                         holds_lock: holds_lock.clone(),
                     };
@@ -204,10 +231,12 @@ impl Manager {
 
 async fn drain_pool(name: &str, pool: RunningPool) {
     pool.stop.cancel();
-    if tokio::time::timeout(Duration::from_secs(10), pool.task)
+    let mut task = pool.task;
+    if tokio::time::timeout(POOL_STOP_GRACE, &mut task)
         .await
         .is_err()
     {
-        warn!(resource = %name, "pool did not stop within 10s");
+        warn!(resource = %name, grace = ?POOL_STOP_GRACE, "pool did not stop in time; aborted");
+        task.abort();
     }
 }

@@ -23,7 +23,7 @@ use std::{
     time::Duration,
 };
 
-use rdma_streams_common::report::Report;
+use rdma_streams_common::{admin::Gate, report::Report};
 use tokio::{
     sync::{broadcast, mpsc, watch},
     time::Instant,
@@ -42,7 +42,6 @@ use crate::{
     instance_lock::{self, InstanceLock},
     metrics::Metrics,
     pool::PoolSnapshot,
-    readiness::{PoolState, Readiness},
     registration::{self, Backoff, RegistrationMode, WatcherRegistration, WatcherStatus},
     resource_name::socket_file_name,
     service::PoolService,
@@ -58,7 +57,7 @@ pub const PLUGINS_REGISTRY_DIR: &str = "plugins_registry";
 pub const STANDBY_POLL: Duration = Duration::from_millis(100);
 
 /// Settings shared by every pool's runner.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunnerSettings {
     pub kubelet_root: PathBuf,
     pub mode: RegistrationMode,
@@ -91,6 +90,27 @@ impl RunnerSettings {
     }
 }
 
+/// Where one pool stands. Ready (for `/ready`) when registered, or when standing by because
+/// another instance on the node serves it ([`crate::instance_lock`]; ready, so that a
+/// DaemonSet rollout with `maxSurge` can go on and end the old instance).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolState {
+    NotRegistered,
+    Registered,
+    /// Another instance on this node holds the pool's lock and serves it.
+    Standby,
+}
+
+impl PoolState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolState::NotRegistered => "not registered",
+            PoolState::Registered => "registered",
+            PoolState::Standby => "standby (another instance on this node serves it)",
+        }
+    }
+}
+
 /// Why a server instance ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
@@ -110,7 +130,9 @@ pub struct Runner {
     pub snapshot: watch::Receiver<Arc<PoolSnapshot>>,
     pub events: broadcast::Receiver<DirEvent>,
     pub metrics: Metrics,
-    pub readiness: Readiness,
+    /// The pool's readiness gate, named after its resource: ready while registered or standing
+    /// by ([`PoolState`]).
+    pub gate: Gate,
     pub shutdown: CancellationToken,
     /// True while this runner holds the pool's instance lock (or runs without one): only then
     /// may this process write the pool's CDI spec.
@@ -159,10 +181,10 @@ impl Runner {
                 }
             }
             self.holds_lock.store(false, Ordering::SeqCst);
-            self.readiness.remove(&self.resource_name);
             let labels = Metrics::resource(&self.resource_name);
             self.metrics.registered.remove(&labels);
             self.metrics.standby.remove(&labels);
+            self.gate.remove();
             info!("pool stopped");
         }
         .instrument(span)
@@ -378,7 +400,8 @@ impl Runner {
 
     /// Where the pool stands, for `/ready` and the `registered` and `standby` gauges at once.
     fn set_state(&self, state: PoolState) {
-        self.readiness.set_state(&self.resource_name, state);
+        self.gate
+            .set_with_note(state != PoolState::NotRegistered, state.as_str());
         let labels = Metrics::resource(&self.resource_name);
         let flag = |wanted: PoolState| i64::from(state == wanted);
         self.metrics

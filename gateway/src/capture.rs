@@ -100,7 +100,7 @@ pub async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, handles: Ha
             }
         };
         let span = info_span!("conn", %from, %dst);
-        tokio::spawn(carry(shared.clone(), stream, dst, handles.clone()).instrument(span));
+        shared.spawn(carry(shared.clone(), stream, dst, handles.clone()).instrument(span));
     }
     debug!("capture listener closed");
 }

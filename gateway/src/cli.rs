@@ -4,7 +4,7 @@
 //! `RDMA_GW_NODE_HOOKS_SOCKET` when `gateway.nodeHooks.enabled`).
 
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
@@ -13,9 +13,9 @@ use std::{
 use clap::Parser;
 use prometheus_client::registry::Registry;
 use rdma_streams_common::{
+    args::{AdminArgs, FlagEnv, LogArgs},
     report::Report,
-    shutdown::spawn_signal_handler,
-    telemetry::{self, LogFormat},
+    runtime::{self, Runtime, Tasks},
 };
 use rdma_streams_transport::{
     Engine, EngineConfig, Unusable,
@@ -23,11 +23,9 @@ use rdma_streams_transport::{
     rdma::{Lib, PortSpace},
 };
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
-    admin::{self, Readiness},
     core::{DEFAULT_MARK, GatewayCore, RdmaState, Settings, Shared},
     events::Delivery,
     fallback::Fallback,
@@ -41,9 +39,6 @@ use crate::{
 
 /// Depth of the event channel: events are rare (a few per migration).
 pub const EVENT_QUEUE: usize = 64;
-
-/// How long shutdown waits for the node hook server to close its connections.
-const HOOKS_STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// How long shutdown waits for the aborted streams to be torn down (their peers then see a
 /// reset at once instead of noticing the silence).
@@ -65,21 +60,18 @@ pub struct Args {
     #[arg(long, env = "RDMA_GW_LISTEN", default_value = "0.0.0.0:7471")]
     pub listen: SocketAddr,
 
-    /// Admin endpoint (`/live`, `/ready`, `/metrics`).
-    #[arg(long, env = "RDMA_GW_ADMIN_LISTEN", default_value = "0.0.0.0:9103")]
-    pub admin_listen: SocketAddr,
+    /// `--admin-listen` (default `0.0.0.0:9103`).
+    #[command(flatten)]
+    pub admin: AdminArgs<Env>,
 
     /// librdmacm to load (dlopen: a soname or a path); libibverbs is the copy beside a path,
     /// else the system's.
     #[arg(long, env = "RDMA_GW_PROVIDER", default_value = "librdmacm.so.1")]
     pub provider: String,
 
-    #[arg(long, env = "RDMA_GW_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
-
-    /// Log filter (`info`, `rdma_migration_gateway=debug,info`, ...).
-    #[arg(long, env = "RDMA_GW_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
+    /// `--log-format`, `--log-level`.
+    #[command(flatten)]
+    pub log: LogArgs<Env>,
 
     /// The network namespace to capture in (virt-handler's): `/proc/<pid>/ns/net` or
     /// `/run/netns/<name>`. Overrides `--capture-process`.
@@ -123,7 +115,19 @@ pub struct Args {
     /// annotation `rdma-streams.io/gateway-address` (default: `--listen` when it names an
     /// address; the chart sets the node's IP).
     #[arg(long, env = "RDMA_GW_ADVERTISE_ADDRESS")]
-    pub advertise_address: Option<std::net::IpAddr>,
+    pub advertise_address: Option<IpAddr>,
+}
+
+/// The environment variables of the shared flags: `RDMA_GW_<FLAG>`, like every other flag.
+#[derive(Clone, Debug)]
+pub enum Env {}
+
+impl FlagEnv for Env {
+    const LOG_LEVEL: &'static str = "RDMA_GW_LOG_LEVEL";
+    const LOG_FORMAT: &'static str = "RDMA_GW_LOG_FORMAT";
+    const ADMIN_LISTEN: &'static str = "RDMA_GW_ADMIN_LISTEN";
+    const ADMIN_LISTEN_DEFAULT: Option<&'static str> = Some("0.0.0.0:9103");
+    const GLOBAL: bool = false;
 }
 
 /// Whether the gateway talks to the Kubernetes API.
@@ -134,19 +138,50 @@ pub enum KubeMode {
     Off,
 }
 
+/// Where migrations are captured (source role).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Capture {
+    /// In this network namespace (`--capture-netns`).
+    Netns(PathBuf),
+    /// In the namespace of the process with this name (`--capture-process`).
+    Process(String),
+    /// Nowhere: target role only.
+    Off,
+}
+
+/// What the gateway runs, decided from the flags alone.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub node_name: String,
+    /// The stream listener.
+    pub listen: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub provider: String,
+    pub capture: Capture,
+    pub peers: Vec<PeerEntry>,
+    pub settings: Settings,
+    pub node_hooks_socket: Option<PathBuf>,
+    pub test_events_socket: Option<PathBuf>,
+    /// Watch the cluster.
+    pub kube: bool,
+    /// Published on the node for peers (none: `--listen` has no address and no
+    /// `--advertise-address`).
+    pub advertise: Option<SocketAddr>,
+}
+
 impl Args {
     pub fn parse_and_run() -> Result<(), RunError> {
         Args::parse().run()
     }
 
-    pub fn run(self) -> Result<(), RunError> {
+    /// What to run; `in_pod`: whether `KUBERNETES_SERVICE_HOST` is set.
+    pub fn plan(self, in_pod: bool) -> Plan {
         let Args {
             node_name,
             listen,
-            admin_listen,
+            admin,
             provider,
-            log_format,
-            log_level,
+            log: _,
             capture_netns,
             capture_process,
             peers,
@@ -157,202 +192,246 @@ impl Args {
             kube,
             advertise_address,
         } = self;
-        let use_kube = match kube {
+        let kube = match kube {
             KubeMode::On => true,
             KubeMode::Off => false,
-            KubeMode::Auto => {
-                test_events_socket.is_none()
-                    && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
-            }
+            KubeMode::Auto => test_events_socket.is_none() && in_pod,
         };
-        telemetry::init(log_format, &log_level);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+        let capture_process = capture_process.trim();
+        let capture = match capture_netns {
+            Some(path) => Capture::Netns(path),
+            None if !capture_process.is_empty() => Capture::Process(capture_process.to_owned()),
+            None => Capture::Off,
+        };
+        let listen_ip = (!listen.ip().is_unspecified()).then(|| listen.ip());
+        Plan {
+            node_name,
+            listen,
+            admin: admin.listen,
+            provider,
+            capture,
+            peers,
+            settings: Settings {
+                stream_timeout: Duration::from_millis(stream_timeout_ms),
+                mark,
+                stream_source: listen_ip,
+                ..Settings::default()
+            },
+            node_hooks_socket,
+            test_events_socket,
+            kube,
+            advertise: advertise_address
+                .or(listen_ip)
+                .map(|ip| SocketAddr::new(ip, listen.port())),
+        }
+    }
+
+    /// Runs the gateway until SIGTERM or SIGINT.
+    pub fn run(self) -> Result<(), RunError> {
+        self.log.init();
+        let plan = self.plan(std::env::var_os("KUBERNETES_SERVICE_HOST").is_some());
+        let tokio = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             // Blocking threads (waits for streams to open) leave soon after.
             .thread_keep_alive(Duration::from_secs(1))
             .build()
             .map_err(RunError::Runtime)?;
-        let settings = Settings {
-            stream_timeout: Duration::from_millis(stream_timeout_ms),
-            mark,
-            stream_source: (!listen.ip().is_unspecified()).then(|| listen.ip()),
-            ..Settings::default()
-        };
-        let rdma = start_engine(&provider, &settings);
-        runtime.block_on(async move {
-            let mut registry = Registry::default();
-            let metrics = Metrics::register(&mut registry);
-            let registry = Arc::new(registry);
-            let readiness = Readiness::default();
-            let shutdown = CancellationToken::new();
-            spawn_signal_handler(shutdown.clone()).map_err(RunError::Signals)?;
-            let admin = admin::bind(admin_listen).await?;
-            tokio::spawn(admin::serve(
-                admin,
-                registry.clone(),
-                readiness.clone(),
-                shutdown.clone(),
-            ));
-            let capture_process = capture_process.trim().to_owned();
-            let capturing = capture_netns.is_some() || !capture_process.is_empty();
-            let locator: Arc<dyn NetnsLocator> = match capture_netns {
-                Some(path) => Arc::new(PathLocator(path)),
-                None if !capture_process.is_empty() => {
-                    Arc::new(ProcessLocator::new(capture_process))
-                }
-                None => Arc::new(NoNamespace),
-            };
-            let cluster = if use_kube {
-                match ::kube::Client::try_default().await {
-                    Ok(client) => Some(client),
-                    Err(error) => {
-                        warn!(error = %Report(&error), "no Kubernetes client: no VMI watch, no peer directory");
-                        None
-                    }
-                }
-            } else {
-                None
-            };
-            let mut directories: Vec<Arc<dyn PeerDirectory>> =
-                vec![Arc::new(StaticPeers::new(peers))];
-            let cluster_peers = cluster.as_ref().map(|client| {
-                let (directory, _task) =
-                    crate::kube::node::PeerDirectory::spawn(client.clone(), shutdown.clone());
-                directories.push(Arc::new(directory.clone()));
-                directory
-            });
-            metrics.rdma_usable.set(i64::from(rdma.is_ok()));
-            let shared = Arc::new(Shared::new(
-                rdma,
-                Arc::new(ChainedPeers(directories)),
-                locator.clone(),
-                metrics,
-                settings,
-            ));
-            let engine = shared.rdma.as_ref().ok().cloned();
-            let listener = match &engine {
-                Some(engine) => match inbound::listen(shared.clone(), engine, listen) {
-                    Ok(listener) => Some(listener),
-                    Err(error) => {
-                        warn!(error = %Report(&error), %listen, "no stream listener: this node accepts no streams");
-                        None
-                    }
-                },
-                None => None,
-            };
-            let hook_metrics = shared.metrics.clone();
-            let core = GatewayCore::new(shared);
-            if capturing {
-                core.cleanup_stale().await;
-            }
-            let (events_tx, events_rx) = mpsc::channel::<Delivery>(EVENT_QUEUE);
-            // Bound before any event is handled: a socket that cannot be made is a startup error.
-            let hooks = match node_hooks_socket {
-                Some(path) => {
-                    let socket = hooks_server::bind(&path)?;
-                    if node_name.is_empty() {
-                        warn!("node hooks without --node-name (RDMA_GW_NODE_NAME): each call is judged for the node virt-handler names");
-                    }
-                    let server =
-                        NodeHookServer::new(node_name.clone(), events_tx.clone(), hook_metrics)
-                            .with_peers(cluster_peers.clone());
-                    let stop = shutdown.clone();
-                    Some(tokio::spawn(async move {
-                        if let Err(error) = hooks_server::serve(socket, server, stop).await {
-                            warn!(error = %Report(&error), "node hook server failed: migrations start from the VMI watch only");
-                        }
-                    }))
-                }
-                None => None,
-            };
-            if let Some(path) = test_events_socket {
-                let tx = events_tx.clone();
-                let stop = shutdown.clone();
-                tokio::spawn(async move {
-                    if let Err(error) = test_events::serve(&path, tx, stop).await {
-                        warn!(error = %Report(&error), "test events socket failed");
-                    }
-                });
-            }
-            // The cluster: migrations from the VMI watch, this gateway's address on its node.
-            let mut publisher = None;
-            if let Some(client) = cluster {
-                if node_name.is_empty() {
-                    warn!("no --node-name (RDMA_GW_NODE_NAME): no VMI watch, nothing published");
-                } else {
-                    tokio::spawn(crate::kube::vmi::watch_migrations(
-                        client.clone(),
-                        node_name.clone(),
-                        events_tx.clone(),
-                        cluster_peers,
-                        shutdown.clone(),
-                    ));
-                    let ip = advertise_address
-                        .or_else(|| (!listen.ip().is_unspecified()).then(|| listen.ip()));
-                    match ip {
-                        Some(ip) => {
-                            // Peers find this node by the VMI's targetNode (learned), the
-                            // node's own addresses, and the virt-handler addresses read here.
-                            let (vh_tx, vh_rx) = tokio::sync::watch::channel(Vec::new());
-                            if capturing {
-                                tokio::spawn(crate::kube::virt_handler::watch_addresses(
-                                    locator.clone(),
-                                    vh_tx.clone(),
-                                    crate::kube::virt_handler::REFRESH,
-                                    shutdown.clone(),
-                                ));
-                            }
-                            publisher = Some((
-                                vh_tx,
-                                tokio::spawn(crate::kube::node::run_node_publisher(
-                                    client,
-                                    node_name.clone(),
-                                    SocketAddr::new(ip, listen.port()),
-                                    vh_rx,
-                                    shutdown.clone(),
-                                )),
-                            ));
-                        }
-                        None => warn!(
-                            %listen,
-                            "no --advertise-address and --listen has no address: peers cannot find this gateway (their connections go over TCP)"
-                        ),
-                    }
-                }
-            }
-            info!(node = %node_name, kube = use_kube, "gateway running");
-            readiness.set(true);
-            core.run(events_rx, shutdown.clone()).await;
-            drop(events_tx);
-            readiness.set(false);
-            if let Some(task) = hooks {
-                // Calls in flight fail fast now that the core is gone; then the socket is
-                // removed. Bounded: a stuck client connection only leaves a stale socket, which
-                // the next start replaces.
-                if tokio::time::timeout(HOOKS_STOP_GRACE, task).await.is_err() {
-                    warn!("node hook server did not stop in time; leaving its socket behind");
-                }
-            }
-            drop(listener);
-            if let Some(engine) = engine {
-                // Every migration was aborted: its streams are being reset.
-                let deadline = Instant::now() + STREAMS_STOP_GRACE;
-                while engine.connections() > 0 && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                if engine.connections() > 0 {
-                    warn!(streams = engine.connections(), "streams still open at exit");
-                }
-            }
-            if let Some((vh_tx, task)) = publisher {
-                // Removes the node annotation (bounded) before the process exits.
-                let _ = task.await;
-                drop(vh_tx);
-            }
-            info!("gateway stopped");
-            Ok(())
-        })
+        let rdma = start_engine(&plan.provider, &plan.settings);
+        tokio.block_on(serve(plan, rdma, Runtime::builder().with_signals()))
     }
+}
+
+/// Runs the gateway in the runtime `runtime` builds, with the stream engine `rdma`, until
+/// shutdown: the event sources feed the core, which owns every migration.
+pub async fn serve(plan: Plan, rdma: RdmaState, runtime: runtime::Builder) -> Result<(), RunError> {
+    let rt = runtime.admin(plan.admin).build().await?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let _ = rt.metrics().publish(registry);
+    let started = rt.readiness().gate("event sources");
+    let tasks = rt.tasks().clone();
+    rt.run(async move {
+        let Plan {
+            node_name,
+            listen,
+            capture,
+            peers,
+            settings,
+            node_hooks_socket,
+            test_events_socket,
+            kube,
+            advertise,
+            ..
+        } = plan;
+        let capturing = capture != Capture::Off;
+        let locator: Arc<dyn NetnsLocator> = match capture {
+            Capture::Netns(path) => Arc::new(PathLocator(path)),
+            Capture::Process(name) => Arc::new(ProcessLocator::new(name)),
+            Capture::Off => Arc::new(NoNamespace),
+        };
+        let cluster = if kube {
+            match ::kube::Client::try_default().await {
+                Ok(client) => Some(client),
+                Err(error) => {
+                    warn!(error = %Report(&error), "no Kubernetes client: no VMI watch, no peer directory");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut directories: Vec<Arc<dyn PeerDirectory>> = vec![Arc::new(StaticPeers::new(peers))];
+        let cluster_peers = cluster.as_ref().map(|client| {
+            let (directory, task) =
+                crate::kube::node::PeerDirectory::spawn(client.clone(), tasks.shutdown().clone());
+            tasks.adopt("peer directory", task);
+            directories.push(Arc::new(directory.clone()));
+            directory
+        });
+        metrics.rdma_usable.set(i64::from(rdma.is_ok()));
+        let shared = Arc::new(Shared::new(
+            rdma,
+            Arc::new(ChainedPeers(directories)),
+            locator.clone(),
+            metrics,
+            settings,
+        ));
+        let engine = shared.rdma.as_ref().ok().cloned();
+        let listener = match &engine {
+            Some(engine) => match inbound::listen(shared.clone(), engine, listen) {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    warn!(error = %Report(&error), %listen, "no stream listener: this node accepts no streams");
+                    None
+                }
+            },
+            None => None,
+        };
+        let hook_metrics = shared.metrics.clone();
+        let core = GatewayCore::new(shared.clone());
+        if capturing {
+            core.cleanup_stale().await;
+        }
+        let (events_tx, events_rx) = mpsc::channel::<Delivery>(EVENT_QUEUE);
+        // Bound before any event is handled: a socket that cannot be made is a startup error.
+        if let Some(path) = node_hooks_socket {
+            let socket = hooks_server::bind(&path)?;
+            if node_name.is_empty() {
+                warn!("node hooks without --node-name (RDMA_GW_NODE_NAME): each call is judged for the node virt-handler names");
+            }
+            let server = NodeHookServer::new(node_name.clone(), events_tx.clone(), hook_metrics)
+                .with_peers(cluster_peers.clone());
+            // Calls in flight fail fast once the core is gone; then the socket is removed.
+            tasks.spawn(
+                "node hooks",
+                hooks_server::serve(socket, server, tasks.shutdown().clone()),
+            );
+        }
+        if let Some(path) = test_events_socket {
+            let tx = events_tx.clone();
+            let stop = tasks.shutdown().clone();
+            tasks.spawn("test events", async move {
+                test_events::serve(&path, tx, stop).await
+            });
+        }
+        if let Some(client) = cluster {
+            spawn_cluster_tasks(
+                &tasks,
+                client,
+                &node_name,
+                &events_tx,
+                cluster_peers,
+                capturing.then_some(locator),
+                advertise,
+                listen,
+            );
+        }
+        info!(node = %node_name, kube, "gateway running");
+        started.set(true);
+        core.run(events_rx, tasks.shutdown().clone()).await;
+        drop(events_tx);
+        started.set(false);
+        drop(listener);
+        // Every migration was aborted: its connections end, its streams are being reset.
+        if !shared.connections_closed(STREAMS_STOP_GRACE).await {
+            warn!("connections still being carried at exit");
+        }
+        if let Some(engine) = engine {
+            let deadline = Instant::now() + STREAMS_STOP_GRACE;
+            while engine.connections() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if engine.connections() > 0 {
+                warn!(streams = engine.connections(), "streams still open at exit");
+            }
+        }
+        info!("gateway stopped");
+        Ok(())
+    })
+    .await
+}
+
+/// The cluster's part: migrations from the VMI watch, and this gateway's address published on
+/// its node (removed again at shutdown).
+#[allow(clippy::too_many_arguments)]
+fn spawn_cluster_tasks(
+    tasks: &Tasks,
+    client: ::kube::Client,
+    node_name: &str,
+    events_tx: &mpsc::Sender<Delivery>,
+    cluster_peers: Option<crate::kube::node::PeerDirectory>,
+    capture_locator: Option<Arc<dyn NetnsLocator>>,
+    advertise: Option<SocketAddr>,
+    listen: SocketAddr,
+) {
+    if node_name.is_empty() {
+        warn!("no --node-name (RDMA_GW_NODE_NAME): no VMI watch, nothing published");
+        return;
+    }
+    tasks.spawn(
+        "vmi watch",
+        crate::kube::vmi::watch_migrations(
+            client.clone(),
+            node_name.to_owned(),
+            events_tx.clone(),
+            cluster_peers,
+            tasks.shutdown().clone(),
+        ),
+    );
+    let Some(advertise) = advertise else {
+        warn!(
+            %listen,
+            "no --advertise-address and --listen has no address: peers cannot find this gateway (their connections go over TCP)"
+        );
+        return;
+    };
+    // Peers find this node by the VMI's targetNode (learned), the node's own addresses, and
+    // the virt-handler addresses read here.
+    let (vh_tx, vh_rx) = tokio::sync::watch::channel(Vec::new());
+    if let Some(locator) = capture_locator {
+        tasks.spawn(
+            "virt-handler addresses",
+            crate::kube::virt_handler::watch_addresses(
+                locator,
+                vh_tx.clone(),
+                crate::kube::virt_handler::REFRESH,
+                tasks.shutdown().clone(),
+            ),
+        );
+    }
+    let publisher = crate::kube::node::run_node_publisher(
+        client,
+        node_name.to_owned(),
+        advertise,
+        vh_rx,
+        tasks.shutdown().clone(),
+    );
+    tasks.spawn("node publisher", async move {
+        // Removes the node annotation (bounded) before it ends; the addresses stay open
+        // until then.
+        let _addresses = vh_tx;
+        publisher.await;
+    });
 }
 
 /// Loads the RDMA libraries, probes them and starts the process's stream engine, once; the
@@ -400,10 +479,102 @@ fn start_engine(provider: &str, settings: &Settings) -> RdmaState {
 pub enum RunError {
     #[error("building the runtime")]
     Runtime(#[source] std::io::Error),
-    #[error("installing signal handlers")]
-    Signals(#[source] std::io::Error),
+    /// The admin endpoint, the signal handlers, or a drain that did not finish.
     #[error(transparent)]
-    Admin(#[from] crate::admin::BindError),
+    Process(#[from] runtime::Error),
     #[error(transparent)]
     NodeHooks(#[from] crate::kube::hooks_server::HookServerError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(argv: &[&str], in_pod: bool) -> Plan {
+        let argv = std::iter::once("rdma-migration-gateway").chain(argv.iter().copied());
+        Args::try_parse_from(argv).unwrap().plan(in_pod)
+    }
+
+    #[test]
+    fn defaults() {
+        let p = plan(&[], false);
+        assert_eq!(p.admin, Some(([0, 0, 0, 0], 9103).into()));
+        assert_eq!(p.listen, SocketAddr::from(([0, 0, 0, 0], 7471)));
+        assert_eq!(p.capture, Capture::Process("virt-handler".into()));
+        assert!(!p.kube, "outside a pod");
+        // An unspecified --listen: streams from the kernel's choice, nothing to advertise.
+        assert_eq!(p.settings.stream_source, None);
+        assert_eq!(p.advertise, None);
+        assert_eq!(p.settings.stream_timeout, Duration::from_secs(2));
+        assert_eq!(p.settings.mark, DEFAULT_MARK);
+    }
+
+    #[test]
+    fn kube_auto_is_on_in_a_pod_unless_test_events_feed_the_gateway() {
+        assert!(plan(&[], true).kube);
+        assert!(!plan(&["--test-events-socket", "/t.sock"], true).kube);
+        assert!(plan(&["--kube", "on"], false).kube);
+        assert!(!plan(&["--kube", "off"], true).kube);
+    }
+
+    #[test]
+    fn capture_netns_wins_and_an_empty_process_turns_capture_off() {
+        assert_eq!(
+            plan(
+                &["--capture-netns", "/run/netns/vh", "--capture-process", "x"],
+                false
+            )
+            .capture,
+            Capture::Netns("/run/netns/vh".into())
+        );
+        assert_eq!(
+            plan(&["--capture-process", "  "], false).capture,
+            Capture::Off
+        );
+        assert_eq!(
+            plan(&["--capture-process", " virt-handler "], false).capture,
+            Capture::Process("virt-handler".into())
+        );
+    }
+
+    #[test]
+    fn the_advertised_address_takes_the_listen_port() {
+        let p = plan(&["--listen", "10.0.0.5:7000"], false);
+        assert_eq!(p.settings.stream_source, Some([10, 0, 0, 5].into()));
+        assert_eq!(p.advertise, Some(([10, 0, 0, 5], 7000).into()));
+        let p = plan(
+            &[
+                "--listen",
+                "0.0.0.0:7000",
+                "--advertise-address",
+                "10.0.0.6",
+            ],
+            false,
+        );
+        assert_eq!(p.settings.stream_source, None);
+        assert_eq!(p.advertise, Some(([10, 0, 0, 6], 7000).into()));
+    }
+
+    #[test]
+    fn flags_reach_the_plan() {
+        let p = plan(
+            &[
+                "--admin-listen",
+                "127.0.0.1:9999",
+                "--stream-timeout-ms",
+                "500",
+                "--peer",
+                "10.1.0.2=10.2.0.2:7471",
+                "--node-hooks-socket",
+                "/hooks.sock",
+                "--log-format",
+                "json",
+            ],
+            false,
+        );
+        assert_eq!(p.admin, Some(([127, 0, 0, 1], 9999).into()));
+        assert_eq!(p.settings.stream_timeout, Duration::from_millis(500));
+        assert_eq!(p.peers, ["10.1.0.2=10.2.0.2:7471".parse().unwrap()]);
+        assert_eq!(p.node_hooks_socket, Some("/hooks.sock".into()));
+    }
 }

@@ -30,7 +30,7 @@ use std::{
 use rdma_streams_common::report::Report;
 use rdma_streams_transport::Engine;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
@@ -102,6 +102,11 @@ pub struct Shared {
     migrations: Mutex<HashMap<String, Active>>,
     /// Migrations that ended or were replaced; only the core's event loop touches it.
     ended: Mutex<EndedMigrations>,
+    /// Every migration's connections and capture listener: shutdown waits for them.
+    tasks: TaskTracker,
+    /// Parent of every migration's `cancel`: the core cancels it when it stops, which also
+    /// ends the connections of migrations still in their drain grace.
+    stop: CancellationToken,
 }
 
 /// One migration's live state.
@@ -145,7 +150,32 @@ impl Shared {
             settings,
             migrations: Mutex::new(HashMap::new()),
             ended: Mutex::new(EndedMigrations::default()),
+            tasks: TaskTracker::new(),
+            stop: CancellationToken::new(),
         }
+    }
+
+    /// Runs a connection (or capture listener) of a migration; see [`Shared::connections_closed`].
+    pub(crate) fn spawn<F>(&self, future: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.spawn(future);
+    }
+
+    /// [`Shared::spawn`] from outside the runtime (the stream engine's thread).
+    pub(crate) fn spawn_on<F>(&self, future: F, runtime: &tokio::runtime::Handle)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.spawn_on(future, runtime);
+    }
+
+    /// After the core stopped: waits up to `grace` for every connection task to end; whether
+    /// they all did.
+    pub async fn connections_closed(&self, grace: Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(grace, self.tasks.wait()).await.is_ok()
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
@@ -237,6 +267,8 @@ impl GatewayCore {
         for uid in uids {
             self.end(&uid, true, None).await;
         }
+        // Also the connections of migrations that ended before, still in their drain grace.
+        self.shared.stop.cancel();
         info!("all migrations torn down");
     }
 
@@ -296,7 +328,7 @@ impl GatewayCore {
             self.shared.ended().record(&migration.uid, &replaced.id);
         }
         self.end(&migration.uid, true, None).await;
-        let cancel = CancellationToken::new();
+        let cancel = self.shared.stop.child_token();
         let handles = Handles {
             migration: migration.clone(),
             capture_cancel: cancel.child_token(),
@@ -361,7 +393,7 @@ impl GatewayCore {
             .await
             .map_err(|e| capture::CaptureError::Task(e.to_string()))??;
         info!(netns = %ns.display(), %table, capture_port = port, "capture installed");
-        tokio::spawn(
+        self.shared.spawn(
             capture::accept_loop(self.shared.clone(), listener, handles.clone())
                 .instrument(info_span!("capture", uid = %m.uid)),
         );
@@ -390,9 +422,11 @@ impl GatewayCore {
         } else {
             let cancel = active.cancel.clone();
             let grace = self.shared.settings.drain_grace;
-            tokio::spawn(async move {
-                tokio::time::sleep(grace).await;
-                cancel.cancel();
+            self.shared.spawn(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(grace) => cancel.cancel(),
+                    () = cancel.cancelled() => {}
+                }
             });
         }
         if let Some((ns, table)) = active.capture {

@@ -50,8 +50,10 @@ impl Acceptor for GatewayAcceptor {
         };
         let span =
             info_span!("stream", ?peer, dst = %open.destination, migration = %open.migration);
-        self.runtime
-            .spawn(serve(self.shared.clone(), request.conn, open).instrument(span));
+        self.shared.spawn_on(
+            serve(self.shared.clone(), request.conn, open).instrument(span),
+            &self.runtime,
+        );
         Decision::Defer
     }
 }

@@ -23,9 +23,9 @@
 //! - Kubernetes: [`kube`] (the VirtualMachineInstance watch that produces the events, the node
 //!   annotations that publish this gateway's address, the peer directory, and the KubeVirt node
 //!   hook server that starts a migration before its first connect).
-//! - Ops: [`metrics`], [`admin`], [`cli`].
+//! - Ops: [`metrics`], [`cli`] (the admin endpoint and the runtime are
+//!   `rdma_streams_common`'s).
 
-pub mod admin;
 pub mod capture;
 pub mod cli;
 pub mod core;

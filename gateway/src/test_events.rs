@@ -22,6 +22,7 @@ use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
     net::UnixListener,
     sync::mpsc,
+    task::JoinSet,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -86,7 +87,7 @@ pub fn parse(line: &str) -> Result<MigrationEvent, serde_json::Error> {
     })
 }
 
-/// Serves the socket until `shutdown`.
+/// Serves the socket until `shutdown` (open connections are closed then).
 pub async fn serve(
     path: &Path,
     events: mpsc::Sender<Delivery>,
@@ -95,13 +96,15 @@ pub async fn serve(
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
     info!(path = %path.display(), "TEST HOOK: accepting migration events on a unix socket");
+    let mut conns = JoinSet::new();
     loop {
         let (conn, _) = tokio::select! {
             c = listener.accept() => c?,
             _ = shutdown.cancelled() => break,
+            Some(_) = conns.join_next() => continue,
         };
         let events = events.clone();
-        tokio::spawn(async move {
+        conns.spawn(async move {
             let (read, mut write) = conn.into_split();
             let mut lines = BufReader::new(read).lines();
             while let Ok(Some(line)) = lines.next_line().await {

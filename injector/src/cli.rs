@@ -14,11 +14,11 @@ use std::{
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
 use rdma_streams_common::{
+    args::{AdminArgs, FlagEnv, LogArgs},
     reload_metrics::ReloadStatsCollector,
     report::Report,
-    telemetry::{self, LogFormat},
+    runtime::{self, Runtime, Tasks},
 };
-use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
@@ -26,7 +26,7 @@ use crate::{
     namespaces::NamespaceCache,
     profile::{self, Config},
     profile_watch,
-    server::{Readiness, Server, ServerConfig, ServerError},
+    server::{Server, ServerConfig, ServerError},
     webhook::InjectorHandler,
     workloads::{self, InjectOptions},
 };
@@ -41,24 +41,20 @@ pub struct Args {
     #[command(subcommand)]
     pub command: Command,
 
-    /// Log format.
-    #[arg(
-        long,
-        env = "RDMA_INJECTOR_LOG_FORMAT",
-        value_enum,
-        default_value = "text",
-        global = true
-    )]
-    pub log_format: LogFormat,
+    /// `--log-format`, `--log-level` (for every subcommand).
+    #[command(flatten)]
+    pub log: LogArgs<Env>,
+}
 
-    /// Log filter (`info`, `debug`, `rdma_stream_injector=debug,info`, ...).
-    #[arg(
-        long,
-        env = "RDMA_INJECTOR_LOG_LEVEL",
-        default_value = "info",
-        global = true
-    )]
-    pub log_level: String,
+/// The environment variables of the shared flags: `RDMA_INJECTOR_<FLAG>`, like every other
+/// flag.
+#[derive(Clone, Debug)]
+pub enum Env {}
+
+impl FlagEnv for Env {
+    const LOG_LEVEL: &'static str = "RDMA_INJECTOR_LOG_LEVEL";
+    const LOG_FORMAT: &'static str = "RDMA_INJECTOR_LOG_FORMAT";
+    const ADMIN_LISTEN: &'static str = "RDMA_INJECTOR_ADMIN_LISTEN";
 }
 
 #[derive(Debug, Subcommand)]
@@ -113,9 +109,9 @@ pub struct ServeArgs {
         default_value = "on"
     )]
     pub cluster_access: ClusterAccess,
-    /// `/live`, `/ready`, `/metrics` over plain HTTP.
-    #[arg(long, env = "RDMA_INJECTOR_ADMIN_LISTEN")]
-    pub admin_listen: Option<SocketAddr>,
+    /// `--admin-listen`: `/live`, `/ready`, `/metrics` over plain HTTP; none when unset.
+    #[command(flatten)]
+    pub admin: AdminArgs<Env>,
     /// Certificate mode.
     #[arg(
         long,
@@ -218,6 +214,9 @@ pub enum RunError {
     ConfigMap(#[from] audit::ConfigMapError),
     #[error("self-managed certificates")]
     Certs(#[from] certs::CertError),
+    /// The admin endpoint, the signal handlers, or a drain that did not finish.
+    #[error(transparent)]
+    Runtime(#[from] runtime::Error),
     #[error("{0}")]
     Usage(String),
     #[error("starting")]
@@ -228,7 +227,7 @@ impl Args {
     /// Parses the command line and runs it.
     pub fn parse_and_run() -> Result<ExitCode, RunError> {
         let args = Self::parse();
-        telemetry::init(args.log_format, &args.log_level);
+        args.log.init();
         match args.command {
             Command::Inject(inject) => run_inject(&inject),
             Command::Audit(audit) => {
@@ -245,11 +244,8 @@ impl Args {
                     .worker_threads(2)
                     .enable_all()
                     .build()?;
-                rt.block_on(async {
-                    let shutdown = CancellationToken::new();
-                    rdma_streams_common::shutdown::spawn_signal_handler(shutdown.clone())?;
-                    run_serve(serve, shutdown).await
-                })?;
+                let plan = serve.plan()?;
+                rt.block_on(run_serve(plan, Runtime::builder().with_signals()))?;
                 Ok(ExitCode::SUCCESS)
             }
         }
@@ -371,123 +367,193 @@ fn unified_diff(before: &str, after: &str, name: &str) -> String {
         .to_string()
 }
 
-/// `serve`, until `shutdown`.
-pub async fn run_serve(args: ServeArgs, shutdown: CancellationToken) -> Result<(), RunError> {
-    let readiness = Readiness::new();
-    let profiles = profile_watch::spawn(args.config.clone(), profile_watch::DEFAULT_POLL)?;
+/// What `serve` runs, decided from the flags alone.
+#[derive(Clone, Debug)]
+pub struct ServePlan {
+    /// The HTTPS webhook.
+    pub server: ServerConfig,
+    /// `--admin-listen`.
+    pub admin: Option<SocketAddr>,
+    /// `--config`, watched.
+    pub profiles: Option<PathBuf>,
+    /// `--cluster-access on`.
+    pub cluster: bool,
+    /// `--cert-mode self-managed`.
+    pub self_managed: Option<SelfManaged>,
+    /// `/ready` fails this long before the server drains.
+    pub shutdown_delay: Duration,
+}
 
-    let client = match args.cluster_access {
-        ClusterAccess::On => Some(kube::Client::try_default().await.map_err(RunError::Kube)?),
-        ClusterAccess::Off => None,
-    };
-    let namespaces = match &client {
-        Some(client) => {
-            let (cache, _task) = NamespaceCache::spawn(client.clone(), shutdown.clone());
-            let gate = readiness.gate("namespace cache");
-            let c = cache.clone();
-            tokio::spawn(async move {
-                if c.wait_synced().await {
-                    info!("namespace cache synced");
-                    gate.set(true);
+/// Self-managed certificates: where they go and what they are for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelfManaged {
+    /// The `--tls-cert` folder, where the certificate and key are written.
+    pub dir: PathBuf,
+    /// `--service`.
+    pub service: String,
+    /// `--namespace` (default: the client's).
+    pub namespace: Option<String>,
+    /// `--webhook-config`.
+    pub webhook_config: String,
+}
+
+impl ServeArgs {
+    /// What to run; a combination of flags that cannot work is a usage error.
+    pub fn plan(&self) -> Result<ServePlan, RunError> {
+        let cluster = self.cluster_access == ClusterAccess::On;
+        let self_managed = match self.cert_mode {
+            CertMode::External => None,
+            CertMode::SelfManaged => {
+                if !cluster {
+                    return Err(RunError::Usage(
+                        "--cert-mode self-managed needs --cluster-access on".to_string(),
+                    ));
                 }
-            });
-            cache
-        }
-        None => NamespaceCache::disabled(),
-    };
-
-    let ca_metrics = (args.cert_mode == CertMode::SelfManaged).then(certs::CaMetrics::default);
-    if let Some(ca_metrics) = &ca_metrics {
-        let Some(client) = &client else {
-            return Err(RunError::Usage(
-                "--cert-mode self-managed needs --cluster-access on".to_string(),
-            ));
+                let dir = self
+                    .tls_cert
+                    .parent()
+                    .map(PathBuf::from)
+                    .unwrap_or_default();
+                let names_ok = self
+                    .tls_cert
+                    .file_name()
+                    .is_some_and(|n| n == certs::TLS_CERT_FILE)
+                    && self
+                        .tls_key
+                        .file_name()
+                        .is_some_and(|n| n == certs::TLS_KEY_FILE)
+                    && self.tls_key.parent() == self.tls_cert.parent();
+                if !names_ok {
+                    return Err(RunError::Usage(format!(
+                        "--cert-mode self-managed writes {0}/{1} and {0}/{2}: point --tls-cert and --tls-key there",
+                        dir.display(),
+                        certs::TLS_CERT_FILE,
+                        certs::TLS_KEY_FILE
+                    )));
+                }
+                Some(SelfManaged {
+                    dir,
+                    service: self.service.clone(),
+                    namespace: self.namespace.clone(),
+                    webhook_config: self.webhook_config.clone(),
+                })
+            }
         };
-        if !self_managed_certs(&args, client, ca_metrics, &shutdown).await? {
+        let mut server = ServerConfig::new(self.listen, &self.tls_cert, &self.tls_key);
+        server.admission.body_limit = self.max_body_bytes;
+        server.admission.deadline = Duration::from_millis(self.request_timeout_ms);
+        Ok(ServePlan {
+            server,
+            admin: self.admin.listen,
+            profiles: self.config.clone(),
+            cluster,
+            self_managed,
+            shutdown_delay: Duration::from_millis(self.shutdown_delay_ms),
+        })
+    }
+}
+
+/// `serve` in the runtime `runtime` builds: on shutdown `/ready` fails at once, the server
+/// keeps answering for the shutdown delay, then drains.
+pub async fn run_serve(plan: ServePlan, runtime: runtime::Builder) -> Result<(), RunError> {
+    let ServePlan {
+        server: config,
+        admin,
+        profiles,
+        cluster,
+        self_managed,
+        shutdown_delay,
+    } = plan;
+    let profiles = profile_watch::spawn(profiles, profile_watch::DEFAULT_POLL)?;
+    let rt = runtime
+        .admin(admin)
+        .drain_delay(shutdown_delay)
+        .build()
+        .await?;
+    let readiness = rt.readiness().clone();
+    // Until the server is bound and answers for its certificate itself.
+    let certificate = readiness.gate("tls certificate");
+    let metrics = rt.metrics().clone();
+    let tasks = rt.tasks().clone();
+    rt.run(async move {
+        let client = if cluster {
+            Some(kube::Client::try_default().await.map_err(RunError::Kube)?)
+        } else {
+            None
+        };
+        let namespaces = match &client {
+            Some(client) => {
+                let (cache, task) = NamespaceCache::spawn(client.clone(), tasks.shutdown().clone());
+                tasks.adopt("namespace cache", task);
+                let gate = readiness.gate("namespace cache");
+                let c = cache.clone();
+                let stop = tasks.shutdown().clone();
+                tasks.spawn("namespace cache sync", async move {
+                    tokio::select! {
+                        synced = c.wait_synced() => if synced {
+                            info!("namespace cache synced");
+                            gate.set(true);
+                        },
+                        () = stop.cancelled() => {}
+                    }
+                });
+                cache
+            }
+            None => NamespaceCache::disabled(),
+        };
+
+        let ca_metrics = self_managed.is_some().then(certs::CaMetrics::default);
+        if let (Some(certs), Some(ca_metrics), Some(client)) = (&self_managed, &ca_metrics, &client)
+            && !self_managed_certs(certs, client, ca_metrics, &tasks).await?
+        {
             info!("shut down before the serving certificate was ready");
             return Ok(());
         }
-    }
 
-    let mut config = ServerConfig::new(args.listen, &args.tls_cert, &args.tls_key);
-    config.admin_listen = args.admin_listen;
-    config.admission.body_limit = args.max_body_bytes;
-    config.admission.deadline = Duration::from_millis(args.request_timeout_ms);
-    let handler = Arc::new(InjectorHandler {
-        profiles: profiles.subscribe(),
-        namespaces,
-    });
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(ReloadStatsCollector::new(
-        crate::server::METRICS_PREFIX,
-        profiles.stats(),
-    )));
-    if let Some(ca_metrics) = &ca_metrics {
-        ca_metrics.register(registry.sub_registry_with_prefix(crate::server::METRICS_PREFIX));
-    }
-    let server = Server::bind(config, handler, readiness.clone(), registry).await?;
-    info!(
-        listen = %server.local_addr(),
-        cluster_access = ?args.cluster_access,
-        cert_mode = ?args.cert_mode,
-        "rdma-stream-injector serving"
-    );
-    // SIGTERM: not ready at once, keep answering for the delay, then drain.
-    let drain = CancellationToken::new();
-    let delay = Duration::from_millis(args.shutdown_delay_ms);
-    {
-        let drain = drain.clone();
-        tokio::spawn(async move {
-            shutdown.cancelled().await;
-            readiness.drain();
-            if !delay.is_zero() {
-                info!(?delay, "not ready; draining after the shutdown delay");
-                tokio::time::sleep(delay).await;
-            }
-            drain.cancel();
+        let handler = Arc::new(InjectorHandler {
+            profiles: profiles.subscribe(),
+            namespaces,
         });
-    }
-    server.run(drain).await;
-    drop(profiles);
-    info!("rdma-stream-injector stopped");
-    Ok(())
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(ReloadStatsCollector::new(
+            crate::server::METRICS_PREFIX,
+            profiles.stats(),
+        )));
+        if let Some(ca_metrics) = &ca_metrics {
+            ca_metrics.register(registry.sub_registry_with_prefix(crate::server::METRICS_PREFIX));
+        }
+        let server = Server::bind(config, handler, readiness, &mut registry).await?;
+        certificate.remove();
+        let _ = metrics.publish(registry);
+        info!(
+            listen = %server.local_addr(),
+            cluster_access = if cluster { "on" } else { "off" },
+            cert_mode = if self_managed.is_some() { "self-managed" } else { "external" },
+            "rdma-stream-injector serving"
+        );
+        server.run(tasks.shutdown().clone()).await;
+        drop(profiles);
+        info!("rdma-stream-injector stopped");
+        Ok(())
+    })
+    .await
 }
 
 /// Self-managed mode: CA in a Secret, our certificate in the `--tls-cert` folder, caBundle
-/// patched, certificate renewed. `Ok(false)`: shut down before the certificate was ready.
+/// patched, certificate renewed (tasks of `tasks`). `Ok(false)`: shut down before the
+/// certificate was ready.
 async fn self_managed_certs(
-    args: &ServeArgs,
+    plan: &SelfManaged,
     client: &kube::Client,
     ca_metrics: &certs::CaMetrics,
-    shutdown: &CancellationToken,
+    tasks: &Tasks,
 ) -> Result<bool, RunError> {
-    let dir = args
-        .tls_cert
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let names_ok = args
-        .tls_cert
-        .file_name()
-        .is_some_and(|n| n == certs::TLS_CERT_FILE)
-        && args
-            .tls_key
-            .file_name()
-            .is_some_and(|n| n == certs::TLS_KEY_FILE)
-        && args.tls_key.parent() == args.tls_cert.parent();
-    if !names_ok {
-        return Err(RunError::Usage(format!(
-            "--cert-mode self-managed writes {0}/{1} and {0}/{2}: point --tls-cert and --tls-key there",
-            dir.display(),
-            certs::TLS_CERT_FILE,
-            certs::TLS_KEY_FILE
-        )));
-    }
-    let namespace = args
+    let shutdown = tasks.shutdown();
+    let namespace = plan
         .namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_string());
-    let cfg = certs::BootstrapConfig::new(&args.service, &namespace, &args.service, &dir);
+    let cfg = certs::BootstrapConfig::new(&plan.service, &namespace, &plan.service, &plan.dir);
     let mut delay = Duration::from_millis(200);
     let boot = loop {
         match certs::bootstrap(client, &cfg).await {
@@ -508,32 +574,147 @@ async fn self_managed_certs(
     let ca = std::sync::Arc::new(boot.ca);
     let (ca_tx, ca_rx) = tokio::sync::watch::channel(ca.clone());
     let (bundled_tx, bundled_rx) = tokio::sync::watch::channel(None);
-    tokio::spawn(certs::run_ca_bundle_controller(
-        client.clone(),
-        args.webhook_config.clone(),
-        certs::rotation::bundle_targets(ca_rx.clone()),
-        bundled_tx,
-        shutdown.clone(),
-    ));
-    tokio::spawn(certs::run_serving_cert_renewal(
-        certs::renew::CaFeed {
-            ca: ca_rx,
-            bundled: bundled_rx,
-            propagation: certs::renew::DEFAULT_PROPAGATION,
-        },
-        ca,
-        cfg.identity.clone(),
-        cfg.cert_dir.clone(),
-        boot.serving,
-        shutdown.clone(),
-    ));
-    tokio::spawn(certs::run_ca_follower(
-        client.clone(),
-        cfg.namespace.clone(),
-        cfg.ca_secret.clone(),
-        ca_tx,
-        ca_metrics.clone(),
-        shutdown.clone(),
-    ));
+    tasks.spawn(
+        "ca bundle",
+        certs::run_ca_bundle_controller(
+            client.clone(),
+            plan.webhook_config.clone(),
+            certs::rotation::bundle_targets(ca_rx.clone(), tasks),
+            bundled_tx,
+            shutdown.clone(),
+        ),
+    );
+    tasks.spawn(
+        "serving certificate renewal",
+        certs::run_serving_cert_renewal(
+            certs::renew::CaFeed {
+                ca: ca_rx,
+                bundled: bundled_rx,
+                propagation: certs::renew::DEFAULT_PROPAGATION,
+            },
+            ca,
+            cfg.identity.clone(),
+            cfg.cert_dir.clone(),
+            boot.serving,
+            shutdown.clone(),
+        ),
+    );
+    tasks.spawn(
+        "ca follower",
+        certs::run_ca_follower(
+            client.clone(),
+            cfg.namespace.clone(),
+            cfg.ca_secret.clone(),
+            ca_tx,
+            ca_metrics.clone(),
+            shutdown.clone(),
+        ),
+    );
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn serve(argv: &[&str]) -> ServeArgs {
+        let argv = ["rdma-stream-injector", "serve"]
+            .into_iter()
+            .chain(argv.iter().copied());
+        match Args::try_parse_from(argv).unwrap().command {
+            Command::Serve(serve) => serve,
+            _ => panic!("not serve"),
+        }
+    }
+
+    const TLS: [&str; 4] = ["--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key"];
+
+    #[test]
+    fn external_certificates_and_defaults() {
+        let p = serve(&TLS).plan().unwrap();
+        assert_eq!(p.server.listen, SocketAddr::from(([0, 0, 0, 0], 8443)));
+        assert_eq!(p.server.tls_cert, Path::new("/tls/tls.crt"));
+        assert_eq!(p.server.admission.body_limit, 4 * 1024 * 1024);
+        assert_eq!(p.server.admission.deadline, Duration::from_secs(4));
+        assert_eq!(p.admin, None);
+        assert!(p.cluster);
+        assert_eq!(p.self_managed, None);
+        assert_eq!(p.shutdown_delay, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn flags_reach_the_plan() {
+        let mut argv = TLS.to_vec();
+        argv.extend([
+            "--admin-listen",
+            "0.0.0.0:9443",
+            "--cluster-access",
+            "off",
+            "--request-timeout-ms",
+            "900",
+            "--shutdown-delay-ms",
+            "0",
+            "--config",
+            "/etc/profiles.yaml",
+        ]);
+        let p = serve(&argv).plan().unwrap();
+        assert_eq!(p.admin, Some(([0, 0, 0, 0], 9443).into()));
+        assert!(!p.cluster);
+        assert_eq!(p.server.admission.deadline, Duration::from_millis(900));
+        assert_eq!(p.shutdown_delay, Duration::ZERO);
+        assert_eq!(p.profiles.as_deref(), Some(Path::new("/etc/profiles.yaml")));
+    }
+
+    #[test]
+    fn self_managed_certificates_go_to_the_tls_cert_folder() {
+        let mut argv = TLS.to_vec();
+        argv.extend(["--cert-mode", "self-managed", "--namespace", "rdma"]);
+        let p = serve(&argv).plan().unwrap();
+        assert_eq!(
+            p.self_managed,
+            Some(SelfManaged {
+                dir: "/tls".into(),
+                service: "rdma-stream-injector".into(),
+                namespace: Some("rdma".into()),
+                webhook_config: "rdma-stream-injector".into(),
+            })
+        );
+    }
+
+    #[test]
+    fn self_managed_certificates_need_the_cluster_and_the_standard_names() {
+        let usage = |argv: &[&str]| match serve(argv).plan() {
+            Err(RunError::Usage(message)) => message,
+            other => panic!("{other:?}"),
+        };
+        let mut argv = TLS.to_vec();
+        argv.extend(["--cert-mode", "self-managed", "--cluster-access", "off"]);
+        assert_eq!(
+            usage(&argv),
+            "--cert-mode self-managed needs --cluster-access on"
+        );
+        let message = usage(&[
+            "--tls-cert",
+            "/tls/cert.pem",
+            "--tls-key",
+            "/tls/tls.key",
+            "--cert-mode",
+            "self-managed",
+        ]);
+        assert!(
+            message.contains("point --tls-cert and --tls-key there"),
+            "{message}"
+        );
+        let message = usage(&[
+            "--tls-cert",
+            "/a/tls.crt",
+            "--tls-key",
+            "/b/tls.key",
+            "--cert-mode",
+            "self-managed",
+        ]);
+        assert!(message.contains("/a/tls.crt"), "{message}");
+    }
 }

@@ -1,91 +1,36 @@
 //! Namespace facts for admission decisions, from a watch cache: the webhook never calls the
 //! API server per request.
 //!
-//! [`NamespaceCache::spawn`] starts a reflector over all Namespaces (a `kube::runtime`
-//! watcher with kube's default backoff, so API errors are retried, never fatal) and keeps
+//! [`NamespaceCache::spawn`] starts a [`Cache`] of all Namespaces (a `kube::runtime`
+//! reflector with kube's default backoff, so API errors are retried, never fatal) and keeps
 //! only names and labels in memory. [`NamespaceCache::disabled`] is the `--cluster-access off`
 //! form: no API server, every lookup answers `None`, and it counts as synced.
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client,
-    runtime::{
-        WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
-        watcher::{self, Event},
-    },
+    runtime::{reflector::ObjectRef, watcher},
 };
-use rdma_streams_common::report::Report;
-use tokio::{sync::watch, task::JoinHandle};
+use rdma_streams_common::kube::Cache;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
 
 /// Read side of the Namespace cache; cheap to clone.
 #[derive(Clone)]
 pub struct NamespaceCache {
-    inner: Option<Inner>,
-}
-
-#[derive(Clone)]
-struct Inner {
-    store: Store<Namespace>,
-    synced: watch::Receiver<bool>,
+    /// `None` without cluster access.
+    inner: Option<Cache<Namespace>>,
 }
 
 impl NamespaceCache {
     /// Starts watching Namespaces through `client`. The returned task runs until `shutdown` is
     /// cancelled; the cache is synced once the first full list has been stored.
     pub fn spawn(client: Client, shutdown: CancellationToken) -> (Self, JoinHandle<()>) {
-        let (store, writer) = reflector::store::<Namespace>();
-        let (synced_tx, synced_rx) = watch::channel(false);
-        let api: Api<Namespace> = Api::all(client);
-        let events = reflector::reflector(
-            writer,
-            watcher::watcher(api, watcher::Config::default()).map_ok(|event| {
-                // Keep what decisions need: the name (already in the key) and the labels.
-                event.modify(|ns| {
-                    ns.metadata.managed_fields = None;
-                    ns.metadata.annotations = None;
-                    ns.spec = None;
-                    ns.status = None;
-                })
-            }),
-        )
-        .default_backoff();
-        let task = tokio::spawn(async move {
-            let mut events = std::pin::pin!(events);
-            loop {
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => break,
-                    event = events.next() => match event {
-                        Some(Ok(Event::InitDone)) => {
-                            if !*synced_tx.borrow() {
-                                info!("namespace cache synced");
-                            }
-                            synced_tx.send_replace(true);
-                        }
-                        Some(Ok(_)) => {}
-                        Some(Err(error)) => warn!(error = %Report(&error), "namespace watch failed; retrying with backoff"),
-                        None => {
-                            warn!("namespace watch ended");
-                            break;
-                        }
-                    },
-                }
-            }
-            debug!("namespace cache stopped");
-        });
-        let cache = Self {
-            inner: Some(Inner {
-                store,
-                synced: synced_rx,
-            }),
-        };
-        (cache, task)
+        let (cache, watch) =
+            Cache::new(Api::all(client), watcher::Config::default(), slim, shutdown);
+        (Self { inner: Some(cache) }, tokio::spawn(watch.run()))
     }
 
     /// The cache for `--cluster-access off`: knows no namespace, and is synced.
@@ -102,13 +47,13 @@ impl NamespaceCache {
     /// or the cache is disabled, `Some` (possibly empty) otherwise. Never calls the API.
     pub fn labels(&self, name: &str) -> Option<BTreeMap<String, String>> {
         let inner = self.inner.as_ref()?;
-        let ns: Arc<Namespace> = inner.store.get(&ObjectRef::new(name))?;
+        let ns: Arc<Namespace> = inner.store().get(&ObjectRef::new(name))?;
         Some(ns.metadata.labels.clone().unwrap_or_default())
     }
 
     /// Whether the first full list of Namespaces has been stored (always true when disabled).
     pub fn is_synced(&self) -> bool {
-        self.inner.as_ref().is_none_or(|i| *i.synced.borrow())
+        self.inner.as_ref().is_none_or(|i| i.synced().is_synced())
     }
 
     /// Waits until [`NamespaceCache::is_synced`]. Returns `true` once synced, or `false` if
@@ -116,10 +61,7 @@ impl NamespaceCache {
     pub async fn wait_synced(&self) -> bool {
         match &self.inner {
             None => true,
-            Some(inner) => {
-                let mut synced = inner.synced.clone();
-                synced.wait_for(|s| *s).await.is_ok()
-            }
+            Some(inner) => inner.synced().wait().await,
         }
     }
 }
@@ -129,9 +71,17 @@ impl std::fmt::Debug for NamespaceCache {
         f.debug_struct("NamespaceCache")
             .field("enabled", &self.is_enabled())
             .field("synced", &self.is_synced())
-            .field("namespaces", &self.inner.as_ref().map(|i| i.store.len()))
+            .field("namespaces", &self.inner.as_ref().map(|i| i.store().len()))
             .finish()
     }
+}
+
+/// Keeps what decisions need: the name (already in the key) and the labels.
+fn slim(ns: &mut Namespace) {
+    ns.metadata.managed_fields = None;
+    ns.metadata.annotations = None;
+    ns.spec = None;
+    ns.status = None;
 }
 
 #[cfg(test)]
@@ -288,7 +238,7 @@ mod tests {
             .inner
             .as_ref()
             .unwrap()
-            .store
+            .store()
             .get(&ObjectRef::new("team-a"))
             .unwrap();
         assert!(stored.metadata.annotations.is_none() && stored.metadata.managed_fields.is_none());

@@ -1,5 +1,5 @@
 //! A mocked Kubernetes API server in the style of kube-rs/controller-rs (feature `kube`),
-//! shared by the injector's and the gateway's kube-side unit tests.
+//! shared by the kube-side unit tests of `common`, the injector and the gateway.
 //!
 //! [`mock_client`] gives a real `kube::Client` whose transport is a `tower_test` mock and an
 //! [`ApiServerVerifier`] holding the other end. Each test module lists the calls it expects

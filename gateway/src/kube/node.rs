@@ -31,7 +31,7 @@
 //! A node without a (parseable) gateway annotation has no gateway: `None`, and the data path
 //! leaves the migration on TCP.
 //!
-//! The reflector keeps only each Node's name, our two annotations and `status.addresses`.
+//! The Node cache keeps only each Node's name, our two annotations and `status.addresses`.
 //! Node objects cannot be selected by annotation, so every Node is watched (one small entry
 //! each).
 
@@ -42,18 +42,16 @@ use std::{
     time::Duration,
 };
 
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use kube::{
     Api, Client,
     api::{Patch, PatchParams},
     runtime::{
-        WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
-        watcher::{self, DefaultBackoff, Event},
+        reflector::ObjectRef,
+        watcher::{self, DefaultBackoff},
     },
 };
-use rdma_streams_common::report::Report;
+use rdma_streams_common::{kube::Cache, report::Report};
 use serde_json::{Value, json};
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -219,63 +217,37 @@ pub async fn run_node_publisher(
 
 // === peer lookup ===
 
-/// Answers which gateway serves a target virt-handler address, from a reflector on Nodes plus
+/// Answers which gateway serves a target virt-handler address, from a cache of Nodes plus
 /// what the VMI watch learned. Cheap to clone.
 #[derive(Clone)]
 pub struct PeerDirectory {
-    store: Option<Store<Node>>,
+    /// `None` for a detached directory.
+    nodes: Option<Cache<Node>>,
     learned: Arc<RwLock<HashMap<IpAddr, String>>>,
-    synced: watch::Receiver<bool>,
 }
 
 impl PeerDirectory {
-    /// Starts the Node reflector; the task runs until `shutdown` is cancelled. API errors are
+    /// Starts the Node cache; the task runs until `shutdown` is cancelled. API errors are
     /// retried with kube's default backoff.
     pub fn spawn(client: Client, shutdown: CancellationToken) -> (Self, JoinHandle<()>) {
-        let (store, writer) = reflector::store::<Node>();
-        let (synced_tx, synced) = watch::channel(false);
-        let api: Api<Node> = Api::all(client);
-        let events = reflector::reflector(
-            writer,
-            watcher::watcher(api, watcher::Config::default())
-                .map_ok(|event| event.modify(slim_node)),
-        )
-        .default_backoff();
-        let task = tokio::spawn(async move {
-            let mut events = std::pin::pin!(events);
-            loop {
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => break,
-                    event = events.next() => match event {
-                        Some(Ok(Event::InitDone)) => {
-                            if !*synced_tx.borrow() {
-                                info!("node directory synced");
-                            }
-                            synced_tx.send_replace(true);
-                        }
-                        Some(Ok(_)) => {}
-                        Some(Err(error)) => warn!(error = %Report(&error), "node watch failed; retrying with backoff"),
-                        None => break,
-                    },
-                }
-            }
-            debug!("node directory stopped");
-        });
+        let (nodes, watch) = Cache::new(
+            Api::all(client),
+            watcher::Config::default(),
+            slim_node,
+            shutdown,
+        );
         let directory = Self {
-            store: Some(store),
+            nodes: Some(nodes),
             learned: Arc::default(),
-            synced,
         };
-        (directory, task)
+        (directory, tokio::spawn(watch.run()))
     }
 
     /// A directory with no Node watch: it only knows nothing (tests, `--cluster-access off`).
     pub fn detached() -> Self {
         Self {
-            store: None,
+            nodes: None,
             learned: Arc::default(),
-            synced: watch::channel(true).1,
         }
     }
 
@@ -307,7 +279,7 @@ impl PeerDirectory {
     /// Which gateway serves the virt-handler at `target_virt_handler`; `None` if no node with a
     /// gateway is known for it (the data path then stays on TCP).
     pub fn peer_for(&self, target_virt_handler: IpAddr) -> Option<SocketAddr> {
-        let store = self.store.as_ref()?;
+        let store = self.nodes.as_ref()?.store();
         if let Some(node) = self.learned_node(target_virt_handler)
             && let Some(found) = store.get(&ObjectRef::new(&node))
         {
@@ -319,19 +291,22 @@ impl PeerDirectory {
 
     /// Whether the first full list of Nodes has been stored.
     pub fn is_synced(&self) -> bool {
-        *self.synced.borrow()
+        self.nodes.as_ref().is_none_or(|n| n.synced().is_synced())
     }
 
     /// Waits until synced; `false` if the directory stopped before.
     pub async fn wait_synced(&self) -> bool {
-        self.synced.clone().wait_for(|s| *s).await.is_ok()
+        match &self.nodes {
+            None => true,
+            Some(nodes) => nodes.synced().wait().await,
+        }
     }
 }
 
 impl std::fmt::Debug for PeerDirectory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeerDirectory")
-            .field("nodes", &self.store.as_ref().map(Store::len))
+            .field("nodes", &self.nodes.as_ref().map(|n| n.store().len()))
             .field("synced", &self.is_synced())
             .finish_non_exhaustive()
     }
@@ -663,9 +638,10 @@ mod tests {
 
         // Only what lookups need is kept.
         let stored = directory
-            .store
+            .nodes
             .as_ref()
             .unwrap()
+            .store()
             .get(&ObjectRef::new("node-a"))
             .unwrap();
         assert_eq!(stored.metadata.annotations.as_ref().unwrap().len(), 2);

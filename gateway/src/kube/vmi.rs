@@ -28,10 +28,10 @@
 //! same state emit nothing. `abortStatus: Aborting` or `Failed` (an abort that failed; the
 //! migration goes on) end nothing by themselves.
 //!
-//! **Runner.** [`watch_migrations`] runs a `kube::runtime` watcher with kube's default backoff
-//! (errors are logged and retried, a `410 Gone` relists) and after a relist ends the migrations
-//! of VMIs that disappeared meanwhile. It stops when the shutdown token is cancelled or the
-//! receiver is dropped.
+//! **Runner.** [`watch_migrations`] reads a [`Watch`] (kube-runtime's watcher with kube's
+//! default backoff: errors are logged and retried, a `410 Gone` relists) and after a relist
+//! ends the migrations of VMIs that disappeared meanwhile. It stops when the shutdown token is
+//! cancelled or the receiver is dropped.
 
 use std::{
     borrow::Cow,
@@ -43,13 +43,10 @@ use futures::StreamExt;
 use k8s_openapi::{NamespaceResourceScope, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{
     Api, Client, Resource,
-    runtime::{
-        WatchStreamExt,
-        watcher::{self, Event},
-    },
+    runtime::watcher::{self, Event},
 };
 use rdma_streams_common::names::contract::{MIGRATION, MIGRATION_RDMA};
-use rdma_streams_common::report::Report;
+use rdma_streams_common::{kube::Watch, report::Report};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -353,10 +350,11 @@ pub fn events_for(node: &str, old: Option<&VmiView>, new: &VmiView) -> Vec<Migra
 // === runner ===
 
 /// Streams the [`MigrationEvent`]s of `node` into `events` (fire and forget: nobody waits for
-/// the core here) until `shutdown` is cancelled or the receiver is dropped. API errors are retried with kube's default backoff (800 ms doubling to
-/// 30 s, jittered). With `peers`, every migration leaving this node teaches the directory
-/// which node serves its target address (before its `Started` is sent), so the lookup does
-/// not depend on the peer's annotations being current.
+/// the core here) until `shutdown` is cancelled or the receiver is dropped. API errors are
+/// retried with kube's default backoff (800 ms doubling to 30 s, jittered). With `peers`,
+/// every migration leaving this node teaches the directory which node serves its target
+/// address (before its `Started` is sent), so the lookup does not depend on the peer's
+/// annotations being current.
 pub async fn watch_migrations(
     client: Client,
     node: String,
@@ -366,28 +364,11 @@ pub async fn watch_migrations(
 ) {
     let api: Api<VirtualMachineInstance> = Api::all(client);
     let config = watcher::Config::default().labels(&format!("{MIGRATION}={MIGRATION_RDMA}"));
-    let stream = watcher::watcher(api, config).default_backoff();
-    let mut stream = std::pin::pin!(stream);
+    let mut vmis = Watch::new(api, config, shutdown.clone());
     let mut state = Tracker::new(node);
     info!(node = %state.node, "watching opted-in VMIs for migrations");
-    loop {
-        let event = tokio::select! {
-            biased;
-            () = shutdown.cancelled() => break,
-            event = stream.next() => event,
-        };
-        let out = match event {
-            Some(Ok(event)) => state.apply(event),
-            Some(Err(error)) => {
-                warn!(error = %Report(&error), "VMI watch failed; retrying with backoff");
-                continue;
-            }
-            None => {
-                warn!("VMI watch ended");
-                break;
-            }
-        };
-        for (event, target_node) in out {
+    while let Some(event) = vmis.next().await {
+        for (event, target_node) in state.apply(event) {
             if let (Some(peers), MigrationEvent::Started(m)) = (&peers, &event) {
                 peers.learn_migration(m, target_node.as_deref());
             }
@@ -402,7 +383,6 @@ pub async fn watch_migrations(
             }
         }
     }
-    debug!("VMI watch stopped");
 }
 
 /// The last view of every opted-in VMI, turning watch events into migration events.

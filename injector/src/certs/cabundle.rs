@@ -16,18 +16,17 @@
 
 use std::time::{Duration, SystemTime};
 
-use futures::{StreamExt, stream::BoxStream};
+use futures::StreamExt;
 use k8s_openapi::{ByteString, api::admissionregistration::v1::MutatingWebhookConfiguration};
 use kube::{
     Api, Client,
     api::{Patch, PatchParams},
     runtime::{
-        WatchStreamExt,
         utils::Backoff,
         watcher::{self, DefaultBackoff, Event},
     },
 };
-use rdma_streams_common::report::Report;
+use rdma_streams_common::{kube::Watch, report::Report};
 use serde_json::{Value, json};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -146,9 +145,9 @@ async fn patch_if_stale(
 /// Watches the MWC `mwc_name` (a watcher with field selector `metadata.name=<mwc_name>`) and
 /// re-patches its caBundle whenever it is not what the current `target` wants (created without
 /// one, overwritten by a re-apply or GitOps sync, a new CA from [`super::follow`], the end of a
-/// new CA's overlap), until `shutdown` is cancelled. Never returns on API errors: watch errors
-/// are retried with kube's default backoff, failed patches are retried (GET + patch) with
-/// backoff until they succeed or the watch shows no drift. A missing MWC is waited for.
+/// new CA's overlap), until `shutdown` is cancelled. Never returns on API errors: the [`Watch`]
+/// retries its errors with kube's default backoff, failed patches are retried (GET + patch)
+/// with backoff until they succeed or the watch shows no drift. A missing MWC is waited for.
 /// Whenever the bundle holds the target's CA (patched, or right already), that CA's PEM is
 /// published on `bundled`.
 pub async fn run_ca_bundle_controller(
@@ -159,14 +158,8 @@ pub async fn run_ca_bundle_controller(
     shutdown: CancellationToken,
 ) {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let watch =
-        || -> BoxStream<'static, Result<Event<MutatingWebhookConfiguration>, watcher::Error>> {
-            let config = watcher::Config::default().fields(&format!("metadata.name={mwc_name}"));
-            watcher::watcher(api.clone(), config)
-                .default_backoff()
-                .boxed()
-        };
-    let mut events = watch();
+    let config = watcher::Config::default().fields(&format!("metadata.name={mwc_name}"));
+    let mut events = Watch::new(api.clone(), config, shutdown.clone());
     let mut backoff = DefaultBackoff::default();
     let mut retry_at: Option<Instant> = None;
     let mut current = target.borrow_and_update().clone();
@@ -239,7 +232,7 @@ pub async fn run_ca_bundle_controller(
                 };
             }
             event = events.next() => match event {
-                Some(Ok(Event::Apply(mwc) | Event::InitApply(mwc))) => {
+                Some(Event::Apply(mwc) | Event::InitApply(mwc)) => {
                     let Some(result) = until_shutdown(&shutdown, patch_if_stale(&api, &mwc_name, &mwc, &current)).await else {
                         return;
                     };
@@ -256,16 +249,13 @@ pub async fn run_ca_bundle_controller(
                         }
                     };
                 }
-                Some(Ok(Event::Delete(_))) => {
+                Some(Event::Delete(_)) => {
                     info!(mwc = %mwc_name, "MutatingWebhookConfiguration deleted; waiting for it to return");
                     retry_at = None;
                 }
-                Some(Ok(Event::Init | Event::InitDone)) => {}
-                Some(Err(error)) => warn!(error = %Report(&error), mwc = %mwc_name, "watch of MutatingWebhookConfiguration failed; retrying"),
-                None => {
-                    warn!(mwc = %mwc_name, "watch of MutatingWebhookConfiguration ended; restarting");
-                    events = watch();
-                }
+                Some(Event::Init | Event::InitDone) => {}
+                // Shutdown.
+                None => return,
             },
         }
     }

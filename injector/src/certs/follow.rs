@@ -8,7 +8,10 @@
 //! Secret is deleted, the replica races the others to create a new one ([`get_or_create_ca`]:
 //! one CREATE wins, the rest read it), so all replicas converge on one CA without a restart.
 //! A Secret that is broken (missing keys, a key that is not the certificate's) is logged and
-//! ignored: the last good CA stays in use and nothing is written over the Secret.
+//! ignored: the last good CA stays in use and nothing is written over the Secret. Where RBAC
+//! grants no list and watch on the Secret (a chart from before the follower), the watch warns
+//! once and keeps trying; until the rules are fixed a new CA reaches this replica only at its
+//! next restart.
 
 use std::{sync::Arc, time::Duration};
 
@@ -16,15 +19,12 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{
     Api, Client,
-    runtime::{
-        WatchStreamExt,
-        watcher::{self, Event},
-    },
+    runtime::watcher::{self, Event},
 };
-use rdma_streams_common::report::Report;
+use rdma_streams_common::{kube::Watch, report::Report};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::{CaMetrics, CertAuthority, CertError, bootstrap::ca_from_secret, get_or_create_ca};
 
@@ -57,8 +57,8 @@ pub fn judge(
 }
 
 /// Watches the CA Secret `namespace/name` and publishes every new CA on `ca`, until `shutdown`
-/// is cancelled; see the module docs. Never returns on API errors (watch errors are retried
-/// with kube's default backoff).
+/// is cancelled; see the module docs. Never returns on API errors (the [`Watch`] retries
+/// them with kube's default backoff).
 pub async fn run_ca_follower(
     client: Client,
     namespace: String,
@@ -69,17 +69,11 @@ pub async fn run_ca_follower(
 ) {
     let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut events = Watch::new(api, config, shutdown.clone());
     let secret = format!("{namespace}/{name}");
-    let mut forbidden_said = false;
-    loop {
-        let event = tokio::select! {
-            biased;
-            () = shutdown.cancelled() => return,
-            event = events.next() => event,
-        };
+    while let Some(event) = events.next().await {
         match event {
-            Some(Ok(Event::Apply(s) | Event::InitApply(s))) => {
+            Event::Apply(s) | Event::InitApply(s) => {
                 let current = ca.borrow().clone();
                 match judge(&namespace, &name, &s, &current) {
                     SecretChange::Same => {}
@@ -93,7 +87,7 @@ pub async fn run_ca_follower(
                     }
                 }
             }
-            Some(Ok(Event::Delete(_))) => {
+            Event::Delete(_) => {
                 warn!(%secret, "the CA Secret was deleted; creating a new CA (or reading the one another replica created)");
                 let Some(new) = recreate(&client, &namespace, &name, &shutdown).await else {
                     return;
@@ -103,33 +97,8 @@ pub async fn run_ca_follower(
                     ca.send_replace(Arc::new(new));
                 }
             }
-            Some(Ok(Event::Init | Event::InitDone)) => {}
-            Some(Err(error)) if is_forbidden(&error) => {
-                // RBAC from before the follower (no list/watch on the Secret): say it once,
-                // keep serving from the CA in use, and keep trying (RBAC may be fixed).
-                if !forbidden_said {
-                    warn!(%secret, error = %Report(&error), "not allowed to list/watch the CA Secret: a new CA reaches this replica only at its next restart; grant get, list, watch on it (the chart does)");
-                    forbidden_said = true;
-                } else {
-                    debug!(%secret, error = %Report(&error), "watch of the CA Secret still forbidden");
-                }
-            }
-            Some(Err(error)) => {
-                warn!(%secret, error = %Report(&error), "watch of the CA Secret failed; retrying")
-            }
-            None => return,
+            Event::Init | Event::InitDone => {}
         }
-    }
-}
-
-/// True for an API answer 403 (list or watch not granted).
-fn is_forbidden(error: &watcher::Error) -> bool {
-    match error {
-        watcher::Error::InitialListFailed(kube::Error::Api(status))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.is_forbidden(),
-        watcher::Error::WatchError(status) => status.is_forbidden(),
-        _ => false,
     }
 }
 

@@ -15,6 +15,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use rdma_streams_common::runtime::Tasks;
 use tokio::sync::watch;
 
 use crate::server::x509;
@@ -87,13 +88,20 @@ impl BundleTarget {
     }
 }
 
-/// The bundle targets of the CAs published on `ca` (a task follows it until it closes).
+/// The bundle targets of the CAs published on `ca`: the task `bundle targets` of `tasks`
+/// follows it until it closes, nobody listens any more, or shutdown.
 pub fn bundle_targets(
     mut ca: watch::Receiver<Arc<CertAuthority>>,
+    tasks: &Tasks,
 ) -> watch::Receiver<BundleTarget> {
     let (tx, rx) = watch::channel(BundleTarget::for_ca(&ca.borrow_and_update()));
-    tokio::spawn(async move {
-        while ca.changed().await.is_ok() {
+    let shutdown = tasks.shutdown().clone();
+    tasks.spawn("bundle targets", async move {
+        loop {
+            tokio::select! {
+                changed = ca.changed() => if changed.is_err() { return },
+                () = shutdown.cancelled() => return,
+            }
             let target = BundleTarget::for_ca(&ca.borrow_and_update());
             if tx.send(target).is_err() {
                 return;

@@ -60,8 +60,6 @@ impl Default for HttpConfig {
 /// How accepted TCP connections are wrapped.
 #[derive(Clone)]
 pub enum Transport {
-    /// Plain HTTP (the admin server).
-    Plain,
     /// TLS (the webhook).
     Tls(TlsAcceptor),
 }
@@ -69,7 +67,6 @@ pub enum Transport {
 impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Self::Plain => "Plain",
             Self::Tls(_) => "Tls",
         })
     }
@@ -181,7 +178,6 @@ async fn connection<S, B>(
         tracing::debug!(error = %Report(&error), "TCP_NODELAY");
     }
     match transport {
-        Transport::Plain => http(tcp, &builder, service, shutdown).await,
         Transport::Tls(acceptor) => {
             let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp));
             let tls = tokio::select! {

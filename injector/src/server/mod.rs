@@ -1,10 +1,10 @@
 //! The HTTPS admission server behind `rdma-stream-injector serve`.
 //!
 //! ```text
-//!  --listen (TLS 1.2/1.3, ALPN h2 + http/1.1)        --admin-listen (plain HTTP)
-//!        │ tls::CertReloader: re-reads the pair          │ admin: /live /ready /metrics
-//!        │ when the files change (kubelet ..data swap)   │   /ready = TLS loaded ∧ gates ∧ ¬draining
-//!        ▼                                               ▼
+//!  --listen (TLS 1.2/1.3, ALPN h2 + http/1.1)
+//!        │ tls::CertReloader: re-reads the pair when the files change (kubelet ..data swap);
+//!        │ its serial is the `tls certificate` gate of the process's /ready
+//!        ▼
 //!  https::serve (hyper-util auto, drain) ──► admission::router: POST /mutate
 //!                                                 │ AdmissionReview v1 checks, body limit
 //!                                                 ▼
@@ -13,25 +13,34 @@
 //!                                        AdmissionReview v1 answer (metrics::AdmissionMetrics)
 //! ```
 //!
-//! Wiring (the `serve` subcommand, a benchmark or a test):
+//! The admin endpoint (`/live`, `/ready`, `/metrics`) and the drain order are the process
+//! runtime's (`rdma_streams_common::runtime`). Wiring (the `serve` subcommand, a test):
 //!
 //! ```no_run
 //! # async fn example(handler: std::sync::Arc<dyn rdma_stream_injector::server::Handler>)
-//! # -> Result<(), rdma_stream_injector::server::ServerError> {
-//! use rdma_stream_injector::server::{Readiness, Server, ServerConfig};
-//! use tokio_util::sync::CancellationToken;
+//! # -> Result<(), Box<dyn std::error::Error>> {
+//! use rdma_stream_injector::server::{Server, ServerConfig};
+//! use rdma_streams_common::runtime::Runtime;
 //!
-//! let mut config = ServerConfig::new(([0, 0, 0, 0], 8443).into(), "/tls/tls.crt", "/tls/tls.key");
-//! config.admin_listen = Some(([0, 0, 0, 0], 9990).into());
-//! let readiness = Readiness::new();
-//! let caches = readiness.gate("namespace cache"); // caches.set(true) once synced
-//! let server = Server::bind(config, handler, readiness, prometheus_client::registry::Registry::default()).await?;
-//! let shutdown = CancellationToken::new(); // cancel on SIGTERM
-//! server.run(shutdown).await;
+//! let rt = Runtime::builder()
+//!     .admin(Some(([0, 0, 0, 0], 9990).into()))
+//!     .with_signals()
+//!     .build()
+//!     .await?;
+//! let caches = rt.readiness().gate("namespace cache"); // caches.set(true) once synced
+//! let config = ServerConfig::new(([0, 0, 0, 0], 8443).into(), "/tls/tls.crt", "/tls/tls.key");
+//! let mut registry = prometheus_client::registry::Registry::default();
+//! let server = Server::bind(config, handler, rt.readiness().clone(), &mut registry).await?;
+//! let _ = rt.metrics().publish(registry);
+//! let stop = rt.tasks().shutdown().clone();
+//! rt.run(async move {
+//!     server.run(stop).await;
+//!     Ok::<_, rdma_streams_common::runtime::Error>(())
+//! })
+//! .await?;
 //! # Ok(()) }
 //! ```
 
-pub mod admin;
 pub mod admission;
 pub mod handler;
 pub mod https;
@@ -45,11 +54,12 @@ mod tests;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
 use prometheus_client::registry::Registry;
+pub use rdma_streams_common::admin::Readiness;
+use rdma_streams_common::admin::Status;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use self::{
-    admin::{AdminState, Readiness, ReadyGate},
     admission::{AdmissionConfig, ErrorPolicy},
     handler::{Allowed, Handler, Outcome, Reviewed},
     https::{HttpConfig, Transport},
@@ -65,15 +75,13 @@ pub const METRICS_PREFIX: &str = "rdma_stream_injector";
 pub struct ServerConfig {
     /// `--listen`: the HTTPS webhook address.
     pub listen: SocketAddr,
-    /// `--admin-listen`: `/live`, `/ready`, `/metrics` over plain HTTP; none when `None`.
-    pub admin_listen: Option<SocketAddr>,
     /// `--tls-cert`: PEM certificate chain, leaf first.
     pub tls_cert: PathBuf,
     /// `--tls-key`: PEM private key (PKCS#8, PKCS#1 or SEC1).
     pub tls_key: PathBuf,
     /// `/mutate` settings.
     pub admission: AdmissionConfig,
-    /// Connection settings, shared by both listeners.
+    /// Connection settings.
     pub http: HttpConfig,
 }
 
@@ -100,11 +108,9 @@ pub enum ServerError {
 pub struct Server {
     listener: TcpListener,
     local_addr: SocketAddr,
-    admin: Option<(TcpListener, SocketAddr)>,
     tls: Arc<CertReloader>,
     tls_config: Arc<rustls::ServerConfig>,
     router: axum::Router,
-    admin_state: AdminState,
     http: HttpConfig,
     metrics: AdmissionMetrics,
 }
@@ -120,7 +126,6 @@ impl ServerConfig {
     ) -> Self {
         Self {
             listen,
-            admin_listen: None,
             tls_cert: tls_cert.into(),
             tls_key: tls_key.into(),
             admission: AdmissionConfig::default(),
@@ -132,18 +137,18 @@ impl ServerConfig {
 // === impl Server ===
 
 impl Server {
-    /// Loads and checks the certificate pair, binds both listeners and registers the metrics
-    /// in `registry` (under [`METRICS_PREFIX`]). Port 0 binds an ephemeral port; see
+    /// Loads and checks the certificate pair, binds the listener, registers the metrics in
+    /// `registry` (under [`METRICS_PREFIX`]) and the gate `tls certificate` in `readiness`
+    /// (ready, with the serial served). Port 0 binds an ephemeral port; see
     /// [`Server::local_addr`].
     pub async fn bind(
         config: ServerConfig,
         handler: Arc<dyn Handler>,
         readiness: Readiness,
-        mut registry: Registry,
+        registry: &mut Registry,
     ) -> Result<Self, ServerError> {
         let ServerConfig {
             listen,
-            admin_listen,
             tls_cert,
             tls_key,
             admission,
@@ -160,22 +165,19 @@ impl Server {
         }
 
         let (listener, local_addr) = bind(listen).await?;
-        let admin = match admin_listen {
-            Some(addr) => Some(bind(addr).await?),
-            None => None,
-        };
-        tracing::info!(%local_addr, admin = ?admin.as_ref().map(|(_, a)| *a), "admission server bound");
+        tracing::info!(%local_addr, "admission server bound");
+        {
+            let tls = tls.clone();
+            readiness.check("tls certificate", move || {
+                let serial = tls.state().serial.unwrap_or_else(|| "?".to_owned());
+                Status::ready().with_note(format!("serial {serial}"))
+            });
+        }
 
         Ok(Self {
             listener,
             local_addr,
-            admin,
             router: admission::router(handler, admission, metrics.clone()),
-            admin_state: AdminState {
-                readiness,
-                tls: Some(tls.clone()),
-                registry: Arc::new(registry),
-            },
             tls,
             tls_config,
             http,
@@ -188,11 +190,6 @@ impl Server {
         self.local_addr
     }
 
-    /// The admin address actually bound, if any.
-    pub fn admin_addr(&self) -> Option<SocketAddr> {
-        self.admin.as_ref().map(|(_, addr)| *addr)
-    }
-
     /// The certificate resolver (for [`CertReloader::state`]).
     pub fn tls(&self) -> &Arc<CertReloader> {
         &self.tls
@@ -203,58 +200,20 @@ impl Server {
         &self.metrics
     }
 
-    /// Serves until `shutdown` is cancelled, then: `/ready` turns 503, the HTTPS listener stops
-    /// accepting, in-flight reviews finish (up to `http.drain_timeout`), and the admin server
-    /// stops last.
+    /// Serves until `shutdown` is cancelled, then: the listener stops accepting and in-flight
+    /// reviews finish (up to `http.drain_timeout`). `/ready` fails before that: the runtime
+    /// drains it first.
     pub async fn run(self, shutdown: CancellationToken) {
         let Self {
             listener,
-            admin,
             tls_config,
             router,
-            admin_state,
             http,
             ..
         } = self;
-        let readiness = admin_state.readiness.clone();
-        let admin_shutdown = CancellationToken::new();
-
-        let admin = async {
-            if let Some((listener, _)) = admin {
-                let router = admin::router(admin_state);
-                https::serve(
-                    listener,
-                    Transport::Plain,
-                    router,
-                    http.clone(),
-                    admin_shutdown.clone(),
-                )
-                .await;
-            }
-        };
-        let webhook = async {
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
-            https::serve(
-                listener,
-                Transport::Tls(acceptor),
-                router,
-                http.clone(),
-                shutdown.clone(),
-            )
-            .await;
-            tracing::info!("admission server drained");
-            admin_shutdown.cancel();
-        };
-        let mark_draining = async {
-            shutdown.cancelled().await;
-            readiness.drain();
-        };
-        tokio::join!(admin, webhook, mark_draining);
-    }
-
-    /// Runs the server on a task (tests, benchmarks).
-    pub fn spawn(self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(self.run(shutdown))
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
+        https::serve(listener, Transport::Tls(acceptor), router, http, shutdown).await;
+        tracing::info!("admission server drained");
     }
 }
 

@@ -111,7 +111,7 @@ fn device_plugin_env_parses_with_its_command_line() {
                 "{set}"
             );
             assert!(
-                args.admin_listen.is_some(),
+                args.admin.listen.is_some(),
                 "{set}: probes need the admin endpoint"
             );
         }
@@ -138,7 +138,7 @@ fn injector_env_parses_with_its_command_line() {
                 panic!("{set}: not serve");
             };
             assert!(
-                serve.admin_listen.is_some(),
+                serve.admin.listen.is_some(),
                 "{set}: probes need the admin endpoint"
             );
             assert!(serve.config.is_some(), "{set}");

@@ -313,12 +313,15 @@ async fn startup_errors_name_the_file() {
 
         let bind = |cert: &str, key: &str| {
             let config = ServerConfig::new(([127, 0, 0, 1], 0).into(), path(cert), path(key));
-            Server::bind(
-                config,
-                FixedPatch::new(),
-                Readiness::new(),
-                Default::default(),
-            )
+            async move {
+                Server::bind(
+                    config,
+                    FixedPatch::new(),
+                    Readiness::new(),
+                    &mut Default::default(),
+                )
+                .await
+            }
         };
         let message = |error: ServerError| Report(&error).to_string();
 
@@ -365,7 +368,7 @@ async fn startup_errors_name_the_file() {
             config,
             FixedPatch::new(),
             Readiness::new(),
-            Default::default(),
+            &mut Default::default(),
         )
         .await
         .expect_err("address in use");

@@ -18,6 +18,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SerialNumber,
 };
+use rdma_streams_common::runtime::Runtime;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsConnector, client::TlsStream};
@@ -175,8 +176,8 @@ pub struct TestServer {
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// Starts a server with `handler`, leaf serial 1001, an admin listener, and `configure`
-/// applied to the config.
+/// Starts a server with `handler`, leaf serial 1001, and `configure` applied to the config,
+/// in a process runtime with an admin listener (as `serve` runs it; `shutdown` drains it).
 pub async fn start(
     handler: Arc<dyn Handler>,
     configure: impl FnOnce(&mut ServerConfig),
@@ -184,22 +185,40 @@ pub async fn start(
     let pki = Pki::new("rdma-streams test root");
     let secret = SecretDir::new(&pki.leaf(1001));
     let mut config = ServerConfig::new(([127, 0, 0, 1], 0).into(), secret.cert(), secret.key());
-    config.admin_listen = Some(([127, 0, 0, 1], 0).into());
     configure(&mut config);
-    let readiness = Readiness::new();
-    let server = Server::bind(config, handler, readiness.clone(), Registry::default())
+    let shutdown = CancellationToken::new();
+    let rt = Runtime::builder()
+        .admin(Some(([127, 0, 0, 1], 0).into()))
+        .with_shutdown(shutdown.clone())
+        .build()
+        .await
+        .expect("admin binds");
+    let readiness: Readiness = rt.readiness().clone();
+    let mut registry = Registry::default();
+    let server = Server::bind(config, handler, readiness.clone(), &mut registry)
         .await
         .expect("server binds");
-    let shutdown = CancellationToken::new();
+    rt.metrics().publish(registry).expect("first registry");
+    let (addr, admin) = (server.local_addr(), rt.admin_addr());
+    let (metrics, tls) = (server.metrics().clone(), server.tls().clone());
+    let stop = rt.tasks().shutdown().clone();
+    let task = tokio::spawn(async move {
+        rt.run(async move {
+            server.run(stop).await;
+            Ok::<_, rdma_streams_common::runtime::Error>(())
+        })
+        .await
+        .expect("the runtime drains in time");
+    });
     TestServer {
-        addr: server.local_addr(),
-        admin: server.admin_addr(),
-        metrics: server.metrics().clone(),
-        tls: server.tls().clone(),
+        addr,
+        admin,
+        metrics,
+        tls,
         pki,
         secret,
         readiness,
-        task: server.spawn(shutdown.clone()),
+        task,
         shutdown,
     }
 }
