@@ -118,7 +118,7 @@ clippy:
 # `cargo test` does not produce the cdylib (libstreamshim.so) that the real-process tests load
 # with LD_PRELOAD, nor the binaries (the gateway) that the Soft-RoCE guests run.
 # tests/softroce boots QEMU guests with Soft-RoCE and runs the real-RDMA suite in them (about
-# 20-30 minutes under TCG).
+# 12 minutes under TCG on an idle 2-core machine, about twice that under load).
 unit:
 	$(CARGO) build --workspace
 	@log=$$(mktemp); set -o pipefail; \
