@@ -87,6 +87,25 @@ pub fn send_bytes(send: Responder, status: u16, body: Vec<u8>) {
     );
 }
 
+/// A LIST answer: `kind` (`ConfigMapList`, say) of `api_version` at resource version `rv`.
+pub fn list(api_version: &str, kind: &str, rv: &str, items: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": { "resourceVersion": rv },
+        "items": items,
+    })
+}
+
+/// A WATCH answer: one JSON event (`ADDED`, `MODIFIED`, `ERROR`, ...) per line.
+pub fn watch_events(events: &[(&str, Value)]) -> Vec<u8> {
+    events
+        .iter()
+        .map(|(kind, object)| format!("{}\n", json!({ "type": kind, "object": object })))
+        .collect::<String>()
+        .into_bytes()
+}
+
 /// A `meta/v1` `Status` failure body, as the API server sends with 4xx/5xx answers.
 pub fn status_failure(code: u16, reason: &str, message: &str) -> Value {
     json!({

@@ -467,8 +467,8 @@ mod tests {
 
     use super::*;
     use rdma_streams_testkit::mock_api::{
-        ApiServerVerifier, Responder, mock_client, query, respond, send_bytes, status_failure,
-        timeout_after,
+        self, ApiServerVerifier, Responder, mock_client, query, respond, send_bytes,
+        status_failure, timeout_after, watch_events,
     };
 
     const NODE: &str = "node-a";
@@ -735,20 +735,7 @@ mod tests {
     }
 
     fn list(rv: &str, items: Vec<Value>) -> Value {
-        json!({
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstanceList",
-            "metadata": { "resourceVersion": rv },
-            "items": items,
-        })
-    }
-
-    fn watch_events(events: &[(&str, Value)]) -> Vec<u8> {
-        events
-            .iter()
-            .map(|(kind, object)| format!("{}\n", json!({ "type": kind, "object": object })))
-            .collect::<String>()
-            .into_bytes()
+        mock_api::list("kubevirt.io/v1", "VirtualMachineInstanceList", rv, items)
     }
 
     fn gone_410() -> Value {

@@ -12,7 +12,8 @@ use tokio::{task::JoinHandle, time::Instant};
 
 use super::*;
 use rdma_streams_testkit::mock_api::{
-    ApiServerVerifier, Responder, mock_client, query, respond, send_bytes, status_failure,
+    self, ApiServerVerifier, Responder, mock_client, query, respond, send_bytes, status_failure,
+    watch_events,
 };
 
 const NS: &str = "team-a";
@@ -34,21 +35,7 @@ fn config_map(name: &str, rv: &str, data: Value) -> Value {
 }
 
 fn list(rv: &str, items: Vec<Value>) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMapList",
-        "metadata": { "resourceVersion": rv },
-        "items": items,
-    })
-}
-
-/// A WATCH answer: one JSON event per line.
-fn watch_events(events: &[(&str, Value)]) -> Vec<u8> {
-    events
-        .iter()
-        .map(|(kind, object)| format!("{}\n", json!({ "type": kind, "object": object })))
-        .collect::<String>()
-        .into_bytes()
+    mock_api::list("v1", "ConfigMapList", rv, items)
 }
 
 fn gone_410() -> (&'static str, Value) {
