@@ -115,7 +115,7 @@ pub(super) fn run(
     };
     // A panic must not leave waiters hanging: every handle fails fast from now on (and a
     // flush sees `stopped` and returns: nothing more can be delivered).
-    let _panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.serve())).is_err();
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.serve()));
     l.inner.stopped.store(true, Ordering::Release);
     for conn in l.conns.values() {
         conn.shared.fail(ConnectError::EngineGone);
