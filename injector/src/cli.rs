@@ -14,7 +14,7 @@ use std::{
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
 use rdma_streams_common::{
-    args::{AdminArgs, FlagEnv, LogArgs},
+    args::{AdminArgs, LogArgs},
     reload_metrics::ReloadStatsCollector,
     report::Report,
     runtime::{self, Runtime, Tasks},
@@ -46,15 +46,10 @@ pub struct Args {
     pub log: LogArgs<Env>,
 }
 
-/// The environment variables of the shared flags: `RDMA_INJECTOR_<FLAG>`, like every other
-/// flag.
-#[derive(Clone, Debug)]
-pub enum Env {}
-
-impl FlagEnv for Env {
-    const LOG_LEVEL: &'static str = "RDMA_INJECTOR_LOG_LEVEL";
-    const LOG_FORMAT: &'static str = "RDMA_INJECTOR_LOG_FORMAT";
-    const ADMIN_LISTEN: &'static str = "RDMA_INJECTOR_ADMIN_LISTEN";
+rdma_streams_common::flag_env! {
+    /// The environment variables of the shared flags: `RDMA_INJECTOR_<FLAG>`, like every other
+    /// flag.
+    pub enum Env = "RDMA_INJECTOR";
 }
 
 #[derive(Debug, Subcommand)]
@@ -231,19 +226,14 @@ impl Args {
         match args.command {
             Command::Inject(inject) => run_inject(&inject),
             Command::Audit(audit) => {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
+                let rt = runtime::executor(runtime::Threads::Current)?;
                 rt.block_on(async {
                     let client = audit_client(audit.context.as_deref()).await?;
                     run_audit(&audit, &client).await
                 })
             }
             Command::Serve(serve) => {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()?;
+                let rt = runtime::executor(runtime::Threads::Workers(2))?;
                 let plan = serve.plan()?;
                 rt.block_on(run_serve(plan, Runtime::builder().with_signals()))?;
                 Ok(ExitCode::SUCCESS)

@@ -112,7 +112,7 @@ impl Default for ResourceSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ShimSpec {
     /// Delivery mode.
-    pub delivery: Delivery,
+    pub delivery: ShimDelivery,
     /// Image: for `image-volume` an OCI image whose root holds the bundle; for `init-copy` an
     /// image with the bundle under `/bundle` and a `cp` binary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,7 +167,7 @@ impl ShimSpec {
 /// Shim delivery modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Delivery {
+pub enum ShimDelivery {
     /// An `image` volume (Kubernetes >= 1.33 with the ImageVolume feature) mounted read-only.
     ImageVolume,
     /// An init container copies the bundle into an `emptyDir`.
@@ -176,7 +176,7 @@ pub enum Delivery {
     HostPath,
 }
 
-impl Delivery {
+impl ShimDelivery {
     /// The spelling used in the config file.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -187,7 +187,7 @@ impl Delivery {
     }
 }
 
-impl fmt::Display for Delivery {
+impl fmt::Display for ShimDelivery {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -382,7 +382,7 @@ impl Config {
         let profile = Profile {
             resource: ResourceSpec::default(),
             shim: ShimSpec {
-                delivery: Delivery::InitCopy,
+                delivery: ShimDelivery::InitCopy,
                 image: Some(BUILTIN_SHIM_IMAGE.to_owned()),
                 image_pull_policy: None,
                 host_path: None,
@@ -524,7 +524,7 @@ impl Profile {
 impl ShimSpec {
     fn check(&self, at: &str, roots: &[String], problems: &mut Vec<String>) {
         match self.delivery {
-            Delivery::ImageVolume | Delivery::InitCopy => {
+            ShimDelivery::ImageVolume | ShimDelivery::InitCopy => {
                 match &self.image {
                     None => problems.push(format!(
                         "{at}.image is required for delivery {}",
@@ -542,7 +542,7 @@ impl ShimSpec {
                     ));
                 }
             }
-            Delivery::HostPath => match &self.host_path {
+            ShimDelivery::HostPath => match &self.host_path {
                 None => problems.push(format!("{at}.hostPath is required for delivery host-path")),
                 Some(path) => {
                     if let Err(why) = check_node_path(path) {
@@ -589,9 +589,9 @@ impl ShimSpec {
 
     fn may_use_init_copy(&self) -> bool {
         match self.delivery {
-            Delivery::InitCopy => true,
-            Delivery::HostPath => self.image.is_some(),
-            Delivery::ImageVolume => false,
+            ShimDelivery::InitCopy => true,
+            ShimDelivery::HostPath => self.image.is_some(),
+            ShimDelivery::ImageVolume => false,
         }
     }
 }
@@ -761,7 +761,7 @@ mod tests {
         config.validate().expect("builtin default validates");
         assert_eq!(config.default_profile, "default");
         let profile = config.profile("default").expect("default profile");
-        assert_eq!(profile.shim.delivery, Delivery::InitCopy);
+        assert_eq!(profile.shim.delivery, ShimDelivery::InitCopy);
         assert_eq!(profile.shim.image.as_deref(), Some(BUILTIN_SHIM_IMAGE));
         assert_eq!(profile.resource, ResourceSpec::default());
         assert_eq!(

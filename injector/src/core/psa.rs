@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use super::effective::Effective;
 use super::names;
 use super::{DenyReason, Halt, NamespaceFacts};
-use crate::profile::{Delivery, PodSecurityAction, Profile};
+use crate::profile::{PodSecurityAction, Profile, ShimDelivery};
 
 /// A Pod Security level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -85,7 +85,7 @@ pub(crate) fn effective(
     let level_name = level.as_str();
 
     if level == Level::Restricted
-        && profile.shim.delivery == Delivery::ImageVolume
+        && profile.shim.delivery == ShimDelivery::ImageVolume
         && enforce_minor(&namespace.labels).is_some_and(|minor| minor < 33)
     {
         return Err(Halt::Deny(
@@ -106,7 +106,7 @@ pub(crate) fn effective(
     if profile.ipc_lock {
         forbidden.push("the IPC_LOCK capability");
     }
-    if profile.shim.delivery == Delivery::HostPath {
+    if profile.shim.delivery == ShimDelivery::HostPath {
         forbidden.push("a hostPath volume (delivery host-path)");
     }
     if forbidden.is_empty() {
@@ -125,7 +125,7 @@ pub(crate) fn effective(
                 names::PSA_ENFORCE,
                 forbidden.join(" and "),
                 names::PSA_ENFORCE,
-                if profile.shim.delivery == Delivery::HostPath {
+                if profile.shim.delivery == ShimDelivery::HostPath {
                     " and copies the shim with init-copy instead of host-path"
                 } else {
                     ""
@@ -143,7 +143,7 @@ pub(crate) fn effective(
                 );
             }
             if let Some(shim) = effective.shim.as_mut()
-                && shim.delivery == Delivery::HostPath
+                && shim.delivery == ShimDelivery::HostPath
             {
                 if shim.image.is_none() {
                     return Err(Halt::Deny(
@@ -157,7 +157,7 @@ pub(crate) fn effective(
                         ),
                     ));
                 }
-                shim.delivery = Delivery::InitCopy;
+                shim.delivery = ShimDelivery::InitCopy;
                 shim.host_path = None;
                 dropped.push("with init-copy instead of host-path");
             }

@@ -18,7 +18,7 @@ use super::names;
 use super::patch::{Kind, PatchBuilder};
 use super::pod::{ContainerView, PodView, non_null};
 use super::{DenyReason, Halt};
-use crate::profile::{Delivery, ShimSpec};
+use crate::profile::{ShimDelivery, ShimSpec};
 use json_patch::jsonptr::PointerBuf;
 
 /// CPU and memory of the init container, requests equal to limits: a Guaranteed pod stays
@@ -57,7 +57,7 @@ pub(crate) fn inject(
         }
     }
 
-    if shim.delivery == Delivery::InitCopy {
+    if shim.delivery == ShimDelivery::InitCopy {
         if pod
             .containers
             .iter()
@@ -119,15 +119,15 @@ fn mount(
 /// The pod volume for a delivery mode.
 fn volume(shim: &ShimSpec) -> Value {
     match shim.delivery {
-        Delivery::ImageVolume => {
+        ShimDelivery::ImageVolume => {
             let mut image = json!({"reference": shim.image.as_deref().unwrap_or_default()});
             if let Some(policy) = shim.image_pull_policy {
                 image["pullPolicy"] = json!(policy.as_str());
             }
             json!({"name": names::SHIM_VOLUME, "image": image})
         }
-        Delivery::InitCopy => json!({"name": names::SHIM_VOLUME, "emptyDir": {}}),
-        Delivery::HostPath => json!({
+        ShimDelivery::InitCopy => json!({"name": names::SHIM_VOLUME, "emptyDir": {}}),
+        ShimDelivery::HostPath => json!({
             "name": names::SHIM_VOLUME,
             "hostPath": {"path": shim.host_path.as_deref().unwrap_or_default(), "type": "Directory"},
         }),

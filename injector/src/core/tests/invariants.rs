@@ -21,7 +21,7 @@ use crate::core::env::preload_entries;
 use crate::core::multus;
 use crate::core::names;
 use crate::core::{InjectionStatus, Plan, apply};
-use crate::profile::{Config, Delivery};
+use crate::profile::{Config, ShimDelivery};
 
 /// A difference between input and output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,10 +407,10 @@ fn check_app(ctx: &Ctx<'_>, expect_ipc: bool) {
     let had_init = super::support::container_names(ctx.original, "initContainers")
         .iter()
         .any(|n| n == names::SHIM_INIT_CONTAINER);
-    if delivery == Some(Delivery::InitCopy.as_str()) {
+    if delivery == Some(ShimDelivery::InitCopy.as_str()) {
         assert_eq!(inits.len(), 1, "one init-copy container");
     }
-    if delivery == Some(Delivery::InitCopy.as_str()) && !had_init {
+    if delivery == Some(ShimDelivery::InitCopy.as_str()) && !had_init {
         let sc = &inits[0]["securityContext"];
         assert_eq!(sc["runAsNonRoot"], true);
         assert_eq!(sc["allowPrivilegeEscalation"], false);
