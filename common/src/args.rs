@@ -4,19 +4,18 @@
 //!
 //! Each binary keeps its own environment variables (`RDMA_DP_LOG_LEVEL`,
 //! `RDMA_INJECTOR_LOG_LEVEL`, `RDMA_GW_LOG_LEVEL`, ...): the groups are generic over a
-//! [`FlagEnv`] that names them.
+//! [`FlagEnv`] that names them, declared with [`flag_env!`](crate::flag_env) from the
+//! binary's prefix.
 //!
 //! ```
 //! use clap::Parser;
 //! use rdma_streams_common::args::{AdminArgs, FlagEnv, LogArgs};
 //!
-//! #[derive(Clone, Debug)]
-//! enum Env {}
-//! impl FlagEnv for Env {
-//!     const LOG_LEVEL: &'static str = "EXAMPLE_LOG_LEVEL";
-//!     const LOG_FORMAT: &'static str = "EXAMPLE_LOG_FORMAT";
-//!     const ADMIN_LISTEN: &'static str = "EXAMPLE_ADMIN_LISTEN";
+//! rdma_streams_common::flag_env! {
+//!     /// `EXAMPLE_<FLAG>`.
+//!     enum Env = "EXAMPLE";
 //! }
+//! assert_eq!(<Env as FlagEnv>::LOG_LEVEL, "EXAMPLE_LOG_LEVEL");
 //!
 //! #[derive(Debug, Parser)]
 //! struct Args {
@@ -34,6 +33,42 @@
 use std::{fmt, marker::PhantomData, net::SocketAddr};
 
 use crate::telemetry::{self, LogFormat};
+
+/// Declares an uninhabited type that implements [`FlagEnv`](crate::args::FlagEnv) with the
+/// variables `<PREFIX>_LOG_LEVEL`, `<PREFIX>_LOG_FORMAT` and `<PREFIX>_ADMIN_LISTEN`, the
+/// binary's own prefix as for every other flag; the trait's defaulted constants may follow.
+///
+/// ```
+/// use rdma_streams_common::args::FlagEnv;
+///
+/// rdma_streams_common::flag_env! {
+///     pub enum GwEnv = "RDMA_GW";
+///     const ADMIN_LISTEN_DEFAULT: Option<&'static str> = Some("0.0.0.0:9103");
+///     const GLOBAL: bool = false;
+/// }
+/// assert_eq!(GwEnv::ADMIN_LISTEN, "RDMA_GW_ADMIN_LISTEN");
+/// assert_eq!(GwEnv::ADMIN_LISTEN_DEFAULT, Some("0.0.0.0:9103"));
+/// assert!(!GwEnv::GLOBAL);
+/// ```
+#[macro_export]
+macro_rules! flag_env {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident = $prefix:literal;
+        $(const $item:ident: $ty:ty = $value:expr;)*
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug)]
+        $vis enum $name {}
+
+        impl $crate::args::FlagEnv for $name {
+            const LOG_LEVEL: &'static str = concat!($prefix, "_LOG_LEVEL");
+            const LOG_FORMAT: &'static str = concat!($prefix, "_LOG_FORMAT");
+            const ADMIN_LISTEN: &'static str = concat!($prefix, "_ADMIN_LISTEN");
+            $(const $item: $ty = $value;)*
+        }
+    };
+}
 
 /// The environment variables of one binary's shared flags.
 pub trait FlagEnv: Clone + fmt::Debug + Send + Sync + 'static {

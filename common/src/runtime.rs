@@ -598,5 +598,8 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
+mod executor;
+pub use executor::{BLOCKING_KEEP_ALIVE, Threads, executor};
+
 #[cfg(test)]
 mod tests;

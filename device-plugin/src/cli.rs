@@ -11,7 +11,7 @@ use std::{
 use clap::{Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
 use rdma_streams_common::{
-    args::{AdminArgs, FlagEnv, LogArgs},
+    args::{AdminArgs, LogArgs},
     reload_metrics::ReloadStatsCollector,
     runtime::{self, Runtime},
 };
@@ -119,14 +119,9 @@ pub struct Args {
     pub log: LogArgs<Env>,
 }
 
-/// The environment variables of the shared flags: `RDMA_DP_<FLAG>`, like every other flag.
-#[derive(Clone, Debug)]
-pub enum Env {}
-
-impl FlagEnv for Env {
-    const LOG_LEVEL: &'static str = "RDMA_DP_LOG_LEVEL";
-    const LOG_FORMAT: &'static str = "RDMA_DP_LOG_FORMAT";
-    const ADMIN_LISTEN: &'static str = "RDMA_DP_ADMIN_LISTEN";
+rdma_streams_common::flag_env! {
+    /// The environment variables of the shared flags: `RDMA_DP_<FLAG>`, like every other flag.
+    pub enum Env = "RDMA_DP";
 }
 
 #[derive(Debug, Subcommand)]
@@ -197,11 +192,7 @@ impl Args {
     pub fn parse_and_run() -> Result<(), RunError> {
         let args = Self::parse();
         args.log.init();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(RunError::Tokio)?;
+        let rt = runtime::executor(runtime::Threads::Workers(2)).map_err(RunError::Tokio)?;
         rt.block_on(args.run())
     }
 

@@ -13,7 +13,7 @@ use std::{
 use clap::Parser;
 use prometheus_client::registry::Registry;
 use rdma_streams_common::{
-    args::{AdminArgs, FlagEnv, LogArgs},
+    args::{AdminArgs, LogArgs},
     report::Report,
     runtime::{self, Runtime, Tasks},
 };
@@ -118,14 +118,9 @@ pub struct Args {
     pub advertise_address: Option<IpAddr>,
 }
 
-/// The environment variables of the shared flags: `RDMA_GW_<FLAG>`, like every other flag.
-#[derive(Clone, Debug)]
-pub enum Env {}
-
-impl FlagEnv for Env {
-    const LOG_LEVEL: &'static str = "RDMA_GW_LOG_LEVEL";
-    const LOG_FORMAT: &'static str = "RDMA_GW_LOG_FORMAT";
-    const ADMIN_LISTEN: &'static str = "RDMA_GW_ADMIN_LISTEN";
+rdma_streams_common::flag_env! {
+    /// The environment variables of the shared flags: `RDMA_GW_<FLAG>`, like every other flag.
+    pub enum Env = "RDMA_GW";
     const ADMIN_LISTEN_DEFAULT: Option<&'static str> = Some("0.0.0.0:9103");
     const GLOBAL: bool = false;
 }
@@ -230,12 +225,7 @@ impl Args {
     pub fn run(self) -> Result<(), RunError> {
         self.log.init();
         let plan = self.plan(std::env::var_os("KUBERNETES_SERVICE_HOST").is_some());
-        let tokio = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            // Blocking threads (waits for streams to open) leave soon after.
-            .thread_keep_alive(Duration::from_secs(1))
-            .build()
-            .map_err(RunError::Runtime)?;
+        let tokio = runtime::executor(runtime::Threads::PerCpu).map_err(RunError::Runtime)?;
         let rdma = start_engine(&plan.provider, &plan.settings);
         tokio.block_on(serve(plan, rdma, Runtime::builder().with_signals()))
     }
