@@ -19,6 +19,7 @@ use std::{
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use rdma_streams_testkit::stats::percentile;
 use rustls::pki_types::ServerName;
 use serde_json::json;
 
@@ -58,11 +59,6 @@ fn review_body() -> Bytes {
         }
     });
     Bytes::from(review.to_string())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 async fn client_loop(

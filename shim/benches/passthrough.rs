@@ -53,6 +53,8 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
+use rdma_streams_testkit::stats::median;
+
 const DEFAULT_RSPRELOAD: &str = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
 const CONNECT_ROUNDS: usize = 2000;
 const CONNECT_WARMUP: usize = 200;
@@ -76,20 +78,6 @@ fn env_num(name: &str, default: u64) -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n| n > 0)
         .unwrap_or(default)
-}
-
-fn median(v: &[f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    Some(if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    })
 }
 
 fn spread(v: &[f64], scale: f64, unit: &str, digits: usize) -> String {

@@ -3,7 +3,8 @@
 //!
 //! - [`within`]: run a test body under a time limit;
 //! - `mock_api` (feature `kube`): a mocked Kubernetes API server for kube-side unit tests;
-//! - `h2_raw` (feature `h2`): a raw HTTP/2 client for unary gRPC calls over a unix socket.
+//! - `h2_raw` (feature `h2`): a raw HTTP/2 client for unary gRPC calls over a unix socket;
+//! - [`stats`]: the benchmarks' medians and percentiles.
 #![warn(missing_docs)]
 // Only tests link this crate: a panic is how its helpers fail the calling test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,6 +18,7 @@ pub mod h2_raw;
 #[cfg(feature = "kube")]
 #[allow(missing_docs)]
 pub mod mock_api;
+pub mod stats;
 
 /// Runs `f` on a thread and fails the test if it takes longer than `limit`. A panic in `f`
 /// is propagated as is.

@@ -61,6 +61,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rdma_streams_softroce::locate::workspace_root;
 use rdma_streams_softroce::{GuestSpec, run_with};
+use rdma_streams_testkit::stats::median;
 use serde_json::Value;
 
 const GUEST_SH: &str = include_str!("rdma_guest.sh");
@@ -115,20 +116,6 @@ impl Knobs {
 
 // ---------------------------------------------------------------------------------------------
 // Statistics
-
-fn median(v: &[f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    Some(if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    })
-}
 
 fn min_max(v: &[f64]) -> (f64, f64) {
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
