@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::relay::{Ready, Relay, Step};
 use super::shared::ConnShared;
-use super::{Attach, End, EngineConfig, Event, Gate, Path, SLOT};
+use super::{Attach, End, EngineConfig, Event, Gate, SLOT, StreamPath};
 use crate::fd;
 use crate::flow::{RecvFlow, SendFlow};
 use crate::rdma::{CmId, Cq, Device, Local, Mr, Qp, Region, WC_RECV, WC_SUCCESS, Wc};
@@ -632,18 +632,18 @@ impl StreamConn {
             // Gone before the attach. Without CONFIRM neither side moved: relay over TCP.
             match (gate, attached.kept.take()) {
                 (Gate::Confirm | Gate::Claim, Some(kept)) => {
-                    (attached.on_event)(Event::Decided(Path::Tcp));
+                    (attached.on_event)(Event::Decided(StreamPath::Tcp));
                     self.app = App::Relay(Relay::new(attached.local, kept), attached.on_event);
                 }
                 (_, kept) => {
-                    (attached.on_event)(Event::Decided(Path::Broken));
+                    (attached.on_event)(Event::Decided(StreamPath::Broken));
                     fd::shutdown_quietly(attached.local.as_fd(), Shutdown::Both);
                     if let Some(k) = kept {
                         fd::reset(k.as_fd());
                         fds.closing.push(k);
                     }
                     (attached.on_event)(Event::Ended(End {
-                        path: Path::Broken,
+                        path: StreamPath::Broken,
                         sent: 0,
                         received: 0,
                         error: Some(String::from("the connection ended before it was attached")),
@@ -661,7 +661,7 @@ impl StreamConn {
                 {
                     r.control(ControlKind::Confirm);
                 }
-                (attached.on_event)(Event::Decided(Path::Rdma));
+                (attached.on_event)(Event::Decided(StreamPath::Rdma));
             }
             Gate::Claim => {
                 if let Some(r) = &mut self.rdma {
@@ -741,15 +741,15 @@ impl StreamConn {
         } = a;
         match kept {
             Some(kept) => {
-                on_event(Event::Decided(Path::Tcp));
+                on_event(Event::Decided(StreamPath::Tcp));
                 self.app = App::Relay(Relay::new(local, kept), on_event);
             }
             None => {
-                on_event(Event::Decided(Path::Broken));
+                on_event(Event::Decided(StreamPath::Broken));
                 fd::shutdown_quietly(local.as_fd(), Shutdown::Both);
                 fds.closing.push(Arc::new(local));
                 on_event(Event::Ended(End {
-                    path: Path::Broken,
+                    path: StreamPath::Broken,
                     sent: 0,
                     received: 0,
                     error: Some(String::from(
@@ -785,7 +785,7 @@ impl StreamConn {
         match app {
             App::Stream(mut a) => {
                 if a.awaiting_confirm.is_some() {
-                    (a.on_event)(Event::Decided(Path::Broken));
+                    (a.on_event)(Event::Decided(StreamPath::Broken));
                 }
                 fd::shutdown_quietly(a.local.as_fd(), Shutdown::Both);
                 if let Some(k) = a.kept.take() {
@@ -793,9 +793,9 @@ impl StreamConn {
                     fds.closing.push(k);
                 }
                 let path = if a.awaiting_confirm.is_some() {
-                    Path::Broken
+                    StreamPath::Broken
                 } else {
-                    Path::Rdma
+                    StreamPath::Rdma
                 };
                 (a.on_event)(Event::Ended(End {
                     path,
@@ -845,7 +845,7 @@ impl StreamConn {
         };
         let (sent, received) = relay.moved();
         on_event(Event::Ended(End {
-            path: Path::Tcp,
+            path: StreamPath::Tcp,
             sent,
             received,
             error,
@@ -882,7 +882,7 @@ impl StreamConn {
                 return Ok(false);
             }
             a.awaiting_confirm = None;
-            (a.on_event)(Event::Decided(Path::Rdma));
+            (a.on_event)(Event::Decided(StreamPath::Rdma));
         }
         pump(rdma, a, draining).map_err(|e| format!("local side: {e}"))?;
         let inbound_done = rdma.peer_fin && a.local_shut && !rdma.has_pending();
@@ -909,7 +909,7 @@ impl StreamConn {
             ..
         } = a;
         on_event(Event::Ended(End {
-            path: Path::Rdma,
+            path: StreamPath::Rdma,
             sent,
             received,
             error: None,

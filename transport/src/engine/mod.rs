@@ -173,14 +173,14 @@ pub enum Gate {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// Which path carries the bytes (once per connection, when known).
-    Decided(Path),
+    Decided(StreamPath),
     /// The connection ended (last event).
     Ended(End),
 }
 
 /// The path a connection's bytes take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Path {
+pub enum StreamPath {
     /// The RDMA stream.
     Rdma,
     /// Relayed over the kept TCP socket (the peer stayed on TCP).
@@ -193,7 +193,7 @@ pub enum Path {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct End {
     /// The path it ran on.
-    pub path: Path,
+    pub path: StreamPath,
     /// Bytes from the local fd to the peer.
     pub sent: u64,
     /// Bytes from the peer to the local fd.

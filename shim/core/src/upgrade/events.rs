@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use libc::c_int;
-use rdma_streams_transport::engine::{Event, Path as StreamPath};
+use rdma_streams_transport::engine::{Event, StreamPath};
 use rdma_streams_transport::reason::{Path, Reason, Role};
 use rdma_streams_transport::stats::Stats;
 
