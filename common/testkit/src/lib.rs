@@ -4,7 +4,8 @@
 //! - [`within`]: run a test body under a time limit;
 //! - `mock_api` (feature `kube`): a mocked Kubernetes API server for kube-side unit tests;
 //! - `h2_raw` (feature `h2`): a raw HTTP/2 client for unary gRPC calls over a unix socket;
-//! - [`stats`]: the benchmarks' medians and percentiles.
+//! - [`stats`]: the benchmarks' medians and percentiles;
+//! - [`shipped`]: the check that a shipped binary carries no test double.
 #![warn(missing_docs)]
 // Only tests link this crate: a panic is how its helpers fail the calling test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -18,6 +19,7 @@ pub mod h2_raw;
 #[cfg(feature = "kube")]
 #[allow(missing_docs)]
 pub mod mock_api;
+pub mod shipped;
 pub mod stats;
 
 /// Runs `f` on a thread and fails the test if it takes longer than `limit`. A panic in `f`
