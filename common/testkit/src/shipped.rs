@@ -41,24 +41,8 @@ pub fn assert_no_test_code(
     binary: &str,
     subcommands: &[&[&str]],
 ) {
-    let found = dependencies_found(manifest_dir, package);
-    assert!(
-        found.is_empty(),
-        "{package} depends on test-only crates: {found:?}"
-    );
-
-    let bytes = std::fs::read(binary).unwrap_or_else(|e| panic!("reading {binary}: {e}"));
-    let text = String::from_utf8_lossy(&bytes);
-    let symbols: Vec<&str> = TEST_ONLY_SYMBOLS
-        .iter()
-        .copied()
-        .filter(|s| text.contains(s))
-        .collect();
-    assert!(
-        symbols.is_empty(),
-        "{binary} contains test-only code: {symbols:?}"
-    );
-
+    assert_no_test_dependencies(manifest_dir, package);
+    assert_no_test_symbols(binary);
     let mut lines: Vec<Vec<&str>> = vec![vec![]];
     lines.extend(subcommands.iter().map(|c| c.to_vec()));
     for args in lines {
@@ -70,6 +54,30 @@ pub fn assert_no_test_code(
             args.join(" ")
         );
     }
+}
+
+/// The package's normal and build dependencies include no test-only crate.
+pub fn assert_no_test_dependencies(manifest_dir: &str, package: &str) {
+    let found = dependencies_found(manifest_dir, package);
+    assert!(
+        found.is_empty(),
+        "{package} depends on test-only crates: {found:?}"
+    );
+}
+
+/// The file (an executable or a shared library) names no test-only module or crate.
+pub fn assert_no_test_symbols(binary: &str) {
+    let bytes = std::fs::read(binary).unwrap_or_else(|e| panic!("reading {binary}: {e}"));
+    let text = String::from_utf8_lossy(&bytes);
+    let symbols: Vec<&str> = TEST_ONLY_SYMBOLS
+        .iter()
+        .copied()
+        .filter(|s| text.contains(s))
+        .collect();
+    assert!(
+        symbols.is_empty(),
+        "{binary} contains test-only code: {symbols:?}"
+    );
 }
 
 /// The test-only crates in the package's normal and build dependency tree.
