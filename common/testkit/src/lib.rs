@@ -5,7 +5,8 @@
 //! - `mock_api` (feature `kube`): a mocked Kubernetes API server for kube-side unit tests;
 //! - `h2_raw` (feature `h2`): a raw HTTP/2 client for unary gRPC calls over a unix socket;
 //! - [`stats`]: the benchmarks' medians and percentiles;
-//! - [`shipped`]: the check that a shipped binary carries no test double.
+//! - [`shipped`]: the check that a shipped binary carries no test double;
+//! - [`process`]: a command run to its end under a time limit.
 #![warn(missing_docs)]
 // Only tests link this crate: a panic is how its helpers fail the calling test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -19,6 +20,7 @@ pub mod h2_raw;
 #[cfg(feature = "kube")]
 #[allow(missing_docs)]
 pub mod mock_api;
+pub mod process;
 pub mod shipped;
 pub mod stats;
 

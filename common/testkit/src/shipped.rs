@@ -9,11 +9,7 @@
 //!   binary keeps the path of every function linked into it;
 //! - no flag in `--help` (of the binary and each subcommand given) says `test` or `fake`.
 
-use std::{
-    path::Path,
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::{path::Path, process::Command, time::Duration};
 
 /// Crates that exist for tests only.
 pub const TEST_ONLY_CRATES: &[&str] = &["proptest", "tower-test", "tempfile"];
@@ -140,35 +136,14 @@ pub fn test_flags(help: &str) -> Vec<String> {
 /// Runs `cmd` to its end within [`LIMIT`] and returns its standard output; panics on failure.
 fn run(cmd: &mut Command) -> String {
     let shown = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {shown}: {e}"));
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if start.elapsed() > LIMIT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("{shown} ran longer than {LIMIT:?}");
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => panic!("waiting for {shown}: {e}"),
-        }
-    }
-    let out = child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("reading {shown}: {e}"));
+    let out = crate::process::run(cmd, LIMIT);
     assert!(
         out.status.success(),
         "{shown} failed ({}): {}",
         out.status,
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    out.stdout
 }
 
 #[cfg(test)]

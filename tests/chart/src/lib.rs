@@ -10,11 +10,9 @@
 // Only the chart's tests link this crate: a panic is how its helpers fail the calling test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -163,51 +161,7 @@ pub fn kubernetes_validate() -> Option<PathBuf> {
     }
 }
 
-/// What a finished command printed.
-#[derive(Debug)]
-pub struct Output {
-    pub status: ExitStatus,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-fn drain(mut r: impl Read + Send + 'static) -> thread::JoinHandle<String> {
-    thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = r.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
-    })
-}
-
-/// Runs `cmd` to completion; kills it and panics when it takes longer than `limit`.
-pub fn run(cmd: &mut Command, limit: Duration) -> Output {
-    let shown = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {shown}: {e}"));
-    let out = drain(child.stdout.take().expect("stdout"));
-    let err = drain(child.stderr.take().expect("stderr"));
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{shown} did not finish within {limit:?}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        status,
-        stdout: out.join().expect("stdout reader"),
-        stderr: err.join().expect("stderr reader"),
-    }
-}
+pub use rdma_streams_testkit::process::{Output, run};
 
 /// `--values FILE` arguments of a value set.
 pub fn values_args(set: ValueSet) -> Vec<String> {
