@@ -157,10 +157,8 @@ pub fn allocate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        config::{Config, MountConfig, PoolConfig},
-        testing::fixture::{FixtureTree, HcaSpec},
-    };
+    use crate::config::{Config, MountConfig, PoolConfig};
+    use rdma_device_plugin_testkit::fixture::{FixtureTree, HcaSpec};
 
     fn setup(dir: &Path) -> (FixtureTree, PoolSnapshot) {
         let tree = FixtureTree::new(dir).unwrap();

@@ -165,10 +165,8 @@ pub fn clean_stale(cdi_dir: &Path, keep: &[PathBuf]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        config::{Config, MountConfig, PoolConfig},
-        testing::fixture::{FixtureTree, HcaSpec},
-    };
+    use crate::config::{Config, MountConfig, PoolConfig};
+    use rdma_device_plugin_testkit::fixture::{FixtureTree, HcaSpec};
 
     #[test]
     fn kinds() {

@@ -647,7 +647,7 @@ impl Sysfs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::fixture::{FixtureTree, HcaSpec, example_two_hca_node};
+    use rdma_device_plugin_testkit::fixture::{FixtureTree, HcaSpec, example_two_hca_node};
 
     fn tree() -> (tempfile::TempDir, FixtureTree) {
         let dir = tempfile::tempdir().unwrap();

@@ -272,4 +272,18 @@ mod tests {
         assert_eq!(LinkLayer::parse("Ethernet").as_str(), "Ethernet");
         assert_eq!(LinkLayer::parse("weird"), LinkLayer::Other("weird".into()));
     }
+
+    /// The test kit's fixture spells link layers as the kernel does, so they parse to ours.
+    #[test]
+    fn fixture_link_layers_parse() {
+        use rdma_device_plugin_testkit::fixture::LinkLayer as Fixture;
+        assert_eq!(
+            LinkLayer::parse(Fixture::InfiniBand.as_str()),
+            LinkLayer::InfiniBand
+        );
+        assert_eq!(
+            LinkLayer::parse(Fixture::Ethernet.as_str()),
+            LinkLayer::Ethernet
+        );
+    }
 }

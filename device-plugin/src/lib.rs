@@ -9,7 +9,7 @@
 //! One concept per module; `cli` wires them together.
 
 pub mod allocate;
-pub mod api;
+pub use rdma_kubelet_api as api;
 pub mod cdi;
 pub mod cli;
 pub mod config;
@@ -32,10 +32,3 @@ pub mod selector;
 pub mod service;
 pub use rdma_streams_common::uds;
 pub mod verbs;
-
-/// Test support shared by unit tests, integration tests and benchmarks: a fixture builder for
-/// sysfs/dev trees and a fake kubelet speaking the real protos.
-pub mod testing {
-    pub mod fake_kubelet;
-    pub mod fixture;
-}

@@ -92,8 +92,8 @@ mod tests {
     use crate::{
         config::PoolConfig,
         hca::{Hca, Inventory},
-        testing::fixture::{FixtureTree, HcaSpec},
     };
+    use rdma_device_plugin_testkit::fixture::{FixtureTree, HcaSpec};
 
     fn snapshot(specs: Vec<HcaSpec>, slots: u32) -> PoolSnapshot {
         let dir = tempfile::tempdir().unwrap();
