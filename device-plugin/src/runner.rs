@@ -33,7 +33,7 @@ use tonic::transport::Server;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::{
-    allocate::Delivery,
+    allocate::DeviceHandoff,
     api::{
         KUBELET_SOCKET, pluginregistration::registration_server::RegistrationServer,
         v1beta1::device_plugin_server::DevicePluginServer,
@@ -241,12 +241,12 @@ impl Runner {
         let service = PoolService {
             snapshot: self.snapshot.clone(),
             dev_root: self.settings.dev_root.clone(),
-            delivery: if self.settings.cdi_dir.is_some() {
-                Delivery::Cdi {
+            handoff: if self.settings.cdi_dir.is_some() {
+                DeviceHandoff::Cdi {
                     kind: crate::cdi::cdi_kind(&self.resource_name),
                 }
             } else {
-                Delivery::DeviceSpecs
+                DeviceHandoff::DeviceSpecs
             },
             metrics: self.metrics.clone(),
             stop: stop.clone(),
