@@ -5,10 +5,10 @@ use std::{
     path::Path,
 };
 
+use super::pool::PoolSnapshot;
 use crate::{
     api::v1beta1 as pb,
-    hca::{CharDev, CharDevKind, Hca},
-    pool::PoolSnapshot,
+    inventory::hca::{CharDev, CharDevKind, Hca},
 };
 
 /// Env var naming the allocated RDMA devices, comma separated (`mlx5_0,mlx5_1`).
@@ -171,7 +171,8 @@ mod tests {
                 .netdev("ens2f0np0"),
         )
         .unwrap();
-        let inv = crate::discovery::discover(&tree.sys_root(), &tree.dev_root()).unwrap();
+        let inv =
+            crate::inventory::discovery::discover(&tree.sys_root(), &tree.dev_root()).unwrap();
         let pool = PoolConfig {
             slots_per_hca: 2,
             mounts: vec![MountConfig {

@@ -15,11 +15,13 @@ use tonic::{Request, Response, Status};
 use tracing::{debug, info, warn};
 
 use crate::{
-    allocate::{self, AllocateError, DeviceHandoff},
+    allocation::{
+        allocate::{self, AllocateError, DeviceHandoff},
+        pool::PoolSnapshot,
+        preferred::preferred_allocation,
+    },
     api::v1beta1::{self as pb, device_plugin_server::DevicePlugin},
     metrics::Metrics,
-    pool::PoolSnapshot,
-    preferred::preferred_allocation,
 };
 
 /// The options we advertise, in `RegisterRequest.options` and `GetDevicePluginOptions` alike.
