@@ -9,10 +9,8 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rdma_device_plugin::{
-    cli::{Args, run_plugin},
-    testing::{fake_kubelet::FakeKubelet, fixture::example_two_hca_node},
-};
+use rdma_device_plugin::cli::{Args, run_plugin};
+use rdma_device_plugin_testkit::{fake_kubelet::FakeKubelet, fixture::example_two_hca_node};
 use tokio_util::sync::CancellationToken;
 
 const RESOURCE: &str = "rdma-streams.io/hca";

@@ -20,15 +20,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::{
-    config::{self, Config},
-    config_watch,
-    hca::Inventory,
-    inventory_watch::{self, InventorySettings},
-    manager::Manager,
+    allocation::pool::PoolSnapshot,
+    config::{self, Config, watch as config_watch},
+    inventory::{
+        hca::Inventory,
+        watch::{self as inventory_watch, InventorySettings},
+    },
+    kubelet::{manager::Manager, registration::RegistrationMode, runner::RunnerSettings},
     metrics::Metrics,
-    pool::PoolSnapshot,
-    registration::RegistrationMode,
-    runner::RunnerSettings,
 };
 
 #[derive(Debug, Parser)]
@@ -148,7 +147,7 @@ pub enum RunError {
     #[error(transparent)]
     Config(#[from] config::ConfigError),
     #[error(transparent)]
-    Discovery(#[from] crate::discovery::DiscoveryError),
+    Discovery(#[from] crate::inventory::discovery::DiscoveryError),
     #[error(transparent)]
     Runtime(#[from] runtime::Error),
     #[error("building the tokio runtime")]
@@ -330,7 +329,7 @@ pub fn discover_report(
     config_path: Option<&Path>,
 ) -> Result<DiscoverReport, RunError> {
     let cfg: Config = config::load(config_path)?;
-    let inventory = crate::discovery::discover(sysfs_root, dev_root)?;
+    let inventory = crate::inventory::discovery::discover(sysfs_root, dev_root)?;
     let mut notes = Vec::new();
     if inventory.hcas.is_empty() {
         notes.push(format!(
@@ -344,7 +343,7 @@ pub fn discover_report(
             dev_root.join("infiniband/rdma_cm").display()
         ));
     }
-    if let Some(advice) = crate::netns_mode::advice(inventory.netns_mode) {
+    if let Some(advice) = crate::inventory::netns_mode::advice(inventory.netns_mode) {
         notes.push(advice.to_string());
     }
     let pools = cfg

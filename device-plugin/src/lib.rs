@@ -1,41 +1,26 @@
 //! rdma-device-plugin: advertises RDMA HCAs to kubelet as per-HCA slots.
 //!
 //! ```text
-//!  sysfs + dev tree --discovery--> Inventory --(per pool)--> PoolSnapshot --watch--> gRPC service
-//!  config file -----config_watch--> Config ------^                                  (ListAndWatch,
-//!  kubelet dir --dir_watch--> runner: lock, serve fresh socket, Register, restart    Allocate, ...)
+//!              inventory/                 allocation/                    kubelet/
+//!  sysfs + dev tree --discovery--> Inventory --(per pool)--> PoolSnapshot --watch--> manager
+//!                   (health, verbs, watch)         ^   (pool, allocate,             runner: lock, serve
+//!                                                  |    preferred, cdi)             service on a fresh
+//!  config file -----watch--> Config (selector) ----'                                socket, register,
+//!              config/                                                              restart (dir_watch)
 //! ```
 //!
-//! One concept per module; `cli` wires them together.
+//! Each folder depends only on those to its left (and on `metrics`): `inventory` knows the node,
+//! `config` the file, `allocation` what a pool hands out, `kubelet` the protocol and sockets.
+//! `cli` wires them together. The kubelet wire types are [`api`] (the `rdma-kubelet-api` crate);
+//! the test doubles are in `rdma-device-plugin-testkit`, a dev-dependency only.
 
-pub mod allocate;
-pub mod api;
-pub mod cdi;
+mod allocation;
 pub mod cli;
 pub mod config;
-pub mod config_watch;
-pub mod dir_watch;
-pub mod discovery;
-pub mod hca;
-pub mod health;
-pub mod instance_lock;
-pub mod inventory_watch;
-pub mod manager;
-pub mod metrics;
-pub mod netns_mode;
-pub mod pool;
-pub mod preferred;
-pub mod registration;
-pub mod resource_name;
-pub mod runner;
-pub mod selector;
-pub mod service;
-pub use rdma_streams_common::uds;
-pub mod verbs;
+mod inventory;
+mod kubelet;
+mod metrics;
 
-/// Test support shared by unit tests, integration tests and benchmarks: a fixture builder for
-/// sysfs/dev trees and a fake kubelet speaking the real protos.
-pub mod testing {
-    pub mod fake_kubelet;
-    pub mod fixture;
-}
+pub use kubelet::instance_lock;
+pub use rdma_kubelet_api as api;
+pub use rdma_streams_common::uds;

@@ -127,11 +127,6 @@ impl Metrics {
         m
     }
 
-    /// Metrics on a throwaway registry (tests, `discover`).
-    pub fn unregistered() -> Self {
-        Self::new(&mut Registry::default())
-    }
-
     pub fn resource(resource: &str) -> ResourceLabels {
         ResourceLabels {
             resource: resource.to_string(),
@@ -167,5 +162,3 @@ impl Metrics {
         }
     }
 }
-
-pub use rdma_streams_common::admin::encode;

@@ -8,8 +8,8 @@ use common::{Harness, RESOURCE, SOON, all_of, within};
 use rdma_device_plugin::{
     api::v1beta1::{self as pb, device_plugin_client::DevicePluginClient},
     instance_lock::{lock_path, try_lock},
-    testing::fixture::HcaSpec,
 };
+use rdma_device_plugin_testkit::fixture::HcaSpec;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_registration_full_list_with_numa() {

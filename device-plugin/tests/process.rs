@@ -88,8 +88,8 @@ fn discover_with_no_rdma_says_so() {
 #[test]
 fn discover_warns_about_exclusive_netns_mode() {
     let dir = tempfile::tempdir().unwrap();
-    let tree = rdma_device_plugin::testing::fixture::FixtureTree::new(dir.path()).unwrap();
-    tree.add_hca(rdma_device_plugin::testing::fixture::HcaSpec::connectx_ib(
+    let tree = rdma_device_plugin_testkit::fixture::FixtureTree::new(dir.path()).unwrap();
+    tree.add_hca(rdma_device_plugin_testkit::fixture::HcaSpec::connectx_ib(
         "mlx5_0",
         "0000:3b:00.0",
     ))

@@ -12,7 +12,10 @@
 /// Compiles `files` (paths relative to the crate, found under the include root `include`) and
 /// generates both the client and the server of every service: each crate's tests call its own
 /// servers with the generated clients. Cargo reruns the build script when a file changes.
-#[allow(clippy::print_stdout, reason = "a build script talks to cargo on stdout")]
+#[allow(
+    clippy::print_stdout,
+    reason = "a build script talks to cargo on stdout"
+)]
 pub fn compile(files: &[&str], include: &str) -> Result<(), Box<dyn std::error::Error>> {
     for file in files {
         println!("cargo:rerun-if-changed={file}");

@@ -7,12 +7,10 @@
 use std::{future::Future, path::PathBuf, time::Duration};
 
 use clap::Parser;
-use rdma_device_plugin::{
-    cli::{Args, RunError, run_plugin},
-    testing::{
-        fake_kubelet::FakeKubelet,
-        fixture::{FixtureTree, HcaSpec},
-    },
+use rdma_device_plugin::cli::{Args, RunError, run_plugin};
+use rdma_device_plugin_testkit::{
+    fake_kubelet::FakeKubelet,
+    fixture::{FixtureTree, HcaSpec},
 };
 use tempfile::TempDir;
 use tokio::task::JoinHandle;

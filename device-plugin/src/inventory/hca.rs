@@ -1,11 +1,11 @@
 //! The RDMA inventory of one node: HCAs, their ports, char devices and health.
 //!
-//! Produced by [`crate::discovery`] from a sysfs and a dev tree, consumed by the pools, the
+//! Produced by [`crate::inventory::discovery`] from a sysfs and a dev tree, consumed by the pools, the
 //! `discover` command and the kubelet frontend. Plain data, serialisable for `discover -o`.
 
 use serde::Serialize;
 
-use crate::netns_mode::NetnsMode;
+use super::netns_mode::NetnsMode;
 
 /// How a port carries RDMA (`ports/<n>/link_layer`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -228,7 +228,7 @@ pub struct Inventory {
     pub hcas: Vec<Hca>,
     /// The shared `rdma_cm` node (`<dev-root>/infiniband/rdma_cm`).
     pub rdma_cm: CharDev,
-    /// The kernel's RDMA network-namespace mode ([`crate::netns_mode`]).
+    /// The kernel's RDMA network-namespace mode ([`crate::inventory::netns_mode`]).
     pub netns_mode: NetnsMode,
 }
 
@@ -271,5 +271,19 @@ mod tests {
         assert!(!down.is_active() && !down.is_link_up());
         assert_eq!(LinkLayer::parse("Ethernet").as_str(), "Ethernet");
         assert_eq!(LinkLayer::parse("weird"), LinkLayer::Other("weird".into()));
+    }
+
+    /// The test kit's fixture spells link layers as the kernel does, so they parse to ours.
+    #[test]
+    fn fixture_link_layers_parse() {
+        use rdma_device_plugin_testkit::fixture::LinkLayer as Fixture;
+        assert_eq!(
+            LinkLayer::parse(Fixture::InfiniBand.as_str()),
+            LinkLayer::InfiniBand
+        );
+        assert_eq!(
+            LinkLayer::parse(Fixture::Ethernet.as_str()),
+            LinkLayer::Ethernet
+        );
     }
 }

@@ -11,12 +11,12 @@ use rdma_streams_common::runtime::Tasks;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::{
+use super::{
     discovery,
     hca::{Hca, Inventory},
-    metrics::{HcaHealthLabels, Metrics},
     netns_mode::{self, NetnsMode},
 };
+use crate::metrics::{HcaHealthLabels, Metrics};
 
 /// Where and how often to look.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub struct InventorySettings {
 pub fn discover_once(settings: &InventorySettings) -> Result<Inventory, discovery::DiscoveryError> {
     let mut inv = discovery::discover(&settings.sys_root, &settings.dev_root)?;
     if settings.verbs {
-        crate::verbs::merge_probe(&mut inv);
+        super::verbs::merge_probe(&mut inv);
     }
     Ok(inv)
 }

@@ -17,7 +17,7 @@
 //!
 //! An odd tree never aborts discovery: a device with missing files, garbage content or a
 //! dangling link is kept with what could be read (the rest `None`/empty), logged with
-//! `warn!`, and [`crate::health::assess`] gives it its reasons. Only unreadable roots are
+//! `warn!`, and [`crate::inventory::health::assess`] gives it its reasons. Only unreadable roots are
 //! errors. A missing `class/infiniband` is a node whose driver is not loaded yet: an empty
 //! inventory.
 //!
@@ -32,7 +32,7 @@ use std::{
 use rdma_streams_common::report::Report;
 use tracing::{debug, warn};
 
-use crate::{
+use super::{
     hca::{Bus, CharDev, CharDevKind, Hca, Health, Inventory, LinkLayer, Port},
     health::assess,
     netns_mode::NetnsMode,
@@ -647,7 +647,7 @@ impl Sysfs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::fixture::{FixtureTree, HcaSpec, example_two_hca_node};
+    use rdma_device_plugin_testkit::fixture::{FixtureTree, HcaSpec, example_two_hca_node};
 
     fn tree() -> (tempfile::TempDir, FixtureTree) {
         let dir = tempfile::tempdir().unwrap();
@@ -1156,14 +1156,16 @@ mod tests {
         tree.add_hca(HcaSpec::connectx_ib("mlx5_0", "0000:3b:00.0"))
             .unwrap();
         assert_eq!(discover_tree(&tree).netns_mode, NetnsMode::Unknown);
-        tree.write_sys(crate::netns_mode::PARAM, "N\n").unwrap();
+        tree.write_sys(crate::inventory::netns_mode::PARAM, "N\n")
+            .unwrap();
         let inv = discover_tree(&tree);
         assert_eq!(inv.netns_mode, NetnsMode::Exclusive);
         assert!(
             inv.hcas[0].health.is_healthy(),
             "the mode is reported, not judged"
         );
-        tree.write_sys(crate::netns_mode::PARAM, "Y\n").unwrap();
+        tree.write_sys(crate::inventory::netns_mode::PARAM, "Y\n")
+            .unwrap();
         assert_eq!(discover_tree(&tree).netns_mode, NetnsMode::Shared);
     }
 }

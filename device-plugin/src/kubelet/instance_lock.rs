@@ -7,7 +7,7 @@
 //! `<socket dir>/.rdma-device-plugin/<socket name>.lock` with `flock(LOCK_EX | LOCK_NB)`. The
 //! instance that holds it serves; another one stands by (logged once, `/ready` says
 //! `standby`, metric `rdma_dp_standby`), tries the lock every
-//! [`STANDBY_POLL`](crate::runner::STANDBY_POLL), and so takes over within about that long of
+//! the runner's `STANDBY_POLL`, and so takes over within about that long of
 //! the holder's exit: the kernel drops the lock when the holder's process ends, however it
 //! ends.
 //!

@@ -4,7 +4,7 @@
 //! config changes and published to the runner's `watch` channel (only when it changed). A pool
 //! removed from the config is drained; a new one is started; a bad config never reaches here
 //! (the config watch keeps the last good one). In CDI mode a pool's spec is written only by
-//! the process that holds the pool's instance lock ([`crate::instance_lock`]).
+//! the process that holds the pool's instance lock ([`crate::kubelet::instance_lock`]).
 
 use std::{
     collections::BTreeMap,
@@ -25,15 +25,16 @@ use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::{
-    cdi,
-    config::{Config, PoolConfig},
+use super::{
     dir_watch::DirWatch,
-    hca::Inventory,
     instance_lock,
-    metrics::Metrics,
-    pool::PoolSnapshot,
     runner::{Runner, RunnerSettings},
+};
+use crate::{
+    allocation::{cdi, pool::PoolSnapshot},
+    config::{Config, PoolConfig},
+    inventory::hca::Inventory,
+    metrics::Metrics,
 };
 
 /// How long a pool may take to stop (its streams end, its socket goes).

@@ -13,11 +13,11 @@ use std::{
 use rdma_streams_common::names::contract::DOMAIN;
 use serde_json::{Value, json};
 
-use crate::{
+use super::{
     allocate::{CONTAINER_DEV_DIR, hca_char_devices},
-    hca::CharDev,
     pool::PoolSnapshot,
 };
+use crate::inventory::hca::CharDev;
 
 /// CDI spec version written (hostPath in deviceNodes needs >= 0.5.0).
 pub const CDI_VERSION: &str = "0.6.0";
@@ -34,13 +34,8 @@ pub enum CdiError {
     },
 }
 
-/// The CDI kind (`vendor/class`) for an extended resource name: the class may not hold dots.
-///
-/// ```
-/// use rdma_device_plugin::cdi::cdi_kind;
-/// assert_eq!(cdi_kind("rdma-streams.io/hca"), "rdma-streams.io/hca");
-/// assert_eq!(cdi_kind("rdma/hca.a"), "rdma/hca-a");
-/// ```
+/// The CDI kind (`vendor/class`) for an extended resource name: the class may not hold dots
+/// (`rdma/hca.a` gives `rdma/hca-a`).
 pub fn cdi_kind(resource_name: &str) -> String {
     match resource_name.split_once('/') {
         Some((vendor, class)) => format!("{vendor}/{}", class.replace('.', "-")),
@@ -165,10 +160,8 @@ pub fn clean_stale(cdi_dir: &Path, keep: &[PathBuf]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        config::{Config, MountConfig, PoolConfig},
-        testing::fixture::{FixtureTree, HcaSpec},
-    };
+    use crate::config::{Config, MountConfig, PoolConfig};
+    use rdma_device_plugin_testkit::fixture::{FixtureTree, HcaSpec};
 
     #[test]
     fn kinds() {
@@ -184,7 +177,8 @@ mod tests {
             .unwrap();
         tree.add_hca(HcaSpec::connectx_eth("mlx5_1", "0000:5e:00.0"))
             .unwrap();
-        let inv = crate::discovery::discover(&tree.sys_root(), &tree.dev_root()).unwrap();
+        let inv =
+            crate::inventory::discovery::discover(&tree.sys_root(), &tree.dev_root()).unwrap();
         let pool = PoolConfig {
             mounts: vec![MountConfig {
                 host_path: "/opt/rdma-streams/shim/0.1.0".into(),

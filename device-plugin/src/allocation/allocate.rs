@@ -5,10 +5,10 @@ use std::{
     path::Path,
 };
 
+use super::pool::PoolSnapshot;
 use crate::{
     api::v1beta1 as pb,
-    hca::{CharDev, CharDevKind, Hca},
-    pool::PoolSnapshot,
+    inventory::hca::{CharDev, CharDevKind, Hca},
 };
 
 /// Env var naming the allocated RDMA devices, comma separated (`mlx5_0,mlx5_1`).
@@ -30,9 +30,10 @@ pub enum AllocateError {
     },
 }
 
-/// How the response hands devices to the runtime.
+/// How an Allocate response hands the devices to the container runtime: as device nodes and
+/// mounts, or as CDI device names the runtime resolves from the spec on disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Delivery {
+pub enum DeviceHandoff {
     /// `DeviceSpec`s and `Mount`s in the response.
     DeviceSpecs,
     /// `cdi_devices` naming the devices of a CDI spec of this kind (`vendor/class`).
@@ -97,7 +98,7 @@ pub fn allocate(
     snapshot: &PoolSnapshot,
     ids: &[String],
     dev_root: &Path,
-    delivery: &Delivery,
+    handoff: &DeviceHandoff,
 ) -> Result<pb::ContainerAllocateResponse, AllocateError> {
     let hcas = hcas_for(snapshot, ids)?;
     let devs = char_devices(snapshot, &hcas);
@@ -129,8 +130,8 @@ pub fn allocate(
         envs: envs.into_iter().collect(),
         ..Default::default()
     };
-    match delivery {
-        Delivery::DeviceSpecs => {
+    match handoff {
+        DeviceHandoff::DeviceSpecs => {
             resp.devices = devs.iter().map(|d| device_spec(dev_root, d)).collect();
             resp.mounts = snapshot
                 .mounts
@@ -142,7 +143,7 @@ pub fn allocate(
                 })
                 .collect();
         }
-        Delivery::Cdi { kind } => {
+        DeviceHandoff::Cdi { kind } => {
             resp.cdi_devices = names
                 .iter()
                 .map(|n| pb::CdiDevice {
@@ -157,10 +158,8 @@ pub fn allocate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        config::{Config, MountConfig, PoolConfig},
-        testing::fixture::{FixtureTree, HcaSpec},
-    };
+    use crate::config::{Config, MountConfig, PoolConfig};
+    use rdma_device_plugin_testkit::fixture::{FixtureTree, HcaSpec};
 
     fn setup(dir: &Path) -> (FixtureTree, PoolSnapshot) {
         let tree = FixtureTree::new(dir).unwrap();
@@ -172,7 +171,8 @@ mod tests {
                 .netdev("ens2f0np0"),
         )
         .unwrap();
-        let inv = crate::discovery::discover(&tree.sys_root(), &tree.dev_root()).unwrap();
+        let inv =
+            crate::inventory::discovery::discover(&tree.sys_root(), &tree.dev_root()).unwrap();
         let pool = PoolConfig {
             slots_per_hca: 2,
             mounts: vec![MountConfig {
@@ -200,7 +200,7 @@ mod tests {
             &snap,
             &["mlx5_0-0001".into()],
             &tree.dev_root(),
-            &Delivery::DeviceSpecs,
+            &DeviceHandoff::DeviceSpecs,
         )
         .unwrap();
         let p = paths(&ib);
@@ -225,7 +225,7 @@ mod tests {
             &snap,
             &["mlx5_1-0000".into()],
             &tree.dev_root(),
-            &Delivery::DeviceSpecs,
+            &DeviceHandoff::DeviceSpecs,
         )
         .unwrap();
         let pe = paths(&eth);
@@ -245,7 +245,7 @@ mod tests {
                 "mlx5_0-0001".into(),
             ],
             &tree.dev_root(),
-            &Delivery::DeviceSpecs,
+            &DeviceHandoff::DeviceSpecs,
         )
         .unwrap();
         assert_eq!(both.envs[DEVICES_ENV], "mlx5_0,mlx5_1");
@@ -260,11 +260,11 @@ mod tests {
             &snap,
             &["mlx5_9-0000".into()],
             &tree.dev_root(),
-            &Delivery::DeviceSpecs,
+            &DeviceHandoff::DeviceSpecs,
         )
         .unwrap_err();
         assert!(matches!(err, AllocateError::UnknownDevice { .. }));
-        let err = allocate(&snap, &[], &tree.dev_root(), &Delivery::DeviceSpecs).unwrap_err();
+        let err = allocate(&snap, &[], &tree.dev_root(), &DeviceHandoff::DeviceSpecs).unwrap_err();
         assert!(matches!(err, AllocateError::Empty { .. }));
     }
 
@@ -277,7 +277,7 @@ mod tests {
             &snap,
             &["mlx5_0-0000".into(), "mlx5_1-0001".into()],
             &tree.dev_root(),
-            &Delivery::Cdi { kind },
+            &DeviceHandoff::Cdi { kind },
         )
         .unwrap();
         let names: Vec<_> = resp.cdi_devices.iter().map(|c| c.name.as_str()).collect();

@@ -84,4 +84,10 @@ mod tests {
         assert!(advice(NetnsMode::Exclusive).is_some());
         assert!(advice(NetnsMode::Shared).is_none() && advice(NetnsMode::Unknown).is_none());
     }
+
+    /// The test kit's fixture writes the parameter where the plugin reads it.
+    #[test]
+    fn the_fixture_writes_the_parameter_read_here() {
+        assert_eq!(rdma_device_plugin_testkit::fixture::NETNS_MODE_PARAM, PARAM);
+    }
 }

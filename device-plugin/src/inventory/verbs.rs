@@ -8,7 +8,7 @@
 //! This file is the plugin's only `unsafe` code: four FFI calls into libibverbs, each with a
 //! `// SAFETY:` note. (The project keeps `unsafe` to the shim's hook layer otherwise.)
 
-use crate::hca::Inventory;
+use super::hca::Inventory;
 
 /// What libibverbs says about one port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,9 +142,9 @@ mod tests {
     fn absent_devices_change_nothing() {
         // No RDMA hardware here: libibverbs finds no device named like this.
         let mut inv = Inventory::default();
-        inv.hcas.push(crate::hca::Hca {
+        inv.hcas.push(crate::inventory::hca::Hca {
             name: "fixture_mlx5_0".into(),
-            bus: crate::hca::Bus::Virtual,
+            bus: crate::inventory::hca::Bus::Virtual,
             vendor: None,
             device_id: None,
             driver: None,
@@ -152,7 +152,7 @@ mod tests {
             netdevs: vec![],
             ports: vec![],
             char_devices: vec![],
-            health: crate::hca::Health::healthy(),
+            health: crate::inventory::hca::Health::healthy(),
         });
         merge_probe(&mut inv);
         assert!(inv.hcas[0].health.is_healthy());

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::{
     api::v1beta1 as pb,
     config::{MountConfig, PoolConfig},
-    hca::{CharDev, Hca, Inventory},
+    inventory::hca::{CharDev, Hca, Inventory},
 };
 
 /// Kubelet rejects device IDs longer than this.
@@ -46,12 +46,6 @@ pub struct PoolSnapshot {
 
 /// `mlx5_0`, 3 -> `mlx5_0-0003`. Over-long RDMA device names are cut from the front so the
 /// ID stays unique per slot and within kubelet's 63 characters.
-///
-/// ```
-/// use rdma_device_plugin::pool::slot_id;
-/// assert_eq!(slot_id("mlx5_0", 3), "mlx5_0-0003");
-/// assert!(slot_id(&"x".repeat(100), 7).len() <= 63);
-/// ```
 pub fn slot_id(hca: &str, slot: u32) -> String {
     let suffix = format!("-{slot:04}");
     let room = MAX_DEVICE_ID_LEN.saturating_sub(suffix.len());
@@ -88,18 +82,6 @@ impl PoolSnapshot {
             rdma_cm: inventory.rdma_cm.clone(),
             mounts: pool.mounts.clone(),
             resync,
-        }
-    }
-
-    /// An empty snapshot (nothing discovered yet).
-    pub fn empty(resource_name: &str) -> Self {
-        Self {
-            resource_name: resource_name.to_string(),
-            slots: Vec::new(),
-            hcas: BTreeMap::new(),
-            rdma_cm: CharDev::default(),
-            mounts: Vec::new(),
-            resync: crate::config::DEFAULT_RESYNC,
         }
     }
 

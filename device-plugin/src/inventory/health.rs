@@ -20,7 +20,7 @@
 //! The reasons come in that order (PCI function, driver, ports, char devices, rdma_cm). The
 //! kubelet only sees Healthy/Unhealthy; the reasons go to logs, metrics and `discover`.
 
-use crate::hca::{Bus, CharDevKind, Hca, Health, Port};
+use super::hca::{Bus, CharDevKind, Hca, Health, Port};
 
 /// Reason: the PCI function (or an SF's parent function) cannot be read.
 pub const PCI_FUNCTION_MISSING: &str = "PCI function missing";
@@ -33,7 +33,7 @@ pub const NO_UVERBS: &str = "no uverbs device";
 /// Reason: `<dev-root>/infiniband/rdma_cm` is missing.
 pub const RDMA_CM_MISSING: &str = "rdma_cm missing";
 
-/// The health of `hca`; `rdma_cm_present` is [`crate::hca::Inventory::rdma_cm`]'s `present`.
+/// The health of `hca`; `rdma_cm_present` is [`crate::inventory::hca::Inventory::rdma_cm`]'s `present`.
 pub fn assess(hca: &Hca, rdma_cm_present: bool) -> Health {
     let mut reasons = Vec::new();
 
@@ -52,7 +52,7 @@ pub fn assess(hca: &Hca, rdma_cm_present: bool) -> Health {
 
     if hca.ports.is_empty() {
         reasons.push(NO_PORTS.to_string());
-    } else if !hca.ports.iter().any(|p| p.is_active() && p.is_link_up()) {
+    } else if !hca.ports.iter().any(port_usable) {
         for p in &hca.ports {
             if !p.is_active() {
                 reasons.push(format!("port {} state {}", p.number, word(&p.state)));
@@ -111,7 +111,7 @@ pub fn port_usable(port: &Port) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hca::{CharDev, LinkLayer};
+    use crate::inventory::hca::{CharDev, LinkLayer};
 
     fn port(n: u32, state: &str, phys: &str) -> Port {
         Port {

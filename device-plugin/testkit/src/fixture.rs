@@ -33,8 +33,8 @@
 //! State files are written atomically (temp file plus rename) because a watcher may poll them
 //! while a test flips them.
 //!
-//! This module is always compiled and uses no test-only dependency: integration tests, the
-//! benchmark and the examples build trees with it.
+//! It knows the kernel's layout, not the plugin's types: link layers and parameter paths are the
+//! kernel's words ([`LinkLayer`], [`NETNS_MODE_PARAM`]).
 
 use std::{
     borrow::Borrow,
@@ -44,7 +44,27 @@ use std::{
     path::{Component, Path, PathBuf},
 };
 
-use crate::hca::LinkLayer;
+/// ib_core's RDMA network-namespace mode parameter, below `sys` (the plugin's
+/// `netns_mode::PARAM`): `Y` shared, `N` exclusive.
+pub const NETNS_MODE_PARAM: &str = "module/ib_core/parameters/netns_mode";
+
+/// How a port carries RDMA: the kernel's `ports/<n>/link_layer` words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkLayer {
+    InfiniBand,
+    /// RoCE (and iWARP).
+    Ethernet,
+}
+
+impl LinkLayer {
+    /// The kernel's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InfiniBand => "InfiniBand",
+            Self::Ethernet => "Ethernet",
+        }
+    }
+}
 
 /// The PCI bridge every fixture PCI function hangs off, below `sys/devices`.
 const DEFAULT_PCI_PARENT: &str = "pci0000:00/0000:00:02.0";
@@ -776,7 +796,7 @@ pub fn example_two_hca_node(root: &Path) -> io::Result<FixtureTree> {
     )?;
     tree.add_hca(HcaSpec::sf("mlx5_2", "mlx5_core.sf.2", "0000:af:00.0").netdev("enp175s0f0s2"))?;
     // ib_core's RDMA netns mode: shared, the kernel default.
-    tree.write_sys(crate::netns_mode::PARAM, "Y\n")?;
+    tree.write_sys(NETNS_MODE_PARAM, "Y\n")?;
     Ok(tree)
 }
 
@@ -902,7 +922,7 @@ mod tests {
     /// The checked-in example tree (only valid in the real crate layout).
     const EXAMPLE_DIR: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../examples/sysfs/two-hca-node"
+        "/../../examples/sysfs/two-hca-node"
     );
 
     #[derive(Debug, PartialEq, Eq)]

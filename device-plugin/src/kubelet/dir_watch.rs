@@ -4,7 +4,7 @@
 //! `kubelet.sock` being created. Runners subscribe to these events and also poll, so a lost
 //! event (or a watch that could not be set up) delays recovery by one poll period at most.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use rdma_streams_common::report::Report;
@@ -20,7 +20,6 @@ pub enum DirEvent {
 
 /// A live watch on one folder; events fan out to every subscriber.
 pub struct DirWatch {
-    dir: PathBuf,
     tx: broadcast::Sender<DirEvent>,
     _watcher: Option<RecommendedWatcher>,
 }
@@ -64,7 +63,6 @@ impl DirWatch {
             }
         };
         Self {
-            dir: dir.to_path_buf(),
             tx,
             _watcher: watcher,
         }
@@ -74,11 +72,8 @@ impl DirWatch {
         self.tx.subscribe()
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Whether inotify is active.
+    #[cfg(test)]
     pub fn is_active(&self) -> bool {
         self._watcher.is_some()
     }

@@ -7,12 +7,10 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use crate::{
-    api::{
-        self, pluginregistration as pr,
-        v1beta1::{self as pb, registration_client::RegistrationClient},
-    },
-    service::plugin_options,
+use super::service::plugin_options;
+use crate::api::{
+    self, pluginregistration as pr,
+    v1beta1::{self as pb, registration_client::RegistrationClient},
 };
 
 /// How long one Register call (connect included) may take.
@@ -38,8 +36,6 @@ pub enum RegistrationError {
     },
     #[error("kubelet rejected the registration")]
     Rejected(#[source] Status),
-    #[error("kubelet reported registration failure: {0}")]
-    WatcherFailed(String),
 }
 
 /// Calls `Register` on kubelet's socket for `resource_name`, served at `endpoint` (a bare file

@@ -2,7 +2,7 @@
 //! socket, then register, then watch for anything that means kubelet lost us, and start over.
 //!
 //! ```text
-//!   instance lock (standby while another instance holds it; crate::instance_lock)
+//!   instance lock (standby while another instance holds it; crate::kubelet::instance_lock)
 //!     |
 //!   bind fresh socket -> serve -> Register (retry with backoff) -> registered
 //!        ^                                                            |
@@ -32,19 +32,20 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tracing::{Instrument, error, info, info_span, warn};
 
+use super::{
+    dir_watch::DirEvent,
+    instance_lock::{self, InstanceLock},
+    registration::{self, Backoff, RegistrationMode, WatcherRegistration, WatcherStatus},
+    resource_name::socket_file_name,
+    service::PoolService,
+};
 use crate::{
-    allocate::Delivery,
+    allocation::{allocate::DeviceHandoff, cdi, pool::PoolSnapshot},
     api::{
         KUBELET_SOCKET, pluginregistration::registration_server::RegistrationServer,
         v1beta1::device_plugin_server::DevicePluginServer,
     },
-    dir_watch::DirEvent,
-    instance_lock::{self, InstanceLock},
     metrics::Metrics,
-    pool::PoolSnapshot,
-    registration::{self, Backoff, RegistrationMode, WatcherRegistration, WatcherStatus},
-    resource_name::socket_file_name,
-    service::PoolService,
     uds,
 };
 
@@ -78,7 +79,7 @@ impl RunnerSettings {
         }
     }
 
-    /// The instance lock of the pool `resource` ([`crate::instance_lock`]).
+    /// The instance lock of the pool `resource` ([`crate::kubelet::instance_lock`]).
     pub fn lock_path(&self, resource: &str) -> PathBuf {
         instance_lock::lock_path(&self.socket_dir(), &socket_file_name(resource))
     }
@@ -91,7 +92,7 @@ impl RunnerSettings {
 }
 
 /// Where one pool stands. Ready (for `/ready`) when registered, or when standing by because
-/// another instance on the node serves it ([`crate::instance_lock`]; ready, so that a
+/// another instance on the node serves it ([`crate::kubelet::instance_lock`]; ready, so that a
 /// DaemonSet rollout with `maxSurge` can go on and end the old instance).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolState {
@@ -241,12 +242,12 @@ impl Runner {
         let service = PoolService {
             snapshot: self.snapshot.clone(),
             dev_root: self.settings.dev_root.clone(),
-            delivery: if self.settings.cdi_dir.is_some() {
-                Delivery::Cdi {
-                    kind: crate::cdi::cdi_kind(&self.resource_name),
+            handoff: if self.settings.cdi_dir.is_some() {
+                DeviceHandoff::Cdi {
+                    kind: cdi::cdi_kind(&self.resource_name),
                 }
             } else {
-                Delivery::DeviceSpecs
+                DeviceHandoff::DeviceSpecs
             },
             metrics: self.metrics.clone(),
             stop: stop.clone(),
@@ -392,7 +393,7 @@ impl Runner {
     fn write_cdi_spec(&self) {
         if let Some(dir) = &self.settings.cdi_dir {
             let snapshot = self.snapshot.borrow().clone();
-            if let Err(error) = crate::cdi::write_spec(dir, &snapshot, &self.settings.dev_root) {
+            if let Err(error) = cdi::write_spec(dir, &snapshot, &self.settings.dev_root) {
                 warn!(error = %Report(&error), "cannot write the CDI spec");
             }
         }

@@ -41,7 +41,11 @@
 //!
 //! Unknown fields are errors in both forms, and parse errors carry the line and column.
 //!
-//! This module is pure: it reads and checks, and never looks at the node.
+//! This module is pure: it reads and checks, and never looks at the node. Below it:
+//! [`selector`] (which HCAs a pool takes) and `watch` (the file, reloaded while the plugin runs).
+
+pub mod selector;
+pub(crate) mod watch;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -56,7 +60,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use thiserror::Error;
 use tracing::info;
 
-use crate::selector::Selectors;
+use self::selector::Selectors;
 
 /// Slots per HCA when a pool does not say.
 pub const DEFAULT_SLOTS_PER_HCA: u32 = 64;

@@ -15,11 +15,13 @@ use tonic::{Request, Response, Status};
 use tracing::{debug, info, warn};
 
 use crate::{
-    allocate::{self, AllocateError, Delivery},
+    allocation::{
+        allocate::{self, AllocateError, DeviceHandoff},
+        pool::PoolSnapshot,
+        preferred::preferred_allocation,
+    },
     api::v1beta1::{self as pb, device_plugin_server::DevicePlugin},
     metrics::Metrics,
-    pool::PoolSnapshot,
-    preferred::preferred_allocation,
 };
 
 /// The options we advertise, in `RegisterRequest.options` and `GetDevicePluginOptions` alike.
@@ -46,7 +48,7 @@ impl From<AllocateError> for Status {
 pub struct PoolService {
     pub snapshot: watch::Receiver<Arc<PoolSnapshot>>,
     pub dev_root: PathBuf,
-    pub delivery: Delivery,
+    pub handoff: DeviceHandoff,
     pub metrics: Metrics,
     /// Ends every stream of this server instance (restart or drain).
     pub stop: CancellationToken,
@@ -180,7 +182,7 @@ impl DevicePlugin for PoolService {
             .into_inner()
             .container_requests
             .iter()
-            .map(|c| allocate::allocate(&snapshot, &c.devices_ids, &self.dev_root, &self.delivery))
+            .map(|c| allocate::allocate(&snapshot, &c.devices_ids, &self.dev_root, &self.handoff))
             .collect();
         self.metrics
             .allocate_seconds

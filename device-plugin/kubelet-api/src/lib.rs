@@ -1,4 +1,6 @@
-//! Generated kubelet gRPC types and services (from `proto/`, built by `build.rs`).
+//! kubelet's gRPC types and services, generated from the vendored protos in `proto/` by
+//! `build.rs`: the device plugin API (both sides) and the plugin-watcher registration API.
+//! Shared by the device plugin and the fake kubelet of its test kit.
 
 /// Device plugin API `v1beta1`: `Registration` (kubelet) and `DevicePlugin` (ours).
 pub mod v1beta1 {

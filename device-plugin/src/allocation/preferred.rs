@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::pool::PoolSnapshot;
+use super::pool::PoolSnapshot;
 
 /// The preferred set of `size` IDs (fewer when not enough IDs are available).
 pub fn preferred_allocation(
@@ -91,9 +91,9 @@ mod tests {
     use super::*;
     use crate::{
         config::PoolConfig,
-        hca::{Hca, Inventory},
-        testing::fixture::{FixtureTree, HcaSpec},
+        inventory::hca::{Hca, Inventory},
     };
+    use rdma_device_plugin_testkit::fixture::{FixtureTree, HcaSpec};
 
     fn snapshot(specs: Vec<HcaSpec>, slots: u32) -> PoolSnapshot {
         let dir = tempfile::tempdir().unwrap();
@@ -102,7 +102,7 @@ mod tests {
             tree.add_hca(s).unwrap();
         }
         let inv: Inventory =
-            crate::discovery::discover(&tree.sys_root(), &tree.dev_root()).unwrap();
+            crate::inventory::discovery::discover(&tree.sys_root(), &tree.dev_root()).unwrap();
         let pool = PoolConfig {
             slots_per_hca: slots,
             ..crate::config::Config::default().pools[0].clone()

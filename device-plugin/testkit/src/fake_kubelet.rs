@@ -17,18 +17,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{sync::watch, task::JoinHandle};
-use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, transport::Channel};
-
-use crate::api::{
-    self, pluginregistration as pr,
+use rdma_kubelet_api::{
+    self as api, pluginregistration as pr,
     v1beta1::{
         self as pb,
         device_plugin_client::DevicePluginClient,
         registration_server::{Registration, RegistrationServer},
     },
 };
+use rdma_streams_common::{names::validate_extended_resource_name, uds};
+use tokio::{sync::watch, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, transport::Channel};
 
 /// kubelet's dial timeout for a plugin endpoint.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,7 +61,7 @@ struct Inner {
     /// When `kubelet.sock` was last bound.
     served_at: Option<Instant>,
     /// Plugin-watcher sockets already handled, by path and file identity.
-    watched: BTreeMap<PathBuf, crate::uds::FileId>,
+    watched: BTreeMap<PathBuf, uds::FileId>,
 }
 
 #[derive(Debug)]
@@ -110,11 +110,6 @@ impl Drop for FakeKubelet {
     }
 }
 
-/// kubelet's `IsExtendedResourceName`: the plugin's own check, shared with the injector.
-fn kubelet_accepts_resource(name: &str) -> bool {
-    rdma_streams_common::names::validate_extended_resource_name(name).is_ok()
-}
-
 struct RegistrationSvc {
     shared: Arc<Shared>,
     dir: PathBuf,
@@ -133,7 +128,8 @@ impl Registration for RegistrationSvc {
                 req.version
             )));
         }
-        if !kubelet_accepts_resource(&req.resource_name) {
+        // kubelet's `IsExtendedResourceName`, the rule the plugin and the injector check with.
+        if validate_extended_resource_name(&req.resource_name).is_err() {
             return Err(Status::invalid_argument(format!(
                 "invalid extended resource name {:?}",
                 req.resource_name
@@ -224,7 +220,7 @@ async fn run_connection(
     watcher_socket: Option<PathBuf>,
     generation: u64,
 ) -> Result<(), Status> {
-    let channel = crate::uds::channel(endpoint, DIAL_TIMEOUT, None)
+    let channel = uds::channel(endpoint, DIAL_TIMEOUT, None)
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?;
     let mut client = DevicePluginClient::new(channel);
@@ -253,7 +249,7 @@ async fn run_connection(
             i.fail_next_notify = i.fail_next_notify.saturating_sub(1);
             f
         });
-        let ch = crate::uds::channel(&sock, DIAL_TIMEOUT, Some(DIAL_TIMEOUT))
+        let ch = uds::channel(&sock, DIAL_TIMEOUT, Some(DIAL_TIMEOUT))
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
         pr::registration_client::RegistrationClient::new(ch)
@@ -309,7 +305,7 @@ impl FakeKubelet {
 
     fn serve(&mut self) -> io::Result<()> {
         let dir = self.device_plugins_dir();
-        let listener = crate::uds::bind_fresh(&dir.join(api::KUBELET_SOCKET))?;
+        let listener = uds::bind_fresh(&dir.join(api::KUBELET_SOCKET))?;
         self.shared.with(|i| i.served_at = Some(Instant::now()));
         let stop = CancellationToken::new();
         let svc = RegistrationSvc {
@@ -320,7 +316,7 @@ impl FakeKubelet {
         let task = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(svc))
-                .serve_with_incoming_shutdown(crate::uds::incoming(listener), s.cancelled_owned())
+                .serve_with_incoming_shutdown(uds::incoming(listener), s.cancelled_owned())
                 .await;
         });
         self.server = Some((stop, task));
@@ -564,14 +560,14 @@ async fn scan_registry(shared: &Arc<Shared>, dir: &Path) {
         if !meta.file_type().is_socket() || entry.file_name().to_string_lossy().starts_with('.') {
             continue;
         }
-        let Some(id) = crate::uds::file_id(&path) else {
+        let Some(id) = uds::file_id(&path) else {
             continue;
         };
         if shared.read(|i| i.watched.get(&path) == Some(&id)) {
             continue;
         }
         shared.with(|i| i.watched.insert(path.clone(), id));
-        let Ok(ch) = crate::uds::channel(&path, DIAL_TIMEOUT, Some(DIAL_TIMEOUT)).await else {
+        let Ok(ch) = uds::channel(&path, DIAL_TIMEOUT, Some(DIAL_TIMEOUT)).await else {
             continue;
         };
         let Ok(info) = pr::registration_client::RegistrationClient::new(ch)
@@ -583,7 +579,7 @@ async fn scan_registry(shared: &Arc<Shared>, dir: &Path) {
         };
         let valid = info.r#type == api::PLUGIN_TYPE_DEVICE_PLUGIN
             && info.supported_versions.iter().any(|v| v == api::VERSION)
-            && kubelet_accepts_resource(&info.name);
+            && validate_extended_resource_name(&info.name).is_ok();
         if valid {
             // kubelet's plugin manager: an empty endpoint means the registration socket itself.
             let endpoint = if info.endpoint.is_empty() {
@@ -593,20 +589,5 @@ async fn scan_registry(shared: &Arc<Shared>, dir: &Path) {
             };
             connect_plugin(shared, info.name, endpoint, Some(path));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::kubelet_accepts_resource as ok;
-
-    #[test]
-    fn resource_names_like_kubelet() {
-        assert!(ok("rdma-streams.io/hca"));
-        assert!(ok("rdma/hca_shared_devices_a"));
-        assert!(!ok("hca"));
-        assert!(!ok("kubernetes.io/hca"));
-        assert!(!ok("rdma-streams.io/"));
-        assert!(!ok("rdma-streams.io/a/b"));
     }
 }

@@ -8,7 +8,7 @@
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
-use crate::hca::{Hca, LinkLayer};
+use crate::inventory::hca::{Hca, LinkLayer};
 
 /// The HCA filter of one pool. Every field empty means "any HCA".
 #[derive(Deserialize, Serialize, Default, Clone, Debug, PartialEq)]
@@ -207,7 +207,7 @@ fn glob_set(patterns: &[String], case_insensitive: bool) -> Result<GlobSet, glob
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hca::{Bus, Health, Port};
+    use crate::inventory::hca::{Bus, Health, Port};
 
     fn port(number: u32, link_layer: LinkLayer, netdevs: &[&str]) -> Port {
         Port {

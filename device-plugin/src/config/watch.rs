@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use rdma_streams_common::watched_file::{
-    DEFAULT_DEBOUNCE, DEFAULT_POLL, ReloadStats, WatchOptions, Watchable, WatchedFile,
-};
+pub use rdma_streams_common::watched_file::DEFAULT_POLL;
+use rdma_streams_common::watched_file::{Watchable, WatchedFile};
 
 use crate::config::{self, Config, ConfigError};
 
@@ -43,16 +42,10 @@ pub fn spawn(path: Option<PathBuf>, poll: Duration) -> Result<ConfigWatch, Confi
     rdma_streams_common::watched_file::spawn(path, poll)
 }
 
-/// [`spawn`] with every tunable.
-pub fn spawn_with(
-    path: Option<PathBuf>,
-    options: WatchOptions,
-) -> Result<ConfigWatch, ConfigError> {
-    rdma_streams_common::watched_file::spawn_with(path, options)
-}
-
 #[cfg(test)]
 mod tests {
+    use rdma_streams_common::watched_file::{DEFAULT_DEBOUNCE, WatchOptions, spawn_with};
+
     use super::*;
     use std::future::Future;
     use std::os::unix::fs::symlink;
@@ -241,7 +234,7 @@ mod tests {
             use_notify: false,
             ..WatchOptions::default()
         };
-        let cw = spawn_with(Some(path.clone()), options).expect("spawn");
+        let cw = spawn_with::<Config>(Some(path.clone()), options).expect("spawn");
         let mut rx = cw.subscribe();
         std::fs::write(&path, GOOD_B).expect("write");
         assert_eq!(next_resource(&mut rx).await, "rdma-streams.io/b");
@@ -258,7 +251,7 @@ mod tests {
             poll: Duration::from_millis(50),
             ..WatchOptions::default()
         };
-        let cw = spawn_with(Some(path.clone()), options).expect("spawn");
+        let cw = spawn_with::<Config>(Some(path.clone()), options).expect("spawn");
         let mut rx = cw.subscribe();
         assert_eq!(*cw.current(), Config::default());
         std::fs::create_dir(&sub).expect("mkdir");
