@@ -3,16 +3,19 @@
 //! crate graph and features as the release build; only the optimisation differs).
 //!
 //! Three looks, each able to fail:
-//! - the package's normal and build dependencies (`cargo tree -e normal,build`) include no
-//!   test-only crate ([`TEST_ONLY_CRATES`], or any crate whose name says `testkit`/`testbed`);
+//! - the package's normal and build dependencies, every feature on (`cargo tree -e
+//!   normal,build --all-features`), include no test-only crate ([`TEST_ONLY_CRATES`], or any
+//!   crate whose name says `testkit`/`testbed`);
 //! - the binary's bytes name no test-only module or crate ([`TEST_ONLY_SYMBOLS`]): a debug
 //!   binary keeps the path of every function linked into it;
-//! - no flag in `--help` (of the binary and each subcommand given) says `test` or `fake`.
+//! - no flag or environment variable in `--help` (of the binary and each subcommand given)
+//!   says `test` or `fake`.
 
 use std::{path::Path, process::Command, time::Duration};
 
-/// Crates that exist for tests only.
-pub const TEST_ONLY_CRATES: &[&str] = &["proptest", "tower-test", "tempfile"];
+/// Crates that exist for tests only (`tempfile` is not one: prost-build, a build dependency,
+/// uses it).
+pub const TEST_ONLY_CRATES: &[&str] = &["proptest", "tower-test", "mockall", "wiremock"];
 
 /// Byte strings that only test-only code leaves in a binary: module paths of test doubles and
 /// the test-support crates' names as they appear in symbols.
@@ -83,6 +86,7 @@ fn dependencies_found(manifest_dir: &str, package: &str) -> Vec<String> {
     let tree = run(Command::new(cargo)
         .args([
             "tree",
+            "--all-features",
             "--offline",
             "--edges",
             "normal,build",
@@ -115,14 +119,21 @@ pub fn is_test_only(name: &str) -> bool {
     TEST_ONLY_CRATES.contains(&name) || name.contains("testkit") || name.contains("testbed")
 }
 
-/// The long flags in a `--help` text that name a test hook or a fake: a word of the flag
-/// (between dashes) starts with `test` or `fake`.
+/// The long flags and environment variables in a `--help` text that name a test hook or a
+/// fake: a word of the flag (between dashes) or of the variable (between underscores) starts
+/// with `test` or `fake`.
 pub fn test_flags(help: &str) -> Vec<String> {
+    let is_env = |w: &str| {
+        w.contains('_')
+            && w.chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+    };
     let mut flags: Vec<String> = help
-        .split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']' || c == '=')
-        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .split(|c: char| c.is_whitespace() || matches!(c, ',' | '[' | ']' | '=' | '`'))
+        .filter(|w| (w.starts_with("--") && w.len() > 2) || is_env(w))
         .filter(|w| {
             w.trim_start_matches('-')
+                .to_ascii_lowercase()
                 .split(['-', '_'])
                 .any(|part| part.starts_with("test") || part.starts_with("fake"))
         })
@@ -160,6 +171,10 @@ mod tests {
         assert_eq!(
             test_flags("  --run-tests\n  --with_fakes"),
             ["--run-tests", "--with_fakes"]
+        );
+        assert_eq!(
+            test_flags("  --x <X>  [env: RDMA_GW_TEST_EVENTS_SOCKET=]\n  [env: RDMA_GW_LISTEN=]"),
+            ["RDMA_GW_TEST_EVENTS_SOCKET"]
         );
     }
 
