@@ -179,6 +179,16 @@ mod tests {
     }
 
     #[test]
+    fn a_package_with_a_test_only_dependency_fails_the_check() {
+        // This crate's `kube` feature uses tower-test.
+        let failed = std::panic::catch_unwind(|| {
+            assert_no_test_dependencies(env!("CARGO_MANIFEST_DIR"), env!("CARGO_PKG_NAME"))
+        });
+        let message = *failed.unwrap_err().downcast::<String>().unwrap();
+        assert!(message.contains("[\"tower-test\"]"), "{message}");
+    }
+
+    #[test]
     fn test_only_crates_are_named() {
         assert!(is_test_only("rdma-device-plugin-testkit"));
         assert!(is_test_only("rdma-gateway-testbed"));
@@ -199,9 +209,10 @@ mod tests {
         .unwrap();
         let binary = binary.to_str().unwrap().to_owned();
         let failed = std::panic::catch_unwind(|| {
+            // A package with no test-only dependency, so the bytes are what fails.
             assert_no_test_code(
                 env!("CARGO_MANIFEST_DIR"),
-                env!("CARGO_PKG_NAME"),
+                "rdma-streams-protogen",
                 &binary,
                 &[],
             )
