@@ -27,13 +27,13 @@ use tracing::{info, warn};
 
 use crate::{
     core::{DEFAULT_MARK, GatewayCore, RdmaState, Settings, Shared},
-    events::Delivery,
+    events::EventDelivery,
     fallback::Fallback,
     inbound,
     kube::hooks_server::{self, NodeHookServer},
     metrics::Metrics,
     netns::{NetnsLocator, NoNamespace, PathLocator, ProcessLocator},
-    peers::{ChainedPeers, PeerDirectory, PeerEntry, StaticPeers},
+    peers::{ChainedPeers, PeerEntry, PeerLookup, StaticPeers},
     test_events,
 };
 
@@ -280,10 +280,10 @@ pub async fn serve(plan: Plan, rdma: RdmaState, runtime: runtime::Builder) -> Re
         } else {
             None
         };
-        let mut directories: Vec<Arc<dyn PeerDirectory>> = vec![Arc::new(StaticPeers::new(peers))];
+        let mut directories: Vec<Arc<dyn PeerLookup>> = vec![Arc::new(StaticPeers::new(peers))];
         let cluster_peers = cluster.as_ref().map(|client| {
             let (directory, task) =
-                crate::kube::node::PeerDirectory::spawn(client.clone(), tasks.shutdown().clone());
+                crate::kube::node::NodePeerDirectory::spawn(client.clone(), tasks.shutdown().clone());
             tasks.adopt("peer directory", task);
             directories.push(Arc::new(directory.clone()));
             directory
@@ -312,7 +312,7 @@ pub async fn serve(plan: Plan, rdma: RdmaState, runtime: runtime::Builder) -> Re
         if capturing {
             core.cleanup_stale().await;
         }
-        let (events_tx, events_rx) = mpsc::channel::<Delivery>(EVENT_QUEUE);
+        let (events_tx, events_rx) = mpsc::channel::<EventDelivery>(EVENT_QUEUE);
         // Bound before any event is handled: a socket that cannot be made is a startup error.
         if let Some(path) = node_hooks_socket {
             let socket = hooks_server::bind(&path)?;
@@ -378,8 +378,8 @@ fn spawn_cluster_tasks(
     tasks: &Tasks,
     client: ::kube::Client,
     node_name: &str,
-    events_tx: &mpsc::Sender<Delivery>,
-    cluster_peers: Option<crate::kube::node::PeerDirectory>,
+    events_tx: &mpsc::Sender<EventDelivery>,
+    cluster_peers: Option<crate::kube::node::NodePeerDirectory>,
     capture_locator: Option<Arc<dyn NetnsLocator>>,
     advertise: Option<SocketAddr>,
     listen: SocketAddr,

@@ -15,7 +15,7 @@
 //!   stragglers).
 //! - Shutdown: the same for every migration.
 //!
-//! Events are handled one at a time, in order. A [`Delivery`] that asks for it is acknowledged
+//! Events are handled one at a time, in order. A [`EventDelivery`] that asks for it is acknowledged
 //! with the [`Handled`] outcome after its event was handled, so a producer can hold back until
 //! the capture is in place (the node hook server does).
 
@@ -36,13 +36,13 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::{
     capture,
     ended::EndedMigrations,
-    events::{Delivery, Handled, Migration, MigrationEvent, Role},
+    events::{EventDelivery, Handled, Migration, MigrationEvent, Role},
     fallback::Fallback,
     metrics::{EndLabels, Metrics, RoleLabels},
     netns::NetnsLocator,
     nft::{self, CaptureRule},
     payload::UidDigest,
-    peers::PeerDirectory,
+    peers::PeerLookup,
 };
 
 /// Mark on the gateway's own sockets (`RGMW`): capture rules skip marked connections.
@@ -95,7 +95,7 @@ pub type RdmaState = Result<Engine, Fallback>;
 /// What the connection handlers share.
 pub struct Shared {
     pub rdma: RdmaState,
-    pub peers: Arc<dyn PeerDirectory>,
+    pub peers: Arc<dyn PeerLookup>,
     pub locator: Arc<dyn NetnsLocator>,
     pub metrics: Metrics,
     pub settings: Settings,
@@ -137,7 +137,7 @@ pub struct Handles {
 impl Shared {
     pub fn new(
         rdma: RdmaState,
-        peers: Arc<dyn PeerDirectory>,
+        peers: Arc<dyn PeerLookup>,
         locator: Arc<dyn NetnsLocator>,
         metrics: Metrics,
         settings: Settings,
@@ -247,11 +247,11 @@ impl GatewayCore {
     /// Handles events until the channel closes or `shutdown`, then tears every migration
     /// down. Each delivery's acknowledgement (if any) is completed once its event is handled;
     /// deliveries still queued at shutdown are dropped, and so are their acknowledgements.
-    pub async fn run(self, mut events: mpsc::Receiver<Delivery>, shutdown: CancellationToken) {
+    pub async fn run(self, mut events: mpsc::Receiver<EventDelivery>, shutdown: CancellationToken) {
         loop {
             tokio::select! {
                 delivery = events.recv() => match delivery {
-                    Some(Delivery { event, handled }) => {
+                    Some(EventDelivery { event, handled }) => {
                         let outcome = self.handle(event).await;
                         if let Some(ack) = handled {
                             // The producer may have given up waiting: nothing to tell then.
@@ -625,7 +625,7 @@ mod tests {
             uid: "u2".into(),
             ..migration(Role::Source)
         };
-        let (delivery, ack) = Delivery::acknowledged(MigrationEvent::Started(source));
+        let (delivery, ack) = EventDelivery::acknowledged(MigrationEvent::Started(source));
         let sent = std::time::Instant::now();
         tx.send(delivery).await.unwrap();
         assert_eq!(ack.await.unwrap(), Handled::Uncaptured);
@@ -638,7 +638,7 @@ mod tests {
         // Once the core stopped, an acknowledgement fails instead of hanging.
         shutdown.cancel();
         task.await.unwrap();
-        let (delivery, ack) = Delivery::acknowledged(MigrationEvent::Ended {
+        let (delivery, ack) = EventDelivery::acknowledged(MigrationEvent::Ended {
             uid: "u2".into(),
             aborted: true,
             migration: None,

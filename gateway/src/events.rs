@@ -1,11 +1,11 @@
 //! What the gateway is told: migrations to carry, as the node's watchers see them.
 //!
 //! Producers (the VirtualMachineInstance watch, KubeVirt's node hooks, or the test hook
-//! [`crate::test_events`]) send [`MigrationEvent`]s, each in a [`Delivery`], on a
+//! [`crate::test_events`]) send [`MigrationEvent`]s, each in an [`EventDelivery`], on a
 //! `tokio::sync::mpsc` channel that [`crate::core::GatewayCore::run`] consumes. A producer that
 //! must not go on before the event took effect (the node hook server: virt-handler connects as
-//! soon as it answers) asks for an acknowledgement with [`Delivery::acknowledged`] and awaits
-//! the [`Handled`] outcome; the others send `Delivery::from(event)` and move on.
+//! soon as it answers) asks for an acknowledgement with [`EventDelivery::acknowledged`] and awaits
+//! the [`Handled`] outcome; the others send `EventDelivery::from(event)` and move on.
 
 use tokio::sync::oneshot;
 
@@ -88,19 +88,19 @@ impl Migration {
 
 /// A [`MigrationEvent`] on its way to the core, with an optional acknowledgement.
 #[derive(Debug)]
-pub struct Delivery {
+pub struct EventDelivery {
     pub event: MigrationEvent,
     /// Completed with the outcome once the core has handled the event (for a source `Started`:
     /// capture installed, or failed). Dropped unanswered when the core stops first.
     pub handled: Option<oneshot::Sender<Handled>>,
 }
 
-impl Delivery {
+impl EventDelivery {
     /// `event` with an acknowledgement, and the receiver of that acknowledgement.
-    pub fn acknowledged(event: MigrationEvent) -> (Delivery, oneshot::Receiver<Handled>) {
+    pub fn acknowledged(event: MigrationEvent) -> (EventDelivery, oneshot::Receiver<Handled>) {
         let (tx, rx) = oneshot::channel();
         (
-            Delivery {
+            EventDelivery {
                 event,
                 handled: Some(tx),
             },
@@ -109,10 +109,10 @@ impl Delivery {
     }
 }
 
-impl From<MigrationEvent> for Delivery {
+impl From<MigrationEvent> for EventDelivery {
     /// Fire and forget: nobody waits for the outcome.
-    fn from(event: MigrationEvent) -> Delivery {
-        Delivery {
+    fn from(event: MigrationEvent) -> EventDelivery {
+        EventDelivery {
             event,
             handled: None,
         }

@@ -27,7 +27,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::events::{Delivery, Migration, MigrationEvent, Role};
+use crate::events::{EventDelivery, Migration, MigrationEvent, Role};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -90,7 +90,7 @@ pub fn parse(line: &str) -> Result<MigrationEvent, serde_json::Error> {
 /// Serves the socket until `shutdown` (open connections are closed then).
 pub async fn serve(
     path: &Path,
-    events: mpsc::Sender<Delivery>,
+    events: mpsc::Sender<EventDelivery>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path);
@@ -113,7 +113,7 @@ pub async fn serve(
                 }
                 let reply = match parse(&line) {
                     Ok(event) => {
-                        let (delivery, handled) = Delivery::acknowledged(event);
+                        let (delivery, handled) = EventDelivery::acknowledged(event);
                         match events.send(delivery).await {
                             Ok(()) => match handled.await {
                                 Ok(_) => "ok\n".to_string(),

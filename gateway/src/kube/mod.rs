@@ -8,7 +8,7 @@
 //!    status.migrationState ──watch──> vmi::watch_migrations ──MigrationEvent──> data path
 //!                                          │ learns targetNodeAddress -> targetNode
 //!                                          v
-//!  Nodes (our annotations, addresses) ──reflector──> node::PeerDirectory::peer_for(ip)
+//!  Nodes (our annotations, addresses) ──reflector──> node::NodePeerDirectory::peer_for(ip)
 //!                                                           ^ data path: "who serves ip?"
 //!  Node <this node> <──merge patch── node::run_node_publisher (gateway ip:port,
 //!                                     local virt-handler addresses; removed on shutdown)
@@ -19,7 +19,7 @@
 //!
 //! - [`vmi`]: the typed view of `kubevirt.io/v1` VirtualMachineInstances (only the fields we
 //!   read), the pure [`vmi::events_for`] and the watch runner.
-//! - [`node`]: the node annotations this gateway publishes and [`node::PeerDirectory`].
+//! - [`node`]: the node annotations this gateway publishes and [`node::NodePeerDirectory`].
 //! - [`virt_handler`]: the local virt-handler's addresses, read in its network namespace, for
 //!   the `virt-handler-addresses` annotation.
 //! - [`hooks`]: the pure adapter from one KubeVirt Plugin NodeHook call to
@@ -42,7 +42,7 @@ pub mod vmi;
 pub const FIELD_MANAGER: &str = "rdma-migration-gateway";
 
 pub use node::{
-    GATEWAY_ADDRESS_ANNOTATION, NodeAnnotations, NodePublisher, PeerDirectory,
+    GATEWAY_ADDRESS_ANNOTATION, NodeAnnotations, NodePeerDirectory, NodePublisher,
     VIRT_HANDLER_ADDRESSES_ANNOTATION, run_node_publisher,
 };
 pub use vmi::{VirtualMachineInstance, VmiView, events_for, watch_migrations};
