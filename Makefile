@@ -143,7 +143,7 @@ test: deps fmt-check machete clippy manifests-check unit
 # rdma-streams-softroce:rdma boots a Soft-RoCE guest (make deps installs what it needs) and takes
 # about 17 minutes under TCG.
 BENCHES := rdma-device-plugin:plugin rdma-stream-injector:admission rdma-streams-shim:passthrough \
-	rdma-streams-softroce:rdma rdma-migration-gateway:chain
+	rdma-streams-softroce:rdma rdma-gateway-testbed:chain
 
 bench: deps
 	@failed=""; for b in $(BENCHES); do \

@@ -11,8 +11,9 @@
 //! over TCP instead, counted with its reason.
 //!
 //! - [`events`]: what the gateway is told ([`events::MigrationEvent`]), by the kube watchers,
-//!   KubeVirt's node hooks or the test hook [`test_events`], and the acknowledgement a producer
-//!   may wait for.
+//!   KubeVirt's node hooks or an [`events::EventSource`] a program adds to the run (the test
+//!   bed, `gateway/testbed`, feeds the gateway from a unix socket that way), and the
+//!   acknowledgement a producer may wait for.
 //! - [`core`]: [`core::GatewayCore`] consumes the events and owns every migration's state;
 //!   [`ended`] remembers which migrations are over.
 //! - Capture: [`netns`] (find and enter a network namespace), [`nft`] (per-migration
@@ -42,6 +43,5 @@ pub mod payload;
 pub mod peers;
 pub mod relay;
 pub mod stream;
-pub mod test_events;
 #[cfg(test)]
 mod testing;

@@ -20,7 +20,7 @@
 //! stream that cannot open in time (`TIMEOUT`), and the peer gateway killed mid-migration (the
 //! reset reaches both QEMUs).
 //!
-//! Migrations come from the gateway's test hook (`--test-events-socket`), as the kube
+//! Migrations come from the test bed's socket (`rdma-gateway-testbed --test-events-socket`), as the kube
 //! watchers are not part of these tests, except in one scenario where this test process plays
 //! virt-handler and starts the source side with a KubeVirt node hook call
 //! (`--node-hooks-socket`). Every scenario runs under a hard timeout in its own network, PID
