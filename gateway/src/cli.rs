@@ -26,14 +26,16 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
-    core::{DEFAULT_MARK, GatewayCore, RdmaState, Settings, Shared},
+    capture::netns::{NetnsLocator, NoNamespace, PathLocator, ProcessLocator},
     events::{EventDelivery, EventSource},
-    fallback::Fallback,
-    inbound,
     kube::hooks_server::{self, NodeHookServer},
     metrics::Metrics,
-    netns::{NetnsLocator, NoNamespace, PathLocator, ProcessLocator},
-    peers::{ChainedPeers, PeerEntry, PeerLookup, StaticPeers},
+    migration::{DEFAULT_MARK, GatewayCore, Shared, target},
+    streams::{ChainedPeers, PeerLookup, StaticPeers},
+};
+pub use crate::{
+    migration::{RdmaState, Settings},
+    streams::{Fallback, PeerEntry},
 };
 
 /// Depth of the event channel: events are rare (a few per migration).
@@ -311,7 +313,7 @@ pub async fn serve(
         ));
         let engine = shared.rdma.as_ref().ok().cloned();
         let listener = match &engine {
-            Some(engine) => match inbound::listen(shared.clone(), engine, listen) {
+            Some(engine) => match target::listen(shared.clone(), engine, listen) {
                 Ok(listener) => Some(listener),
                 Err(error) => {
                     warn!(error = %Report(&error), %listen, "no stream listener: this node accepts no streams");

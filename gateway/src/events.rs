@@ -2,7 +2,7 @@
 //!
 //! Producers (the VirtualMachineInstance watch, KubeVirt's node hooks, or an [`EventSource`] a
 //! program adds to its run, as the test bed does) send [`MigrationEvent`]s, each in an [`EventDelivery`], on a
-//! `tokio::sync::mpsc` channel that [`crate::core::GatewayCore::run`] consumes. A producer that
+//! `tokio::sync::mpsc` channel that [`crate::migration::GatewayCore::run`] consumes. A producer that
 //! must not go on before the event took effect (the node hook server: virt-handler connects as
 //! soon as it answers) asks for an acknowledgement with [`EventDelivery::acknowledged`] and awaits
 //! the [`Handled`] outcome; the others send `EventDelivery::from(event)` and move on.
@@ -129,14 +129,15 @@ impl From<MigrationEvent> for EventDelivery {
 /// the channel, it runs as a named task of the gateway's runtime until `shutdown`.
 pub struct EventSource {
     name: String,
-    start: Box<
-        dyn FnOnce(
-                mpsc::Sender<EventDelivery>,
-                CancellationToken,
-            ) -> BoxFuture<'static, Result<(), TaskError>>
-            + Send,
-    >,
+    start: StartSource,
 }
+
+/// A source's running part: the events channel and the shutdown token in, its task out.
+type StartSource =
+    Box<dyn FnOnce(mpsc::Sender<EventDelivery>, CancellationToken) -> SourceTask + Send>;
+
+/// What an [`EventSource`] runs.
+type SourceTask = BoxFuture<'static, Result<(), TaskError>>;
 
 impl EventSource {
     /// A source named `name` (its task's name): `start` gets the events channel and the
@@ -165,7 +166,7 @@ impl EventSource {
         self,
         events: mpsc::Sender<EventDelivery>,
         shutdown: CancellationToken,
-    ) -> (String, BoxFuture<'static, Result<(), TaskError>>) {
+    ) -> (String, SourceTask) {
         (self.name, (self.start)(events, shutdown))
     }
 }

@@ -17,12 +17,11 @@ use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    core::{GatewayCore, Settings, Shared},
+    capture::netns::{NetnsError, NetnsLocator},
     events::{EventDelivery, Handled, Migration, MigrationEvent, Role},
-    fallback::Fallback,
     metrics::Metrics,
-    netns::{NetnsError, NetnsLocator},
-    peers::StaticPeers,
+    migration::{GatewayCore, Settings, Shared},
+    streams::{Fallback, StaticPeers},
 };
 
 /// Runs an async test body on its own runtime, failing after `limit`.

@@ -153,6 +153,7 @@ impl NodeHookServer {
     }
 
     /// Bounds the wait for the core by `timeout` instead of [`DEFAULT_CALL_TIMEOUT`].
+    #[cfg(test)]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -295,6 +296,7 @@ pub struct HookSocket {
 }
 
 impl HookSocket {
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -31,18 +31,12 @@
 //! RBAC actually needed: `kubevirt.io/virtualmachineinstances` list+watch (get is not used),
 //! `nodes` list+watch+patch (get is not used). The chart's `gateway-rbac.yaml` grants a superset.
 
-pub mod hooks;
+pub(crate) mod hooks;
 pub mod hooks_api;
-pub mod hooks_server;
-pub mod node;
-pub mod virt_handler;
-pub mod vmi;
+pub(crate) mod hooks_server;
+pub(crate) mod node;
+pub(crate) mod virt_handler;
+pub(crate) mod vmi;
 
 /// Field manager of every write this gateway makes.
 pub const FIELD_MANAGER: &str = "rdma-migration-gateway";
-
-pub use node::{
-    GATEWAY_ADDRESS_ANNOTATION, NodeAnnotations, NodePeerDirectory, NodePublisher,
-    VIRT_HANDLER_ADDRESSES_ANNOTATION, run_node_publisher,
-};
-pub use vmi::{VirtualMachineInstance, VmiView, events_for, watch_migrations};

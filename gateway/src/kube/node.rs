@@ -243,7 +243,8 @@ impl NodePeerDirectory {
         (directory, tokio::spawn(watch.run()))
     }
 
-    /// A directory with no Node watch: it only knows nothing (tests, `--cluster-access off`).
+    /// A directory with no Node watch: it only knows nothing (tests).
+    #[cfg(test)]
     pub fn detached() -> Self {
         Self {
             nodes: None,
@@ -295,6 +296,7 @@ impl NodePeerDirectory {
     }
 
     /// Waits until synced; `false` if the directory stopped before.
+    #[cfg(test)]
     pub async fn wait_synced(&self) -> bool {
         match &self.nodes {
             None => true,
@@ -303,7 +305,7 @@ impl NodePeerDirectory {
     }
 }
 
-impl crate::peers::PeerLookup for NodePeerDirectory {
+impl crate::streams::PeerLookup for NodePeerDirectory {
     fn lookup(&self, target: IpAddr) -> Option<SocketAddr> {
         self.peer_for(target)
     }
