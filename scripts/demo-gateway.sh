@@ -10,8 +10,8 @@
 # machines' kernel has no RDMA, so it runs in a QEMU guest with Soft-RoCE (tests/softroce):
 # gateway/testbed/tests/scripts/softroce-migration.sh, scenarios rdma and peer-down. Where this host has
 # RDMA itself, DEMO_DIRECT=1 with SOFTROCE_ADDR_A and SOFTROCE_ADDR_B set to two local RDMA
-# addresses runs it here. The migration events come from the gateway's test hook (in a cluster:
-# the VMI watch).
+# addresses runs it here. The gateways run as rdma-gateway-testbed (gateway/testbed: the gateway
+# plus a unix socket the migration events come from; in a cluster: the VMI watch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -364,7 +364,7 @@ fn node_hook_starts_the_source_side_before_the_first_connect() {
     let dir = hooks.path().to_path_buf();
     let socket = dir.join("plugins/nodeA/node.sock");
     let (ready, answer) = (dir.join("ready"), dir.join("answer"));
-    // Gateway B learns the migration from the test hook; gateway A only from the node hook.
+    // Gateway B learns the migration from the test events socket; gateway A only from the node hook.
     let script = format!(
         "gw nodeA {PEER} --node-name nodeA --node-hooks-socket {sock}\ngw nodeB\n\
          started nodeB target u1 {PORT}\nrelays {PORT}\n\
