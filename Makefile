@@ -116,7 +116,8 @@ clippy:
 
 # Every test, then one closing line with the totals over all test binaries. The build first:
 # `cargo test` does not produce the cdylib (libstreamshim.so) that the real-process tests load
-# with LD_PRELOAD, nor the binaries (the gateway) that the Soft-RoCE guests run.
+# with LD_PRELOAD, nor the binaries (the gateway's test bed, rdma-gateway-testbed) that the
+# Soft-RoCE guests run.
 # tests/softroce boots QEMU guests with Soft-RoCE and runs the real-RDMA suite in them (about
 # 12 minutes under TCG on an idle 2-core machine, about twice that under load).
 unit:
@@ -143,7 +144,7 @@ test: deps fmt-check machete clippy manifests-check unit
 # rdma-streams-softroce:rdma boots a Soft-RoCE guest (make deps installs what it needs) and takes
 # about 17 minutes under TCG.
 BENCHES := rdma-device-plugin:plugin rdma-stream-injector:admission rdma-streams-shim:passthrough \
-	rdma-streams-softroce:rdma rdma-migration-gateway:chain
+	rdma-streams-softroce:rdma rdma-gateway-testbed:chain
 
 bench: deps
 	@failed=""; for b in $(BENCHES); do \

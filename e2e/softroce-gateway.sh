@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # e2e/softroce-gateway.sh: the migration gateway over real RDMA streams on Soft-RoCE (rdma_rxe),
 # on a host whose own kernel has rdma_rxe (the development machines' has not: there the same
-# runs inside a Soft-RoCE guest, see gateway/tests/scripts/softroce-migration.sh).
+# runs inside a Soft-RoCE guest, see gateway/testbed/tests/scripts/softroce-migration.sh).
 #
 # Sets up the Soft-RoCE loop topology in the initial network namespace
 # (tests/softroce/guest/init.sh --setup-only --role loop: veth va/vb with rxea/rxeb at
 # 198.18.0.1/.2 and policy routing across the veth; rxe works in no other namespace on 6.1),
 # then runs
-#   1. gateway/tests/scripts/softroce-migration.sh: QEMU migrations through two gateways over
+#   1. gateway/testbed/tests/scripts/softroce-migration.sh: QEMU migrations through two gateways over
 #      the stream (byte-exact, counted as RDMA), parallel streams, abort, the peer killed
 #      mid-migration, the peer down, no peer, a stream timeout;
 #   2. the gateway benchmark in RDMA mode (GATEWAY_BENCH_RDMA=198.18.0.1,198.18.0.2
-#      cargo bench -p rdma-migration-gateway --bench chain): every gateway round must take the
+#      cargo bench -p rdma-gateway-testbed --bench chain): every gateway round must take the
 #      stream; its goals are judged on hardware only (rxe is software);
 # and removes the topology.
 #
@@ -47,9 +47,9 @@ done
 rxe_preflight
 
 cd "$ROOT"
-cargo build --release -p rdma-migration-gateway
+cargo build --release -p rdma-gateway-testbed
 bash tests/softroce/guest/init.sh --setup-only --role loop
 trap 'bash tests/softroce/guest/init.sh --teardown --role loop' EXIT
-bash gateway/tests/scripts/softroce-migration.sh target/release/rdma-migration-gateway \
+bash gateway/testbed/tests/scripts/softroce-migration.sh target/release/rdma-gateway-testbed \
 	tests/tools/qemu_migrate.py 198.18.0.1 198.18.0.2
-GATEWAY_BENCH_RDMA=198.18.0.1,198.18.0.2 cargo bench -p rdma-migration-gateway --bench chain
+GATEWAY_BENCH_RDMA=198.18.0.1,198.18.0.2 cargo bench -p rdma-gateway-testbed --bench chain

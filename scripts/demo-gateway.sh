@@ -8,10 +8,10 @@
 #
 # then the same with no gateway on the target node (the connection is relayed over TCP). These
 # machines' kernel has no RDMA, so it runs in a QEMU guest with Soft-RoCE (tests/softroce):
-# gateway/tests/scripts/softroce-migration.sh, scenarios rdma and peer-down. Where this host has
+# gateway/testbed/tests/scripts/softroce-migration.sh, scenarios rdma and peer-down. Where this host has
 # RDMA itself, DEMO_DIRECT=1 with SOFTROCE_ADDR_A and SOFTROCE_ADDR_B set to two local RDMA
-# addresses runs it here. The migration events come from the gateway's test hook (in a cluster:
-# the VMI watch).
+# addresses runs it here. The gateways run as rdma-gateway-testbed (gateway/testbed: the gateway
+# plus a unix socket the migration events come from; in a cluster: the VMI watch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,10 +22,10 @@ if [[ $(id -u) -ne 0 ]] || ! command -v nft >/dev/null || ! command -v qemu-syst
   echo "  skipped (needs root, nftables and qemu-system-x86)"
   exit 0
 fi
-cargo build -q -p rdma-migration-gateway
+cargo build -q -p rdma-gateway-testbed
 cargo build -q -p rdma-streams-softroce --example guest
-scenario=(bash "$PWD/gateway/tests/scripts/softroce-migration.sh" --scenario rdma,peer-down --ram-mib 32
-  "$PWD/target/debug/rdma-migration-gateway" "$PWD/tests/tools/qemu_migrate.py")
+scenario=(bash "$PWD/gateway/testbed/tests/scripts/softroce-migration.sh" --scenario rdma,peer-down --ram-mib 32
+  "$PWD/target/debug/rdma-gateway-testbed" "$PWD/tests/tools/qemu_migrate.py")
 echo "  QEMU -> relay A -> captured (nftables in virt-handler's namespace) -> gateway A -> RDMA stream -> gateway B -> relay B -> QEMU"
 if [[ ${DEMO_DIRECT:-0} == 1 ]]; then
   "${scenario[@]}" "${SOFTROCE_ADDR_A:?}" "${SOFTROCE_ADDR_B:?}"

@@ -26,15 +26,16 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
-    core::{DEFAULT_MARK, GatewayCore, RdmaState, Settings, Shared},
-    events::Delivery,
-    fallback::Fallback,
-    inbound,
+    capture::netns::{NetnsLocator, NoNamespace, PathLocator, ProcessLocator},
+    events::{EventDelivery, EventSource},
     kube::hooks_server::{self, NodeHookServer},
     metrics::Metrics,
-    netns::{NetnsLocator, NoNamespace, PathLocator, ProcessLocator},
-    peers::{ChainedPeers, PeerDirectory, PeerEntry, StaticPeers},
-    test_events,
+    migration::{DEFAULT_MARK, GatewayCore, Shared, target},
+    streams::{ChainedPeers, PeerLookup, StaticPeers},
+};
+pub use crate::{
+    migration::{RdmaState, Settings},
+    streams::{Fallback, PeerEntry},
 };
 
 /// Depth of the event channel: events are rare (a few per migration).
@@ -104,11 +105,9 @@ pub struct Args {
     #[arg(long, env = "RDMA_GW_NODE_HOOKS_SOCKET")]
     pub node_hooks_socket: Option<PathBuf>,
 
-    /// TEST HOOK: read migration events from this unix socket (see `test_events`).
-    #[arg(long, env = "RDMA_GW_TEST_EVENTS_SOCKET")]
-    pub test_events_socket: Option<PathBuf>,
     /// Watch the cluster (VirtualMachineInstances, node annotations): `auto` is on inside a
-    /// pod (KUBERNETES_SERVICE_HOST set) unless the test events socket is given.
+    /// pod (KUBERNETES_SERVICE_HOST set), unless the program feeds the gateway events of its
+    /// own.
     #[arg(long, env = "RDMA_GW_KUBE", value_enum, default_value = "auto")]
     pub kube: KubeMode,
     /// The address peers reach this gateway's stream listener at, published as the node
@@ -156,7 +155,6 @@ pub struct Plan {
     pub peers: Vec<PeerEntry>,
     pub settings: Settings,
     pub node_hooks_socket: Option<PathBuf>,
-    pub test_events_socket: Option<PathBuf>,
     /// Watch the cluster.
     pub kube: bool,
     /// Published on the node for peers (none: `--listen` has no address and no
@@ -169,8 +167,10 @@ impl Args {
         Args::parse().run()
     }
 
-    /// What to run; `in_pod`: whether `KUBERNETES_SERVICE_HOST` is set.
-    pub fn plan(self, in_pod: bool) -> Plan {
+    /// What to run; `in_pod`: whether `KUBERNETES_SERVICE_HOST` is set; `own_sources`: whether
+    /// the program adds event sources of its own ([`EventSource`]), which then stand in for
+    /// the cluster (`--kube auto` stays off).
+    pub fn plan(self, in_pod: bool, own_sources: bool) -> Plan {
         let Args {
             node_name,
             listen,
@@ -183,14 +183,13 @@ impl Args {
             stream_timeout_ms,
             mark,
             node_hooks_socket,
-            test_events_socket,
             kube,
             advertise_address,
         } = self;
         let kube = match kube {
             KubeMode::On => true,
             KubeMode::Off => false,
-            KubeMode::Auto => test_events_socket.is_none() && in_pod,
+            KubeMode::Auto => in_pod && !own_sources,
         };
         let capture_process = capture_process.trim();
         let capture = match capture_netns {
@@ -213,7 +212,6 @@ impl Args {
                 ..Settings::default()
             },
             node_hooks_socket,
-            test_events_socket,
             kube,
             advertise: advertise_address
                 .or(listen_ip)
@@ -223,17 +221,35 @@ impl Args {
 
     /// Runs the gateway until SIGTERM or SIGINT.
     pub fn run(self) -> Result<(), RunError> {
+        self.run_with(Vec::new())
+    }
+
+    /// [`Args::run`], with `sources` feeding the core besides the cluster's and the node
+    /// hooks' events.
+    pub fn run_with(self, sources: Vec<EventSource>) -> Result<(), RunError> {
         self.log.init();
-        let plan = self.plan(std::env::var_os("KUBERNETES_SERVICE_HOST").is_some());
+        let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+        let plan = self.plan(in_pod, !sources.is_empty());
         let tokio = runtime::executor(runtime::Threads::PerCpu).map_err(RunError::Runtime)?;
         let rdma = start_engine(&plan.provider, &plan.settings);
-        tokio.block_on(serve(plan, rdma, Runtime::builder().with_signals()))
+        tokio.block_on(serve(
+            plan,
+            rdma,
+            Runtime::builder().with_signals(),
+            sources,
+        ))
     }
 }
 
 /// Runs the gateway in the runtime `runtime` builds, with the stream engine `rdma`, until
-/// shutdown: the event sources feed the core, which owns every migration.
-pub async fn serve(plan: Plan, rdma: RdmaState, runtime: runtime::Builder) -> Result<(), RunError> {
+/// shutdown: the event sources (the plan's, and `sources`) feed the core, which owns every
+/// migration.
+pub async fn serve(
+    plan: Plan,
+    rdma: RdmaState,
+    runtime: runtime::Builder,
+    sources: Vec<EventSource>,
+) -> Result<(), RunError> {
     let rt = runtime.admin(plan.admin).build().await?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
@@ -248,7 +264,6 @@ pub async fn serve(plan: Plan, rdma: RdmaState, runtime: runtime::Builder) -> Re
             peers,
             settings,
             node_hooks_socket,
-            test_events_socket,
             kube,
             advertise,
             ..
@@ -270,10 +285,10 @@ pub async fn serve(plan: Plan, rdma: RdmaState, runtime: runtime::Builder) -> Re
         } else {
             None
         };
-        let mut directories: Vec<Arc<dyn PeerDirectory>> = vec![Arc::new(StaticPeers::new(peers))];
+        let mut directories: Vec<Arc<dyn PeerLookup>> = vec![Arc::new(StaticPeers::new(peers))];
         let cluster_peers = cluster.as_ref().map(|client| {
             let (directory, task) =
-                crate::kube::node::PeerDirectory::spawn(client.clone(), tasks.shutdown().clone());
+                crate::kube::node::NodePeerDirectory::spawn(client.clone(), tasks.shutdown().clone());
             tasks.adopt("peer directory", task);
             directories.push(Arc::new(directory.clone()));
             directory
@@ -288,7 +303,7 @@ pub async fn serve(plan: Plan, rdma: RdmaState, runtime: runtime::Builder) -> Re
         ));
         let engine = shared.rdma.as_ref().ok().cloned();
         let listener = match &engine {
-            Some(engine) => match inbound::listen(shared.clone(), engine, listen) {
+            Some(engine) => match target::listen(shared.clone(), engine, listen) {
                 Ok(listener) => Some(listener),
                 Err(error) => {
                     warn!(error = %Report(&error), %listen, "no stream listener: this node accepts no streams");
@@ -302,7 +317,7 @@ pub async fn serve(plan: Plan, rdma: RdmaState, runtime: runtime::Builder) -> Re
         if capturing {
             core.cleanup_stale().await;
         }
-        let (events_tx, events_rx) = mpsc::channel::<Delivery>(EVENT_QUEUE);
+        let (events_tx, events_rx) = mpsc::channel::<EventDelivery>(EVENT_QUEUE);
         // Bound before any event is handled: a socket that cannot be made is a startup error.
         if let Some(path) = node_hooks_socket {
             let socket = hooks_server::bind(&path)?;
@@ -317,12 +332,9 @@ pub async fn serve(plan: Plan, rdma: RdmaState, runtime: runtime::Builder) -> Re
                 hooks_server::serve(socket, server, tasks.shutdown().clone()),
             );
         }
-        if let Some(path) = test_events_socket {
-            let tx = events_tx.clone();
-            let stop = tasks.shutdown().clone();
-            tasks.spawn("test events", async move {
-                test_events::serve(&path, tx, stop).await
-            });
+        for source in sources {
+            let (name, task) = source.start(events_tx.clone(), tasks.shutdown().clone());
+            tasks.spawn(name, task);
         }
         if let Some(client) = cluster {
             spawn_cluster_tasks(
@@ -368,8 +380,8 @@ fn spawn_cluster_tasks(
     tasks: &Tasks,
     client: ::kube::Client,
     node_name: &str,
-    events_tx: &mpsc::Sender<Delivery>,
-    cluster_peers: Option<crate::kube::node::PeerDirectory>,
+    events_tx: &mpsc::Sender<EventDelivery>,
+    cluster_peers: Option<crate::kube::node::NodePeerDirectory>,
     capture_locator: Option<Arc<dyn NetnsLocator>>,
     advertise: Option<SocketAddr>,
     listen: SocketAddr,
@@ -482,7 +494,7 @@ mod tests {
 
     fn plan(argv: &[&str], in_pod: bool) -> Plan {
         let argv = std::iter::once("rdma-migration-gateway").chain(argv.iter().copied());
-        Args::try_parse_from(argv).unwrap().plan(in_pod)
+        Args::try_parse_from(argv).unwrap().plan(in_pod, false)
     }
 
     #[test]
@@ -500,9 +512,12 @@ mod tests {
     }
 
     #[test]
-    fn kube_auto_is_on_in_a_pod_unless_test_events_feed_the_gateway() {
+    fn kube_auto_is_on_in_a_pod_unless_the_program_feeds_its_own_events() {
         assert!(plan(&[], true).kube);
-        assert!(!plan(&["--test-events-socket", "/t.sock"], true).kube);
+        let args = Args::try_parse_from(["rdma-migration-gateway"]).unwrap();
+        assert!(!args.plan(true, true).kube);
+        let args = Args::try_parse_from(["rdma-migration-gateway", "--kube", "on"]).unwrap();
+        assert!(args.plan(true, true).kube);
         assert!(plan(&["--kube", "on"], false).kube);
         assert!(!plan(&["--kube", "off"], true).kube);
     }

@@ -1,13 +1,18 @@
 //! What the gateway is told: migrations to carry, as the node's watchers see them.
 //!
-//! Producers (the VirtualMachineInstance watch, KubeVirt's node hooks, or the test hook
-//! [`crate::test_events`]) send [`MigrationEvent`]s, each in a [`Delivery`], on a
-//! `tokio::sync::mpsc` channel that [`crate::core::GatewayCore::run`] consumes. A producer that
+//! Producers (the VirtualMachineInstance watch, KubeVirt's node hooks, or an [`EventSource`] a
+//! program adds to its run, as the test bed does) send [`MigrationEvent`]s, each in an [`EventDelivery`], on a
+//! `tokio::sync::mpsc` channel that [`crate::migration::GatewayCore::run`] consumes. A producer that
 //! must not go on before the event took effect (the node hook server: virt-handler connects as
-//! soon as it answers) asks for an acknowledgement with [`Delivery::acknowledged`] and awaits
-//! the [`Handled`] outcome; the others send `Delivery::from(event)` and move on.
+//! soon as it answers) asks for an acknowledgement with [`EventDelivery::acknowledged`] and awaits
+//! the [`Handled`] outcome; the others send `EventDelivery::from(event)` and move on.
 
-use tokio::sync::oneshot;
+use std::future::Future;
+
+use futures::future::BoxFuture;
+use rdma_streams_common::runtime::{TaskError, TaskOutput};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 /// One migration the gateway must carry, as the node's watchers see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,7 +20,7 @@ pub struct Migration {
     /// The VMI's uid (the key of everything the gateway does for this migration).
     pub uid: String,
     /// Which of the VMI's migrations this is: `status.migrationState.migrationUid` (its start
-    /// time on KubeVirt without one); empty when the producer does not know (test events).
+    /// time on KubeVirt without one); empty when the producer does not know (the test bed's events).
     pub id: String,
     /// namespace/name, for logs and metrics.
     pub vmi: String,
@@ -26,7 +31,7 @@ pub struct Migration {
     pub target: std::net::IpAddr,
     pub ports: Vec<u16>,
     /// `status.migrationState.startTimestamp` (RFC 3339, UTC), which orders the migrations of
-    /// one VMI; `None` when the producer does not know it (test events).
+    /// one VMI; `None` when the producer does not know it (the test bed's events).
     pub started: Option<String>,
 }
 
@@ -88,19 +93,19 @@ impl Migration {
 
 /// A [`MigrationEvent`] on its way to the core, with an optional acknowledgement.
 #[derive(Debug)]
-pub struct Delivery {
+pub struct EventDelivery {
     pub event: MigrationEvent,
     /// Completed with the outcome once the core has handled the event (for a source `Started`:
     /// capture installed, or failed). Dropped unanswered when the core stops first.
     pub handled: Option<oneshot::Sender<Handled>>,
 }
 
-impl Delivery {
+impl EventDelivery {
     /// `event` with an acknowledgement, and the receiver of that acknowledgement.
-    pub fn acknowledged(event: MigrationEvent) -> (Delivery, oneshot::Receiver<Handled>) {
+    pub fn acknowledged(event: MigrationEvent) -> (EventDelivery, oneshot::Receiver<Handled>) {
         let (tx, rx) = oneshot::channel();
         (
-            Delivery {
+            EventDelivery {
                 event,
                 handled: Some(tx),
             },
@@ -109,13 +114,68 @@ impl Delivery {
     }
 }
 
-impl From<MigrationEvent> for Delivery {
+impl From<MigrationEvent> for EventDelivery {
     /// Fire and forget: nobody waits for the outcome.
-    fn from(event: MigrationEvent) -> Delivery {
-        Delivery {
+    fn from(event: MigrationEvent) -> EventDelivery {
+        EventDelivery {
             event,
             handled: None,
         }
+    }
+}
+
+/// A producer of events a program adds to a run of the gateway ([`crate::cli::Args::run_with`],
+/// [`crate::cli::serve`]), beside the cluster's: started once the core is about to consume
+/// the channel, it runs as a named task of the gateway's runtime until `shutdown`.
+pub struct EventSource {
+    name: String,
+    start: StartSource,
+}
+
+/// A source's running part: the events channel and the shutdown token in, its task out.
+type StartSource =
+    Box<dyn FnOnce(mpsc::Sender<EventDelivery>, CancellationToken) -> SourceTask + Send>;
+
+/// What an [`EventSource`] runs.
+type SourceTask = BoxFuture<'static, Result<(), TaskError>>;
+
+impl EventSource {
+    /// A source named `name` (its task's name): `start` gets the events channel and the
+    /// shutdown token and returns the future that produces.
+    pub fn new<F, Fut>(name: impl Into<String>, start: F) -> EventSource
+    where
+        F: FnOnce(mpsc::Sender<EventDelivery>, CancellationToken) -> Fut + Send + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: TaskOutput,
+    {
+        EventSource {
+            name: name.into(),
+            start: Box::new(move |events, shutdown| {
+                let future = start(events, shutdown);
+                Box::pin(async move { future.await.into_result() })
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The source's task, feeding `events` until `shutdown`.
+    pub fn start(
+        self,
+        events: mpsc::Sender<EventDelivery>,
+        shutdown: CancellationToken,
+    ) -> (String, SourceTask) {
+        (self.name, (self.start)(events, shutdown))
+    }
+}
+
+impl std::fmt::Debug for EventSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventSource")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 

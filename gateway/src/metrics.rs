@@ -6,7 +6,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::fallback::Fallback;
+use crate::streams::Fallback;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RoleLabels {
@@ -213,5 +213,3 @@ impl Metrics {
         }
     }
 }
-
-pub use rdma_streams_common::admin::encode;

@@ -17,12 +17,11 @@ use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    core::{GatewayCore, Settings, Shared},
-    events::{Delivery, Handled, Migration, MigrationEvent, Role},
-    fallback::Fallback,
+    capture::netns::{NetnsError, NetnsLocator},
+    events::{EventDelivery, Handled, Migration, MigrationEvent, Role},
     metrics::Metrics,
-    netns::{NetnsError, NetnsLocator},
-    peers::StaticPeers,
+    migration::{GatewayCore, Settings, Shared},
+    streams::{Fallback, StaticPeers},
 };
 
 /// Runs an async test body on its own runtime, failing after `limit`.
@@ -79,7 +78,7 @@ pub fn core_with_settings(locator: impl NetnsLocator, settings: Settings) -> Gat
 /// A core running on its own task, fed with acknowledged deliveries.
 pub struct RunningCore {
     pub shared: Arc<Shared>,
-    tx: mpsc::Sender<Delivery>,
+    tx: mpsc::Sender<EventDelivery>,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -98,7 +97,7 @@ impl RunningCore {
 
     /// Sends `event` and waits until the core has handled it.
     pub async fn send(&self, event: MigrationEvent) -> Handled {
-        let (delivery, handled) = Delivery::acknowledged(event);
+        let (delivery, handled) = EventDelivery::acknowledged(event);
         self.tx.send(delivery).await.expect("core running");
         handled.await.expect("core answered")
     }
@@ -112,7 +111,11 @@ impl RunningCore {
 /// Runs `core` on a task fed through the returned sender, until the token is cancelled.
 pub fn spawn_core(
     core: GatewayCore,
-) -> (mpsc::Sender<Delivery>, CancellationToken, JoinHandle<()>) {
+) -> (
+    mpsc::Sender<EventDelivery>,
+    CancellationToken,
+    JoinHandle<()>,
+) {
     let (tx, rx) = mpsc::channel(4);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(core.run(rx, shutdown.clone()));

@@ -22,7 +22,6 @@ fn a_taken_admin_address_is_an_error_with_the_errno() -> Result<(), Box<dyn Erro
         .arg("--admin-listen")
         .arg(addr.to_string())
         .env_remove("RDMA_GW_NODE_HOOKS_SOCKET")
-        .env_remove("RDMA_GW_TEST_EVENTS_SOCKET")
         .output()?;
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

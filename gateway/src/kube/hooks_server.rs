@@ -5,7 +5,7 @@
 //! **Per call.** [`super::hooks::event_for_hook`] turns the call into at most one `Started`
 //! (`PreMigrationSource` on the source, `PreMigrationTarget` on the target; every other hook
 //! point means nothing). If there is one, it goes to the core as an acknowledged
-//! [`Delivery`] and the answer waits until the core has handled it (capture rules installed,
+//! [`EventDelivery`] and the answer waits until the core has handled it (capture rules installed,
 //! or the capture failed), at most [`DEFAULT_CALL_TIMEOUT`]. Only then does virt-handler get its
 //! answer and let QEMU connect, so the first migration connection is already captured.
 //!
@@ -59,10 +59,10 @@ use super::{
             node_hook_service_server::{NodeHookService, NodeHookServiceServer},
         },
     },
-    node::PeerDirectory,
+    node::NodePeerDirectory,
 };
 use crate::{
-    events::{Delivery, Handled, MigrationEvent},
+    events::{EventDelivery, Handled, MigrationEvent},
     metrics::{HookOutcome, Metrics},
 };
 
@@ -126,16 +126,16 @@ impl Answer {
 #[derive(Debug, Clone)]
 pub struct NodeHookServer {
     node_name: String,
-    events: mpsc::Sender<Delivery>,
+    events: mpsc::Sender<EventDelivery>,
     metrics: Metrics,
     timeout: Duration,
-    peers: Option<PeerDirectory>,
+    peers: Option<NodePeerDirectory>,
 }
 
 impl NodeHookServer {
     /// A server for the gateway on `node_name` (may be empty: then each call's own node name
     /// is used) that hands events to the core on `events`.
-    pub fn new(node_name: String, events: mpsc::Sender<Delivery>, metrics: Metrics) -> Self {
+    pub fn new(node_name: String, events: mpsc::Sender<EventDelivery>, metrics: Metrics) -> Self {
         NodeHookServer {
             node_name,
             events,
@@ -146,13 +146,14 @@ impl NodeHookServer {
     }
 
     /// Tells `peers` which node a source migration's target runs on before the migration is
-    /// started, as the VMI watch does ([`PeerDirectory::learn_migration`]).
-    pub fn with_peers(mut self, peers: Option<PeerDirectory>) -> Self {
+    /// started, as the VMI watch does ([`NodePeerDirectory::learn_migration`]).
+    pub fn with_peers(mut self, peers: Option<NodePeerDirectory>) -> Self {
         self.peers = peers;
         self
     }
 
     /// Bounds the wait for the core by `timeout` instead of [`DEFAULT_CALL_TIMEOUT`].
+    #[cfg(test)]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -217,7 +218,7 @@ impl NodeHookServer {
             peers.learn_migration(&m, target_node.as_deref());
         }
         let described = format!("{} ({}, {})", m.vmi, m.uid, m.role.as_str());
-        let (delivery, handled) = Delivery::acknowledged(MigrationEvent::Started(m));
+        let (delivery, handled) = EventDelivery::acknowledged(MigrationEvent::Started(m));
         let handled = tokio::time::timeout(self.timeout, async {
             self.events.send(delivery).await.ok()?;
             handled.await.ok()
@@ -295,6 +296,7 @@ pub struct HookSocket {
 }
 
 impl HookSocket {
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -8,7 +8,7 @@
 //!    status.migrationState ──watch──> vmi::watch_migrations ──MigrationEvent──> data path
 //!                                          │ learns targetNodeAddress -> targetNode
 //!                                          v
-//!  Nodes (our annotations, addresses) ──reflector──> node::PeerDirectory::peer_for(ip)
+//!  Nodes (our annotations, addresses) ──reflector──> node::NodePeerDirectory::peer_for(ip)
 //!                                                           ^ data path: "who serves ip?"
 //!  Node <this node> <──merge patch── node::run_node_publisher (gateway ip:port,
 //!                                     local virt-handler addresses; removed on shutdown)
@@ -19,7 +19,7 @@
 //!
 //! - [`vmi`]: the typed view of `kubevirt.io/v1` VirtualMachineInstances (only the fields we
 //!   read), the pure [`vmi::events_for`] and the watch runner.
-//! - [`node`]: the node annotations this gateway publishes and [`node::PeerDirectory`].
+//! - [`node`]: the node annotations this gateway publishes and [`node::NodePeerDirectory`].
 //! - [`virt_handler`]: the local virt-handler's addresses, read in its network namespace, for
 //!   the `virt-handler-addresses` annotation.
 //! - [`hooks`]: the pure adapter from one KubeVirt Plugin NodeHook call to
@@ -31,18 +31,12 @@
 //! RBAC actually needed: `kubevirt.io/virtualmachineinstances` list+watch (get is not used),
 //! `nodes` list+watch+patch (get is not used). The chart's `gateway-rbac.yaml` grants a superset.
 
-pub mod hooks;
+pub(crate) mod hooks;
 pub mod hooks_api;
-pub mod hooks_server;
-pub mod node;
-pub mod virt_handler;
-pub mod vmi;
+pub(crate) mod hooks_server;
+pub(crate) mod node;
+pub(crate) mod virt_handler;
+pub(crate) mod vmi;
 
 /// Field manager of every write this gateway makes.
 pub const FIELD_MANAGER: &str = "rdma-migration-gateway";
-
-pub use node::{
-    GATEWAY_ADDRESS_ANNOTATION, NodeAnnotations, NodePublisher, PeerDirectory,
-    VIRT_HANDLER_ADDRESSES_ANNOTATION, run_node_publisher,
-};
-pub use vmi::{VirtualMachineInstance, VmiView, events_for, watch_migrations};

@@ -20,7 +20,7 @@
 //! needs no Pod watch (and no `pods` RBAC), and follows a virt-handler restart (new pod, new
 //! IP) through [`run_node_publisher`]'s `watch` channel.
 //!
-//! **How [`PeerDirectory::peer_for`] answers**, first match wins:
+//! **How [`NodePeerDirectory::peer_for`] answers**, first match wins:
 //! 1. *Learned*: the VMI watch ([`super::vmi::watch_migrations`]) sees `targetNodeAddress` and
 //!    `targetNode` in the same object and records `address -> node name` before it emits
 //!    `Started`; the answer is that node's gateway annotation. This is race-free: it does not
@@ -220,13 +220,13 @@ pub async fn run_node_publisher(
 /// Answers which gateway serves a target virt-handler address, from a cache of Nodes plus
 /// what the VMI watch learned. Cheap to clone.
 #[derive(Clone)]
-pub struct PeerDirectory {
+pub struct NodePeerDirectory {
     /// `None` for a detached directory.
     nodes: Option<Cache<Node>>,
     learned: Arc<RwLock<HashMap<IpAddr, String>>>,
 }
 
-impl PeerDirectory {
+impl NodePeerDirectory {
     /// Starts the Node cache; the task runs until `shutdown` is cancelled. API errors are
     /// retried with kube's default backoff.
     pub fn spawn(client: Client, shutdown: CancellationToken) -> (Self, JoinHandle<()>) {
@@ -243,7 +243,8 @@ impl PeerDirectory {
         (directory, tokio::spawn(watch.run()))
     }
 
-    /// A directory with no Node watch: it only knows nothing (tests, `--cluster-access off`).
+    /// A directory with no Node watch: it only knows nothing (tests).
+    #[cfg(test)]
     pub fn detached() -> Self {
         Self {
             nodes: None,
@@ -295,6 +296,7 @@ impl PeerDirectory {
     }
 
     /// Waits until synced; `false` if the directory stopped before.
+    #[cfg(test)]
     pub async fn wait_synced(&self) -> bool {
         match &self.nodes {
             None => true,
@@ -303,9 +305,15 @@ impl PeerDirectory {
     }
 }
 
-impl std::fmt::Debug for PeerDirectory {
+impl crate::streams::PeerLookup for NodePeerDirectory {
+    fn lookup(&self, target: IpAddr) -> Option<SocketAddr> {
+        self.peer_for(target)
+    }
+}
+
+impl std::fmt::Debug for NodePeerDirectory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PeerDirectory")
+        f.debug_struct("NodePeerDirectory")
             .field("nodes", &self.nodes.as_ref().map(|n| n.store().len()))
             .field("synced", &self.is_synced())
             .finish_non_exhaustive()
@@ -615,7 +623,7 @@ mod tests {
             assert!(query(&request).contains("watch=true"));
             send
         });
-        let (directory, task) = PeerDirectory::spawn(client, shutdown.clone());
+        let (directory, task) = NodePeerDirectory::spawn(client, shutdown.clone());
         assert!(
             tokio::time::timeout(Duration::from_secs(1), directory.wait_synced())
                 .await
@@ -657,7 +665,7 @@ mod tests {
 
     #[test]
     fn detached_directory_knows_nothing() {
-        let directory = PeerDirectory::detached();
+        let directory = NodePeerDirectory::detached();
         directory.learn(ip("10.0.0.9"), "node-a");
         assert_eq!(directory.peer_for(ip("10.0.0.9")), None);
         assert!(directory.is_synced());

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::netns::{self, NetnsError, NetnsLocator};
+use crate::capture::netns::{self, NetnsError, NetnsLocator};
 
 /// How often the addresses are read again.
 pub const REFRESH: Duration = Duration::from_secs(30);
@@ -111,7 +111,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::netns::PathLocator;
+    use crate::capture::netns::PathLocator;
 
     /// A process in a fresh network namespace with lo up and a veth pair, one end holding
     /// 10.9.0.5/24 and fd00:9::5/64 (so also an fe80:: address); killed on drop.

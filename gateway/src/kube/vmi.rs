@@ -53,8 +53,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::node::PeerDirectory;
-use crate::events::{Delivery, Migration, MigrationEvent, Role};
+use super::node::NodePeerDirectory;
+use crate::events::{EventDelivery, Migration, MigrationEvent, Role};
 
 /// `status.migrationState.abortStatus` once an abort took effect.
 const ABORT_SUCCEEDED: &str = "Succeeded";
@@ -358,8 +358,8 @@ pub fn events_for(node: &str, old: Option<&VmiView>, new: &VmiView) -> Vec<Migra
 pub async fn watch_migrations(
     client: Client,
     node: String,
-    events: mpsc::Sender<Delivery>,
-    peers: Option<PeerDirectory>,
+    events: mpsc::Sender<EventDelivery>,
+    peers: Option<NodePeerDirectory>,
     shutdown: CancellationToken,
 ) {
     let api: Api<VirtualMachineInstance> = Api::all(client);
@@ -836,7 +836,7 @@ mod tests {
         })
     }
 
-    async fn next_events(rx: &mut mpsc::Receiver<Delivery>, n: usize) -> Vec<MigrationEvent> {
+    async fn next_events(rx: &mut mpsc::Receiver<EventDelivery>, n: usize) -> Vec<MigrationEvent> {
         let mut out = Vec::new();
         for _ in 0..n {
             let delivery = tokio::time::timeout(Duration::from_secs(60), rx.recv())
@@ -877,7 +877,7 @@ mod tests {
         let scenario = run(verifier, Scenario::MigrationLifecycle, held_tx);
         let (tx, mut rx) = mpsc::channel(16);
         let shutdown = CancellationToken::new();
-        let peers = PeerDirectory::detached();
+        let peers = NodePeerDirectory::detached();
         let runner = tokio::spawn(watch_migrations(
             client,
             NODE.into(),

@@ -51,12 +51,12 @@ async fn channel(path: &Path) -> Channel {
 struct Fixture {
     _dir: tempfile::TempDir,
     path: PathBuf,
-    events: mpsc::Receiver<Delivery>,
+    events: mpsc::Receiver<EventDelivery>,
     metrics: Metrics,
     shutdown: CancellationToken,
     server: JoinHandle<Result<(), HookServerError>>,
     /// What the server told the peer directory.
-    peers: PeerDirectory,
+    peers: NodePeerDirectory,
 }
 
 impl Fixture {
@@ -66,7 +66,7 @@ impl Fixture {
         let path = dir.path().join("plugins/rdma-migration-gateway/node.sock");
         let (tx, events) = mpsc::channel(8);
         let metrics = Metrics::default();
-        let peers = PeerDirectory::detached();
+        let peers = NodePeerDirectory::detached();
         let server = NodeHookServer::new(node_name.into(), tx, metrics.clone())
             .with_timeout(timeout)
             .with_peers(Some(peers.clone()));
@@ -122,13 +122,13 @@ impl Fixture {
 /// A core stand-in: takes one delivery, records it, waits `delay`, records the
 /// acknowledgement and sends `outcome`.
 fn fake_core(
-    mut events: mpsc::Receiver<Delivery>,
+    mut events: mpsc::Receiver<EventDelivery>,
     delay: Duration,
     outcome: Handled,
     log: Arc<Mutex<Vec<String>>>,
-) -> JoinHandle<(MigrationEvent, mpsc::Receiver<Delivery>)> {
+) -> JoinHandle<(MigrationEvent, mpsc::Receiver<EventDelivery>)> {
     tokio::spawn(async move {
-        let Delivery { event, handled } = events.recv().await.expect("a delivery");
+        let EventDelivery { event, handled } = events.recv().await.expect("a delivery");
         log.lock().unwrap().push("core received".into());
         tokio::time::sleep(delay).await;
         log.lock().unwrap().push("core acknowledged".into());

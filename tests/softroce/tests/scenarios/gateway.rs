@@ -1,6 +1,7 @@
-//! The migration gateway (`rdma-migration-gateway`) on real RDMA streams.
+//! The migration gateway on real RDMA streams, run as `rdma-gateway-testbed` (the gateway plus
+//! the test events socket the scenarios start and end migrations with).
 //!
-//! - Loop guest: `gateway/tests/scripts/softroce-migration.sh` (both gateways in the guest's
+//! - Loop guest: `gateway/testbed/tests/scripts/softroce-migration.sh` (both gateways in the guest's
 //!   initial namespace, the virt-handler namespaces behind veths, QEMU migrations through
 //!   relays), one scenario of the script per scenario here, so that each has its own timeout,
 //!   log and line in the results; the script's `PASS`/`FAIL` line judges, its `figure:` lines
@@ -11,7 +12,7 @@
 //!   (`qemu_migrate.py --role source|destination`). The migration crosses the wire on one RDMA
 //!   stream and must arrive byte-exact.
 //!
-//! The gateway is the binary of this build, next to the test binary (`make test` runs `cargo
+//! The test bed is the binary of this build, next to the test binary (`make test` runs `cargo
 //! build --workspace` first).
 
 use std::collections::BTreeMap;
@@ -77,17 +78,17 @@ const LOOP_RAM_MIB: u64 = 32;
 /// Guest RAM of the migration between the two guests.
 const WIRE_RAM_MIB: u64 = 64;
 
-/// `rdma-migration-gateway` of this build: in the test binary's profile directory.
+/// `rdma-gateway-testbed` of this build: in the test binary's profile directory.
 fn gateway_binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("current_exe")?;
     let profile = exe
         .parent()
         .and_then(Path::parent)
         .context("the test binary is not in <target>/<profile>/deps")?;
-    let gw = profile.join("rdma-migration-gateway");
+    let gw = profile.join("rdma-gateway-testbed");
     ensure!(
         gw.is_file(),
-        "{} not found (`cargo build -p rdma-migration-gateway` first; `make test` runs `cargo \
+        "{} not found (`cargo build -p rdma-gateway-testbed` first; `make test` runs `cargo \
          build --workspace` before the tests)",
         gw.display()
     );
@@ -107,7 +108,7 @@ fn script(ctx: &Ctx, scenarios: &[&str]) -> anyhow::Result<()> {
     let cmd = format!(
         "PY={} exec bash {} --scenario {} --ram-mib {LOOP_RAM_MIB} {} {} {} {}",
         python(),
-        tool("gateway/tests/scripts/softroce-migration.sh"),
+        tool("gateway/testbed/tests/scripts/softroce-migration.sh"),
         scenarios.join(","),
         gw.display(),
         tool("tests/tools/qemu_migrate.py"),
@@ -460,7 +461,11 @@ fn wire_side(ctx: &Ctx, gateway: &mut Option<Gateway>) -> anyhow::Result<()> {
     let t = ctx.tmp.display().to_string();
     let ram = WIRE_RAM_MIB << 20;
     let qemu = format!("{} {}", python(), tool("tests/tools/qemu_migrate.py"));
-    let relay = format!("{} {}", python(), tool("gateway/tests/scripts/relay.py"));
+    let relay = format!(
+        "{} {}",
+        python(),
+        tool("gateway/testbed/tests/scripts/relay.py")
+    );
     let src_json = shared_file(ctx, "src.json");
     let dst_json = shared_file(ctx, "dst.json");
     // Both migration JSON lines stay in the work dir of the run: only this run's.

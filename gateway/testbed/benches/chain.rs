@@ -38,7 +38,7 @@
 //! guest (build first; the guest sees this file system):
 //!
 //! ```sh
-//! cargo bench -p rdma-migration-gateway --bench chain --no-run   # prints the bench binary
+//! cargo bench -p rdma-gateway-testbed --bench chain --no-run   # prints the bench binary
 //! cargo run -p rdma-streams-softroce --example guest -- --timeout 3000 -- env \
 //!   GATEWAY_BENCH_RDMA=1 GATEWAY_BENCH_ROUNDS=2 GATEWAY_BENCH_RAM_MIB=64 target/release/deps/chain-<hash>
 //! ```
@@ -269,7 +269,7 @@ fn main() {
             !software && (vs_chain < 0.8 || vs_socat < 2.0)
         }
     };
-    println!("\ncommand: cargo bench -p rdma-migration-gateway --bench chain");
+    println!("\ncommand: cargo bench -p rdma-gateway-testbed --bench chain");
     if missed {
         // `exit` runs no destructors: remove the compiled relay first.
         drop(work);

@@ -15,7 +15,7 @@ use rdma_streams_common::report::Report;
 use rdma_streams_transport::{Conn, ConnectError, ConnectRequest, Engine, RejectedBy};
 use tracing::debug;
 
-use crate::{
+use super::{
     fallback::Fallback,
     payload::{Answer, Open},
 };

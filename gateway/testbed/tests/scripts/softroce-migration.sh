@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # softroce-migration.sh: KubeVirt-shaped QEMU live migrations through two migration gateways with
-# real RDMA streams between them: the cases the host tests (gateway/tests/migration.rs) cannot
+# real RDMA streams between them: the cases the host tests (gateway/testbed/tests/migration.rs) cannot
 # run, because the development machines have no RDMA device.
 #
 # `make test` runs it in the Soft-RoCE loop guest: the gateway_loop_* scenarios of
@@ -10,7 +10,7 @@
 #
 # Usage: softroce-migration.sh [--scenario NAME[,NAME..]] [--ram-mib N] GATEWAY QEMU_MIGRATE ADDR_A ADDR_B
 #
-#   GATEWAY       the rdma-migration-gateway binary
+#   GATEWAY       the rdma-gateway-testbed binary (the gateway with the test events socket)
 #   QEMU_MIGRATE  tests/tools/qemu_migrate.py
 #   ADDR_A/B      two addresses of this host on RDMA devices, in the initial network namespace:
 #                 gateway A (the source node's) listens on ADDR_A:7471, gateway B (the target
@@ -47,9 +47,9 @@
 #                source gave up (the destination QEMU takes only one connection)
 #
 # By hand on a development machine (no RDMA: in a Soft-RoCE loop guest of tests/softroce):
-#   cargo build -p rdma-migration-gateway
+#   cargo build -p rdma-gateway-testbed
 #   cargo run -p rdma-streams-softroce --example guest -- --timeout 2400 -- \
-#     bash $PWD/gateway/tests/scripts/softroce-migration.sh $PWD/target/debug/rdma-migration-gateway \
+#     bash $PWD/gateway/testbed/tests/scripts/softroce-migration.sh $PWD/target/debug/rdma-gateway-testbed \
 #     $PWD/tests/tools/qemu_migrate.py 198.18.0.1 198.18.0.2
 #
 # Needs root, ip, nft, socat, curl, python3, qemu-system-x86_64. Prints `PASS NAME (N s)` or
@@ -112,14 +112,14 @@ cleanup() {
 }
 trap cleanup EXIT
 ip link set lo up
-# shellcheck source=gateway/tests/scripts/topology-rdma.sh
+# shellcheck source=gateway/testbed/tests/scripts/topology-rdma.sh
 . "$S/topology-rdma.sh"
 GW_NODES=initial
 RAM=$T/ram-$RAM_MIB.bin
 MIGRATE_TIMEOUT=900
 # Installing a capture (setns threads, nft) took 8 s in a TCG guest.
 EVENT_TIMEOUT=120
-# shellcheck source=gateway/tests/scripts/gateways.sh
+# shellcheck source=gateway/testbed/tests/scripts/gateways.sh
 . "$S/gateways.sh"
 
 PORT=49152

@@ -26,7 +26,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use crate::netns::{self, NetnsError};
+use super::netns::{self, NetnsError};
 
 /// Prefix of every table the gateway owns.
 pub const TABLE_PREFIX: &str = "rdma_gw_";

@@ -20,7 +20,7 @@
 //! stream that cannot open in time (`TIMEOUT`), and the peer gateway killed mid-migration (the
 //! reset reaches both QEMUs).
 //!
-//! Migrations come from the gateway's test hook (`--test-events-socket`), as the kube
+//! Migrations come from the test bed's socket (`rdma-gateway-testbed --test-events-socket`), as the kube
 //! watchers are not part of these tests, except in one scenario where this test process plays
 //! virt-handler and starts the source side with a KubeVirt node hook call
 //! (`--node-hooks-socket`). Every scenario runs under a hard timeout in its own network, PID
@@ -364,7 +364,7 @@ fn node_hook_starts_the_source_side_before_the_first_connect() {
     let dir = hooks.path().to_path_buf();
     let socket = dir.join("plugins/nodeA/node.sock");
     let (ready, answer) = (dir.join("ready"), dir.join("answer"));
-    // Gateway B learns the migration from the test hook; gateway A only from the node hook.
+    // Gateway B learns the migration from the test events socket; gateway A only from the node hook.
     let script = format!(
         "gw nodeA {PEER} --node-name nodeA --node-hooks-socket {sock}\ngw nodeB\n\
          started nodeB target u1 {PORT}\nrelays {PORT}\n\

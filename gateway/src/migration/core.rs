@@ -2,214 +2,44 @@
 //!
 //! - `Started` (source): locate virt-handler's namespace, open a capture listener there,
 //!   install the migration's nftables table, accept captured connections
-//!   ([`crate::capture`]). A failure leaves the migration uncaptured: virt-handler's
+//!   ([`crate::capture`], then [`super::source`]). A failure leaves the migration uncaptured: virt-handler's
 //!   connections then go over plain TCP as without the gateway.
-//! - `Started` (target): remember the migration, so [`crate::inbound`] accepts streams for
+//! - `Started` (target): remember the migration, so [`super::target`] accepts streams for
 //!   its destinations.
 //! - A `Started` for a migration that already ended, that a different migration of its VMI
 //!   replaced, or that started before the VMI's active one, is ignored ([`Handled::Stale`]; a VMI watch lagging behind the node hooks sends
-//!   those, see [`crate::ended`]).
+//!   those, see [`super::ended`]).
 //! - `Ended`: close the uid's capture listener and remove its table at once; abort its streams
-//!   and stop its TCP relays at once when aborted, else after [`Settings::drain_grace`] (a
+//!   and stop its TCP relays at once when aborted, else after [`Settings::drain_grace`](super::Settings::drain_grace) (a
 //!   completed migration's connections are closing by themselves; this only bounds
 //!   stragglers).
 //! - Shutdown: the same for every migration.
 //!
-//! Events are handled one at a time, in order. A [`Delivery`] that asks for it is acknowledged
+//! Events are handled one at a time, in order. A [`EventDelivery`] that asks for it is acknowledged
 //! with the [`Handled`] outcome after its event was handled, so a producer can hold back until
 //! the capture is in place (the node hook server does).
 
-use std::{
-    collections::HashMap,
-    net::{IpAddr, SocketAddr},
-    path::PathBuf,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{path::PathBuf, sync::Arc};
 
-use rdma_streams_common::report::Report;
-use rdma_streams_transport::Engine;
 use tokio::sync::mpsc;
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::{
-    capture,
-    ended::EndedMigrations,
-    events::{Delivery, Handled, Migration, MigrationEvent, Role},
-    fallback::Fallback,
-    metrics::{EndLabels, Metrics, RoleLabels},
-    netns::NetnsLocator,
-    nft::{self, CaptureRule},
-    payload::UidDigest,
-    peers::PeerDirectory,
+use rdma_streams_common::report::Report;
+
+use super::{
+    source,
+    state::{Active, Handles, Shared},
 };
-
-/// Mark on the gateway's own sockets (`RGMW`): capture rules skip marked connections.
-pub const DEFAULT_MARK: u32 = 0x5247_4d57;
-
-/// Ring per direction of each stream: 1 MiB (4x the transport's default): a migration is a few
-/// long bulk transfers, and a larger ring keeps more bytes in flight per completion.
-pub const DEFAULT_RING_BYTES: usize = 1 << 20;
-
-/// Tunables.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Bound on opening a stream: the RDMA connect and the peer's answer (the peer dials the
-    /// TCP destination before it answers).
-    pub stream_timeout: Duration,
-    /// Bound on TCP dials (fallback and the peer's dial of the original destination).
-    pub dial_timeout: Duration,
-    /// How long the target side waits for a stream's migration to be announced.
-    pub announce_grace: Duration,
-    /// `SO_MARK` of the gateway's own sockets (0: none).
-    pub mark: u32,
-    /// Bytes of each stream's ring per direction (the engine's `ring_bytes`; the same on every
-    /// stream of the process).
-    pub ring_bytes: usize,
-    /// The address streams are opened from (the gateway's `--listen` address when it names
-    /// one; else the kernel's choice for the route to the peer).
-    pub stream_source: Option<IpAddr>,
-    /// How long connections of a migration that ended without an abort may still run.
-    pub drain_grace: Duration,
-}
-
-impl Default for Settings {
-    fn default() -> Settings {
-        Settings {
-            stream_timeout: Duration::from_secs(2),
-            dial_timeout: Duration::from_secs(5),
-            announce_grace: Duration::from_secs(2),
-            mark: DEFAULT_MARK,
-            ring_bytes: DEFAULT_RING_BYTES,
-            stream_source: None,
-            drain_grace: Duration::from_secs(10),
-        }
-    }
-}
-
-/// The process's stream engine, or why this node has none (every connection then goes over
-/// TCP with that reason).
-pub type RdmaState = Result<Engine, Fallback>;
-
-/// What the connection handlers share.
-pub struct Shared {
-    pub rdma: RdmaState,
-    pub peers: Arc<dyn PeerDirectory>,
-    pub locator: Arc<dyn NetnsLocator>,
-    pub metrics: Metrics,
-    pub settings: Settings,
-    migrations: Mutex<HashMap<String, Active>>,
-    /// Migrations that ended or were replaced; only the core's event loop touches it.
-    ended: Mutex<EndedMigrations>,
-    /// Every migration's connections and capture listener: shutdown waits for them.
-    tasks: TaskTracker,
-    /// Parent of every migration's `cancel`: the core cancels it when it stops, which also
-    /// ends the connections of migrations still in their drain grace.
-    stop: CancellationToken,
-}
-
-/// One migration's live state.
-struct Active {
-    migration: Migration,
-    /// The uid's digest, as a peer's connect request names it.
-    digest: UidDigest,
-    /// Cancelled at the end (or after the drain grace): streams are aborted, TCP relays and
-    /// the capture stop.
-    cancel: CancellationToken,
-    /// Cancelled at the end: the capture listener closes (a child of `cancel`).
-    capture_cancel: CancellationToken,
-    /// Where the capture table lives (source role, once installed).
-    capture: Option<(PathBuf, String)>,
-}
-
-/// The handles a connection of a migration needs.
-#[derive(Clone)]
-pub struct Handles {
-    pub migration: Migration,
-    /// Cancelled when the migration's connections must stop: at an abort, or after the drain
-    /// grace of a completed migration.
-    pub cancel: CancellationToken,
-    /// Closes the capture listener only.
-    pub capture_cancel: CancellationToken,
-}
-
-impl Shared {
-    pub fn new(
-        rdma: RdmaState,
-        peers: Arc<dyn PeerDirectory>,
-        locator: Arc<dyn NetnsLocator>,
-        metrics: Metrics,
-        settings: Settings,
-    ) -> Shared {
-        Shared {
-            rdma,
-            peers,
-            locator,
-            metrics,
-            settings,
-            migrations: Mutex::new(HashMap::new()),
-            ended: Mutex::new(EndedMigrations::default()),
-            tasks: TaskTracker::new(),
-            stop: CancellationToken::new(),
-        }
-    }
-
-    /// Runs a connection (or capture listener) of a migration; see [`Shared::connections_closed`].
-    pub(crate) fn spawn<F>(&self, future: F)
-    where
-        F: std::future::Future<Output = ()> + Send + 'static,
-    {
-        self.tasks.spawn(future);
-    }
-
-    /// [`Shared::spawn`] from outside the runtime (the stream engine's thread).
-    pub(crate) fn spawn_on<F>(&self, future: F, runtime: &tokio::runtime::Handle)
-    where
-        F: std::future::Future<Output = ()> + Send + 'static,
-    {
-        self.tasks.spawn_on(future, runtime);
-    }
-
-    /// After the core stopped: waits up to `grace` for every connection task to end; whether
-    /// they all did.
-    pub async fn connections_closed(&self, grace: Duration) -> bool {
-        self.tasks.close();
-        tokio::time::timeout(grace, self.tasks.wait()).await.is_ok()
-    }
-
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
-        // A poisoned map still holds consistent entries (no invariant spans an insert).
-        self.migrations
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn ended(&self) -> std::sync::MutexGuard<'_, EndedMigrations> {
-        self.ended
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The target-role migration whose uid has `digest`, if it names `dst`.
-    pub fn target_handles(&self, digest: &UidDigest, dst: SocketAddr) -> Option<Handles> {
-        self.table()
-            .values()
-            .find(|a| {
-                a.digest == *digest && a.migration.role == Role::Target && a.migration.matches(dst)
-            })
-            .map(|active| Handles {
-                migration: active.migration.clone(),
-                cancel: active.cancel.clone(),
-                capture_cancel: active.capture_cancel.clone(),
-            })
-    }
-
-    /// Number of migrations in progress.
-    pub fn active(&self) -> usize {
-        self.table().len()
-    }
-}
+use crate::{
+    capture::{
+        self, CaptureError,
+        nft::{self, CaptureRule},
+    },
+    events::{EventDelivery, Handled, Migration, MigrationEvent, Role},
+    metrics::{EndLabels, RoleLabels},
+    streams::payload::UidDigest,
+};
 
 /// Consumes migration events; see the module docs.
 #[derive(Clone)]
@@ -222,6 +52,7 @@ impl GatewayCore {
         GatewayCore { shared }
     }
 
+    #[cfg(test)]
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
@@ -247,11 +78,11 @@ impl GatewayCore {
     /// Handles events until the channel closes or `shutdown`, then tears every migration
     /// down. Each delivery's acknowledgement (if any) is completed once its event is handled;
     /// deliveries still queued at shutdown are dropped, and so are their acknowledgements.
-    pub async fn run(self, mut events: mpsc::Receiver<Delivery>, shutdown: CancellationToken) {
+    pub async fn run(self, mut events: mpsc::Receiver<EventDelivery>, shutdown: CancellationToken) {
         loop {
             tokio::select! {
                 delivery = events.recv() => match delivery {
-                    Some(Delivery { event, handled }) => {
+                    Some(EventDelivery { event, handled }) => {
                         let outcome = self.handle(event).await;
                         if let Some(ack) = handled {
                             // The producer may have given up waiting: nothing to tell then.
@@ -369,17 +200,14 @@ impl GatewayCore {
         }
     }
 
-    async fn capture(&self, handles: &Handles) -> Result<(PathBuf, String), capture::CaptureError> {
+    async fn capture(&self, handles: &Handles) -> Result<(PathBuf, String), CaptureError> {
         let m = &handles.migration;
         let locator = self.shared.locator.clone();
         let ns = tokio::task::spawn_blocking(move || locator.locate())
             .await
-            .map_err(|e| capture::CaptureError::Task(e.to_string()))??;
+            .map_err(|e| CaptureError::Task(e.to_string()))??;
         let listener = capture::listen_in(&ns, m.target).await?;
-        let port = listener
-            .local_addr()
-            .map_err(capture::CaptureError::Listen)?
-            .port();
+        let port = listener.local_addr().map_err(CaptureError::Listen)?.port();
         let rule = CaptureRule {
             table: nft::table_name(&m.uid),
             target: m.target,
@@ -391,10 +219,10 @@ impl GatewayCore {
         let ns_for_rule = ns.clone();
         tokio::task::spawn_blocking(move || nft::install(&ns_for_rule, &rule))
             .await
-            .map_err(|e| capture::CaptureError::Task(e.to_string()))??;
+            .map_err(|e| CaptureError::Task(e.to_string()))??;
         info!(netns = %ns.display(), %table, capture_port = port, "capture installed");
         self.shared.spawn(
-            capture::accept_loop(self.shared.clone(), listener, handles.clone())
+            source::accept_loop(self.shared.clone(), listener, handles.clone())
                 .instrument(info_span!("capture", uid = %m.uid)),
         );
         Ok((ns, table))
@@ -459,9 +287,11 @@ impl GatewayCore {
 
 #[cfg(test)]
 mod tests {
+    use std::{net::SocketAddr, time::Duration};
+
     use super::*;
     use crate::{
-        netns::PathLocator,
+        capture::netns::PathLocator,
         testing::{CountingLocator, core_with, spawn_core},
     };
 
@@ -625,7 +455,7 @@ mod tests {
             uid: "u2".into(),
             ..migration(Role::Source)
         };
-        let (delivery, ack) = Delivery::acknowledged(MigrationEvent::Started(source));
+        let (delivery, ack) = EventDelivery::acknowledged(MigrationEvent::Started(source));
         let sent = std::time::Instant::now();
         tx.send(delivery).await.unwrap();
         assert_eq!(ack.await.unwrap(), Handled::Uncaptured);
@@ -638,7 +468,7 @@ mod tests {
         // Once the core stopped, an acknowledgement fails instead of hanging.
         shutdown.cancel();
         task.await.unwrap();
-        let (delivery, ack) = Delivery::acknowledged(MigrationEvent::Ended {
+        let (delivery, ack) = EventDelivery::acknowledged(MigrationEvent::Ended {
             uid: "u2".into(),
             aborted: true,
             migration: None,

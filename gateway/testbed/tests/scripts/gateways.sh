@@ -50,7 +50,7 @@ gw() {
 	for _ in $(seq 200); do [ -S $T/$node.sock ] && return 0; sleep 0.05; done
 	echo "gateway $node did not start"; cat $T/gw-$node.log; return 1
 }
-# event NODE JSON: one migration event through the test hook; fails unless "ok" comes within
+# event NODE JSON: one migration event through the test bed's events socket; fails unless "ok" comes within
 # EVENT_TIMEOUT seconds (default 5; a source start installs the capture first).
 event() { [ "$(echo "$2" | socat -t${EVENT_TIMEOUT:-5} - UNIX-CONNECT:$T/$1.sock)" = ok ]; }
 started() { # NODE ROLE UID PORTS(comma)

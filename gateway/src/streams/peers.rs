@@ -5,7 +5,7 @@ use std::{collections::HashMap, net::IpAddr, net::SocketAddr, str::FromStr};
 /// Maps a target virt-handler's migration address to the RDMA stream address (`--listen`) of
 /// the gateway on the same node. The kube side implements it from node annotations;
 /// [`StaticPeers`] serves the CLI (`--peer`) and tests.
-pub trait PeerDirectory: Send + Sync + 'static {
+pub trait PeerLookup: Send + Sync + 'static {
     /// The peer gateway for `target`, or `None` (the connection then goes over TCP, reason
     /// `NO_PEER`).
     fn lookup(&self, target: IpAddr) -> Option<SocketAddr>;
@@ -21,7 +21,7 @@ impl StaticPeers {
     }
 }
 
-impl PeerDirectory for StaticPeers {
+impl PeerLookup for StaticPeers {
     fn lookup(&self, target: IpAddr) -> Option<SocketAddr> {
         self.0.get(&target).copied()
     }
@@ -55,17 +55,11 @@ impl FromStr for PeerEntry {
 }
 
 /// Asks each directory in turn (explicit `--peer` entries first, then the cluster's).
-pub struct ChainedPeers(pub Vec<std::sync::Arc<dyn PeerDirectory>>);
+pub struct ChainedPeers(pub Vec<std::sync::Arc<dyn PeerLookup>>);
 
-impl PeerDirectory for ChainedPeers {
+impl PeerLookup for ChainedPeers {
     fn lookup(&self, target: IpAddr) -> Option<SocketAddr> {
         self.0.iter().find_map(|d| d.lookup(target))
-    }
-}
-
-impl PeerDirectory for crate::kube::node::PeerDirectory {
-    fn lookup(&self, target: IpAddr) -> Option<SocketAddr> {
-        self.peer_for(target)
     }
 }
 

@@ -1,4 +1,4 @@
-/* The least a userspace TCP relay can cost, for gateway/benches/chain.rs (`cc -O2` at bench
+/* The least a userspace TCP relay can cost, for gateway/testbed/benches/chain.rs (`cc -O2` at bench
  * time): listens on LISTEN_IP:PORT, and for every connection dials DST_IP:DST_PORT and copies
  * both directions with blocking read/write and 256 KiB buffers (the gateway's pump buffer), one
  * process per direction; EOF half-closes the other side. No select/poll loop, no framing: the

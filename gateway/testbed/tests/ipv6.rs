@@ -2,7 +2,7 @@
 //! destination, on the topology of `migration.rs` with IPv6 addresses added
 //! (`scripts/topology6.sh`). Without RDMA here, gateway A relays the captured connections over
 //! TCP itself; the connect request naming an IPv6 destination is unit-tested
-//! (`gateway/src/payload.rs`) and the stream between the gateways stays on the nodes' IPv4
+//! (`gateway/src/streams/payload.rs`) and the stream between the gateways stays on the nodes' IPv4
 //! addresses (the migration's family and the fabric's are independent).
 
 mod common;

@@ -78,16 +78,6 @@ impl NetnsLocator for NoNamespace {
     }
 }
 
-/// The network namespace of process `pid` (the kube side knows virt-handler's pid).
-#[derive(Debug, Clone, Copy)]
-pub struct PidLocator(pub u32);
-
-impl NetnsLocator for PidLocator {
-    fn locate(&self) -> Result<PathBuf, NetnsError> {
-        PathLocator(PathBuf::from(format!("/proc/{}/ns/net", self.0))).locate()
-    }
-}
-
 /// The network namespace of the process named `comm` (as in `/proc/<pid>/comm`, for
 /// example `virt-handler`), found by scanning `proc_root` (the host's `/proc` with hostPID).
 /// All matching processes must share one network namespace.

@@ -64,6 +64,7 @@ impl EndedMigrations {
     }
 
     /// Number of VMIs with a recorded migration.
+    #[cfg(test)]
     pub fn vmis(&self) -> usize {
         self.per_vmi.len()
     }

@@ -1,6 +1,6 @@
 //! Test harness: runs bash scripts in a fresh network, PID and mount namespace (so `ip netns`
 //! names and every process the script starts die with it) under a hard timeout, with the
-//! gateway binary, the relay and QEMU tool paths in the environment.
+//! test bed binary (`rdma-gateway-testbed`: the gateway plus its test events socket), the relay and QEMU tool paths in the environment.
 //!
 //! These machines have no RDMA device, so every gateway here relays its connections over TCP
 //! (`NO_DEVICE` with the system's librdmacm): the capture, the nftables rules, the fallback
@@ -120,11 +120,11 @@ pub fn run_in(net: Net, topology: &str, script: &str, limit: Duration) -> Run {
         "-c",
         &full,
     ])
-    .env("GW", env!("CARGO_BIN_EXE_rdma-migration-gateway"))
+    .env("GW", env!("CARGO_BIN_EXE_rdma-gateway-testbed"))
     .env("S", manifest().join("tests/scripts"))
     .env(
         "QEMU_TOOL",
-        manifest().join("../tests/tools/qemu_migrate.py"),
+        manifest().join("../../tests/tools/qemu_migrate.py"),
     )
     .env("RAM", ram_file())
     .env("PY", python())

@@ -1,6 +1,7 @@
-//! TEST HOOK, not for production: migration events from a unix socket
-//! (`--test-events-socket PATH`), for the integration tests and benchmarks, which run without
-//! a Kubernetes API. In a cluster the kube watchers feed the same channel.
+//! Migration events from a unix socket (`--test-events-socket PATH`), for the integration
+//! tests and benchmarks, which run without a Kubernetes API: an
+//! [`rdma_migration_gateway::events::EventSource`] of the test bed. In a cluster the kube
+//! watchers feed the same channel.
 //!
 //! One JSON object per line; each gets a line `ok` back once the core has handled it (for a
 //! source `started`: capture installed or failed, as the node hook server waits), or
@@ -27,7 +28,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::events::{Delivery, Migration, MigrationEvent, Role};
+use rdma_migration_gateway::events::{EventDelivery, Migration, MigrationEvent, Role};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -90,7 +91,7 @@ pub fn parse(line: &str) -> Result<MigrationEvent, serde_json::Error> {
 /// Serves the socket until `shutdown` (open connections are closed then).
 pub async fn serve(
     path: &Path,
-    events: mpsc::Sender<Delivery>,
+    events: mpsc::Sender<EventDelivery>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path);
@@ -113,7 +114,7 @@ pub async fn serve(
                 }
                 let reply = match parse(&line) {
                     Ok(event) => {
-                        let (delivery, handled) = Delivery::acknowledged(event);
+                        let (delivery, handled) = EventDelivery::acknowledged(event);
                         match events.send(delivery).await {
                             Ok(()) => match handled.await {
                                 Ok(_) => "ok\n".to_string(),

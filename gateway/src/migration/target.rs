@@ -1,5 +1,5 @@
 //! The target side: the stream listener. Each connect request names a destination and a
-//! migration (`crate::payload`); the listener's acceptor, which runs on the engine thread and
+//! migration (`crate::streams::payload`); the listener's acceptor, which runs on the engine thread and
 //! must not block, defers its decision to a tokio task that looks the migration up, dials the
 //! destination over TCP, then accepts the request and hands the dialed socket to the stream, or
 //! rejects it with the reason.
@@ -20,13 +20,14 @@ use rdma_streams_transport::{Acceptor, Decision, Engine, Listener, Request};
 use tokio::runtime::Handle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::{source::OpenGuard, state::Shared};
 use crate::{
-    capture::OpenGuard,
-    core::Shared,
     metrics::PathKind,
-    payload::{Answer, Open},
-    relay,
-    stream::{self, StreamConn},
+    streams::{
+        payload::{Answer, Open},
+        relay,
+        stream::{self, StreamConn},
+    },
 };
 
 /// Backlog of the stream listener.
@@ -136,10 +137,10 @@ mod tests {
 
     use super::*;
     use crate::{
-        core::{GatewayCore, Settings},
+        capture::netns::PathLocator,
         events::{MigrationEvent, Role},
-        netns::PathLocator,
-        stream::double::{Call, FakeConn},
+        migration::{GatewayCore, Settings},
+        streams::stream::double::{Call, FakeConn},
         testing::{core_with_settings, within},
     };
 

@@ -33,7 +33,7 @@ pub async fn dial(dst: SocketAddr, mark: u32, timeout: Duration) -> io::Result<T
 
 /// Bytes buffered per direction of a relay: a migration is a few long bulk transfers, and
 /// tokio's default (8 KiB) costs a wake-up and two syscalls per 8 KiB (measured with
-/// `benches/chain.rs`).
+/// `gateway/testbed/benches/chain.rs`).
 pub const RELAY_BUFFER: usize = 256 * 1024;
 
 /// Resets a connection instead of closing it gracefully.
