@@ -517,11 +517,13 @@ fn wire_side(ctx: &Ctx, gateway: &mut Option<Gateway>) -> anyhow::Result<()> {
                 "{qemu} --role source --workdir {t}/qemu --ram-mib {WIRE_RAM_MIB} \
                  --target unix:{t}/src.sock --timeout 300"
             ))?;
-            let after = rxe0()?;
             drop(relay_a);
             let src = qemu_result("the source", &out.stdout)?;
             fs::write(&src_json, src.to_string())?;
             ctx.barrier("migrated")?;
+            // Only now: the source's QEMU is done once its bytes are in the socket, while
+            // gateway A may still be sending the tail; the destination has all of it here.
+            let after = rxe0()?;
             ensure!(
                 src["status"] == "completed",
                 "the source's migration: {src}"
