@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rdma_streams_transport::{
-    Attach, ConnectRequest, Decision, Engine, EngineConfig, Event, Gate, Request, probe,
+    Attach, ConnectRequest, Decision, Engine, EngineConfig, Event, Handshake, Request, probe,
 };
 use sha2::{Digest, Sha256};
 
@@ -42,7 +42,7 @@ fn attach(conn: &rdma_streams_transport::Conn) -> UnixStream {
         local.into(),
         Attach {
             kept: None,
-            gate: Gate::Open,
+            handshake: Handshake::Open,
             on_bytes: None,
             on_event: Box::new(|e| {
                 if let Event::Ended(end) = e

@@ -12,7 +12,7 @@
 use std::{io, os::fd::OwnedFd, time::Duration};
 
 use rdma_streams_common::report::Report;
-use rdma_streams_transport::{Attach, Conn, End, Event, Gate, StreamPath};
+use rdma_streams_transport::{Attach, Conn, End, Event, Handshake, StreamPath};
 use tokio::{net::TcpStream, sync::oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -53,7 +53,7 @@ impl StreamConn for Conn {
             local,
             Attach {
                 kept: None,
-                gate: Gate::Open,
+                handshake: Handshake::Open,
                 on_bytes: None,
                 on_event: Box::new(move |event| {
                     if let Event::Ended(end) = event

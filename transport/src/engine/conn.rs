@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::relay::{Ready, Relay, Step};
 use super::shared::ConnShared;
-use super::{Attach, End, EngineConfig, Event, Gate, SLOT, StreamPath};
+use super::{Attach, End, EngineConfig, Event, Handshake, SLOT, StreamPath};
 use crate::fd;
 use crate::flow::{RecvFlow, SendFlow};
 use crate::rdma::{CmId, Cq, Device, Local, Mr, Qp, Region, WC_RECV, WC_SUCCESS, Wc};
@@ -504,7 +504,7 @@ pub(super) struct Attached {
     /// The kept socket is watched (until its FIN).
     pub(super) watch_kept: bool,
     pub(super) kept_ready: Ready,
-    /// Waiting for CONFIRM until this deadline ([`Gate::Claim`]).
+    /// Waiting for CONFIRM until this deadline ([`Handshake::Claim`]).
     pub(super) awaiting_confirm: Option<Instant>,
     pub(super) local_eof: bool,
     pub(super) local_shut: bool,
@@ -602,7 +602,7 @@ impl StreamConn {
     ) {
         let Attach {
             kept,
-            gate,
+            handshake,
             on_event,
             on_bytes,
         } = attach;
@@ -630,8 +630,8 @@ impl StreamConn {
         };
         if !alive {
             // Gone before the attach. Without CONFIRM neither side moved: relay over TCP.
-            match (gate, attached.kept.take()) {
-                (Gate::Confirm | Gate::Claim, Some(kept)) => {
+            match (handshake, attached.kept.take()) {
+                (Handshake::Confirm | Handshake::Claim, Some(kept)) => {
                     (attached.on_event)(Event::Decided(StreamPath::Tcp));
                     self.app = App::Relay(Relay::new(attached.local, kept), attached.on_event);
                 }
@@ -654,16 +654,16 @@ impl StreamConn {
             }
             return;
         }
-        match gate {
-            Gate::Open | Gate::Confirm => {
-                if gate == Gate::Confirm
+        match handshake {
+            Handshake::Open | Handshake::Confirm => {
+                if handshake == Handshake::Confirm
                     && let Some(r) = &mut self.rdma
                 {
                     r.control(ControlKind::Confirm);
                 }
                 (attached.on_event)(Event::Decided(StreamPath::Rdma));
             }
-            Gate::Claim => {
+            Handshake::Claim => {
                 if let Some(r) = &mut self.rdma {
                     r.control(ControlKind::Claim);
                 }
@@ -727,7 +727,7 @@ impl StreamConn {
         }
     }
 
-    /// Gives up the stream of a [`Gate::Claim`] connection still waiting for CONFIRM: the
+    /// Gives up the stream of a [`Handshake::Claim`] connection still waiting for CONFIRM: the
     /// client stayed on TCP, so the local side is relayed over the kept socket.
     fn relay_instead(&mut self, fds: &mut Fds) {
         let App::Stream(a) = std::mem::replace(&mut self.app, App::Done) else {

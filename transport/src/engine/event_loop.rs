@@ -344,7 +344,7 @@ impl Loop {
         let now = Instant::now();
         let mut fds = Fds::default();
         let conn = self.conns.entry(token).or_insert_with(|| {
-            // Gone already: a local side with no stream (relayed or broken by the gate).
+            // Gone already: a local side with no stream (relayed or broken by the handshake).
             let mut c = StreamConn::new(
                 Arc::new(ConnShared::connecting(None)),
                 None,

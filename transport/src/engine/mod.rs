@@ -55,7 +55,7 @@ pub struct EngineConfig {
     /// How long an established connection may wait for [`Conn::attach`] (and a deferred
     /// request for its decision) before it is dropped.
     pub unattached_timeout: Duration,
-    /// How long the accepting side of [`Gate::Claim`] waits for CONFIRM.
+    /// How long the accepting side of [`Handshake::Claim`] waits for CONFIRM.
     pub claim_timeout: Duration,
     /// How long a disconnect waits for the CM's confirmation before the id is destroyed.
     pub disconnect_timeout: Duration,
@@ -157,7 +157,7 @@ pub enum EngineError {
 
 /// What a connection's local side starts with when attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
+pub enum Handshake {
     /// Pump at once (the gateway, both sides).
     Open,
     /// The connecting side of the shim: send CONFIRM, then pump. On a connection that is
@@ -205,12 +205,12 @@ pub struct End {
 /// Options of [`Conn::attach`].
 pub struct Attach {
     /// A kernel TCP socket of the same connection (the shim's), watched while the stream runs
-    /// and used for [`Gate::Confirm`]/[`Gate::Claim`]'s relay. Shared: the shim answers
+    /// and used for [`Handshake::Confirm`]/[`Handshake::Claim`]'s relay. Shared: the shim answers
     /// `getpeername` and TCP options from it; it closes when the last holder lets go (reset
     /// first if the stream failed).
     pub kept: Option<Arc<OwnedFd>>,
     /// How to start.
-    pub gate: Gate,
+    pub handshake: Handshake,
     /// Called on the engine thread with each [`Event`]; must not block.
     pub on_event: Box<dyn FnMut(Event) + Send>,
     /// Called on the engine thread as bytes move over the stream (sent, received since the
@@ -555,7 +555,8 @@ impl Conn {
     }
 
     /// Hands `local` (and the options) to the engine, which pumps it from now on and closes
-    /// it at the end. On a connection that already ended, the gate decides (see [`Gate`]).
+    /// it at the end. On a connection that already ended, the handshake decides (see
+    /// [`Handshake`]).
     pub fn attach(&self, local: OwnedFd, attach: Attach) {
         self.inner.send(Command::Attach {
             token: self.token,

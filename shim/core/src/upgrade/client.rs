@@ -13,7 +13,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 
 use libc::c_int;
-use rdma_streams_transport::engine::{Attach, ConnectError, ConnectRequest, Gate, RejectedBy};
+use rdma_streams_transport::engine::{Attach, ConnectError, ConnectRequest, Handshake, RejectedBy};
 use rdma_streams_transport::handshake::{self, Hello, Message};
 use rdma_streams_transport::policy::canonical_ip;
 use rdma_streams_transport::reason::{Path, Reason, Role};
@@ -166,7 +166,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
             s.local,
             Attach {
                 kept: Some(s.kept),
-                gate: Gate::Confirm,
+                handshake: Handshake::Confirm,
                 on_event: on_event(Role::Client, fd, Some(peer)),
                 on_bytes: Some(count_bytes),
             },

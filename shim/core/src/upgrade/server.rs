@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libc::c_int;
-use rdma_streams_transport::engine::{Attach, Conn, Decision, Gate, Listener, Request};
+use rdma_streams_transport::engine::{Attach, Conn, Decision, Handshake, Listener, Request};
 use rdma_streams_transport::handshake::{Hello, Message};
 use rdma_streams_transport::reason::{Path, Reason, Role};
 
@@ -235,7 +235,7 @@ pub fn claim_and_swap(fd: c_int, peer: SocketAddr) -> Claim {
                 s.local,
                 Attach {
                     kept: Some(s.kept),
-                    gate: Gate::Claim,
+                    handshake: Handshake::Claim,
                     on_event: on_event(Role::Server, fd, Some(peer)),
                     on_bytes: Some(count_bytes),
                 },
