@@ -134,7 +134,6 @@ pub fn audit(
             pod,
             namespace: &facts,
             config,
-            dry_run: true,
         };
         let (state, detail) = match core::plan(&input) {
             Ok(Decision::Skip { .. }) => continue,
@@ -320,7 +319,6 @@ mod tests {
             pod,
             namespace: &facts,
             config: &config,
-            dry_run: false,
         };
         match core::plan(&input).unwrap() {
             Decision::Patch(plan) => core::apply(pod, &plan.patch).unwrap(),

@@ -25,7 +25,6 @@ use crate::{
     audit, certs,
     namespaces::NamespaceCache,
     profile::{self, Config},
-    profile_watch,
     server::{Server, ServerConfig, ServerError},
     webhook::InjectorHandler,
     workloads::{self, InjectOptions},
@@ -454,7 +453,7 @@ pub async fn run_serve(plan: ServePlan, runtime: runtime::Builder) -> Result<(),
         self_managed,
         shutdown_delay,
     } = plan;
-    let profiles = profile_watch::spawn(profiles, profile_watch::DEFAULT_POLL)?;
+    let profiles = profile::watch::spawn(profiles, profile::watch::DEFAULT_POLL)?;
     let rt = runtime
         .admin(admin)
         .drain_delay(shutdown_delay)

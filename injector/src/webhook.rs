@@ -71,7 +71,6 @@ impl Handler for InjectorHandler {
             pod: &pod,
             namespace: &namespace,
             config: &profiles,
-            dry_run: req.dry_run,
         };
         let pod_name = object
             .metadata

@@ -128,7 +128,6 @@ fn inject_pod(
         pod,
         namespace,
         config,
-        dry_run: false,
     };
     match core::plan(&input).map_err(InjectOrDeny::Core)? {
         Decision::Patch(plan) => {

@@ -19,12 +19,8 @@ use kube::core::{
     admission::{AdmissionRequest, AdmissionReview},
 };
 use rdma_stream_injector::{
-    core,
-    namespaces::NamespaceCache,
+    Handler, InjectorHandler, NamespaceCache, Outcome, Reviewed, apply, parse_documents,
     profile::Config,
-    server::{Handler, Outcome, Reviewed},
-    webhook::InjectorHandler,
-    workloads,
 };
 use serde_json::{Value, json};
 
@@ -138,8 +134,8 @@ fn webhook_path_yields_the_same_pods() {
     };
     let mut compared = 0;
     for input in inputs() {
-        let before = workloads::parse_documents(&std::fs::read_to_string(&input).unwrap()).unwrap();
-        let after = workloads::parse_documents(&cli_inject(&input)).unwrap();
+        let before = parse_documents(&std::fs::read_to_string(&input).unwrap()).unwrap();
+        let after = parse_documents(&cli_inject(&input)).unwrap();
         assert_eq!(before.len(), after.len());
         for (b, a) in before.iter().zip(&after) {
             for ((ptr, pod), (_, cli_pod)) in pods_of(b).into_iter().zip(pods_of(a)) {
@@ -158,7 +154,7 @@ fn webhook_path_yields_the_same_pods() {
                 let req = review_for(&pod, ns);
                 let webhook_pod = match handler.review(&req) {
                     Reviewed::Allow(allowed) => match (allowed.outcome, allowed.patch) {
-                        (Outcome::Injected, Some(patch)) => core::apply(&pod, &patch).unwrap(),
+                        (Outcome::Injected, Some(patch)) => apply(&pod, &patch).unwrap(),
                         _ => pod.clone(),
                     },
                     other => panic!("{}: webhook said {other:?}", input.display()),

@@ -221,7 +221,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::certs::{TLS_CERT_FILE, TLS_KEY_FILE, verify_serving_cert};
+    use crate::certs::{TLS_CERT_FILE, TLS_KEY_FILE, issue::verify_serving_cert};
     use rdma_streams_testkit::mock_api::{
         ApiServerVerifier, body_json, mock_client, respond, status_failure, timeout_after_1s,
     };

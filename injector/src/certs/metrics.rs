@@ -48,10 +48,12 @@ impl CaMetrics {
         self.in_use(ca);
     }
 
+    #[cfg(test)]
     pub fn changes(&self) -> u64 {
         self.changes.get()
     }
 
+    #[cfg(test)]
     pub fn not_after(&self) -> i64 {
         self.not_after.get()
     }

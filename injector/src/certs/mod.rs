@@ -28,15 +28,12 @@ pub mod metrics;
 pub mod renew;
 pub mod rotation;
 
-pub use bootstrap::{BootstrapConfig, Bootstrapped, CaOrigin, bootstrap, get_or_create_ca};
+pub use bootstrap::{BootstrapConfig, bootstrap, get_or_create_ca};
 pub use ca::CertAuthority;
-pub use cabundle::{CaBundleChange, ensure_ca_bundle, run_ca_bundle_controller};
+pub use cabundle::run_ca_bundle_controller;
 pub use error::CertError;
 pub use files::{TLS_CERT_FILE, TLS_KEY_FILE, write_serving_cert};
 pub use follow::run_ca_follower;
-pub use issue::{
-    ServiceIdentity, ServingCert, issue_serving_cert, issue_serving_cert_for, verify_serving_cert,
-};
+pub use issue::{ServiceIdentity, ServingCert, issue_serving_cert};
 pub use metrics::CaMetrics;
 pub use renew::run_serving_cert_renewal;
-pub use rotation::BundleTarget;

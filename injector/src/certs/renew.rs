@@ -132,7 +132,7 @@ pub async fn run_serving_cert_renewal(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::certs::{TLS_CERT_FILE, verify_serving_cert};
+    use crate::certs::{TLS_CERT_FILE, issue::verify_serving_cert};
 
     /// A feed whose CA never changes (both channels closed).
     fn fixed(ca: Arc<CertAuthority>) -> CaFeed {

@@ -49,6 +49,7 @@ impl BundleTarget {
     }
 
     /// Exactly `ca_pem`, never anything else.
+    #[cfg(test)]
     pub fn exact(ca_pem: impl Into<String>) -> BundleTarget {
         BundleTarget {
             ca_pem: ca_pem.into(),

@@ -41,7 +41,6 @@ use serde_json::Value;
 
 use crate::profile::{Config, Profile};
 
-pub use self::psa::Level as PodSecurityLevel;
 pub use self::status::InjectionStatus;
 
 use self::effective::Effective;
@@ -60,7 +59,8 @@ pub struct NamespaceFacts {
     pub labels: BTreeMap<String, String>,
 }
 
-/// Everything [`plan`] looks at.
+/// Everything [`plan`] looks at. Not whether the request is a dry run: a dry run plans the
+/// same, which holds because the plan cannot see it.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanInput<'a> {
     /// The pod as received (AdmissionReview `request.object`, or a pod built from a template).
@@ -69,8 +69,6 @@ pub struct PlanInput<'a> {
     pub namespace: &'a NamespaceFacts,
     /// The profiles.
     pub config: &'a Config,
-    /// A dry-run request: the plan is the same; callers use it for metrics only.
-    pub dry_run: bool,
 }
 
 /// The outcome of [`plan`].

@@ -141,7 +141,8 @@ impl AdmissionMetrics {
         InFlight(self.in_flight.clone())
     }
 
-    /// Current value of `admission_requests_total{outcome, reason}` (for tests and probes).
+    /// Current value of `admission_requests_total{outcome, reason}`.
+    #[cfg(test)]
     pub fn requests(&self, outcome: &'static str, reason: &'static str) -> u64 {
         self.requests
             .get_or_create(&RequestLabels { outcome, reason })
@@ -149,11 +150,13 @@ impl AdmissionMetrics {
     }
 
     /// Current value of `admission_errors_total{kind}`.
+    #[cfg(test)]
     pub fn errors(&self, kind: &'static str) -> u64 {
         self.errors.get_or_create(&ErrorLabels { kind }).get()
     }
 
     /// Current value of `admission_bad_requests_total{status, kind}`.
+    #[cfg(test)]
     pub fn bad_requests(&self, status: &'static str, kind: &'static str) -> u64 {
         self.bad_requests
             .get_or_create(&BadRequestLabels { status, kind })

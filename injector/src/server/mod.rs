@@ -17,9 +17,9 @@
 //! runtime's (`rdma_streams_common::runtime`). Wiring (the `serve` subcommand, a test):
 //!
 //! ```no_run
-//! # async fn example(handler: std::sync::Arc<dyn rdma_stream_injector::server::Handler>)
+//! # async fn example(handler: std::sync::Arc<dyn rdma_stream_injector::Handler>)
 //! # -> Result<(), Box<dyn std::error::Error>> {
-//! use rdma_stream_injector::server::{Server, ServerConfig};
+//! use rdma_stream_injector::{Server, ServerConfig};
 //! use rdma_streams_common::runtime::Runtime;
 //!
 //! let rt = Runtime::builder()
@@ -60,11 +60,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use self::{
-    admission::{AdmissionConfig, ErrorPolicy},
+    admission::AdmissionConfig,
     handler::{Allowed, Handler, Outcome, Reviewed},
     https::{HttpConfig, Transport},
-    metrics::{AdmissionMetrics, TlsMetrics},
-    tls::{CertReloader, TlsError, TlsState},
+    metrics::AdmissionMetrics,
+    tls::{CertReloader, TlsError},
 };
 
 /// Prefix of every metric the server registers.
@@ -108,10 +108,12 @@ pub enum ServerError {
 pub struct Server {
     listener: TcpListener,
     local_addr: SocketAddr,
+    #[cfg(test)]
     tls: Arc<CertReloader>,
     tls_config: Arc<rustls::ServerConfig>,
     router: axum::Router,
     http: HttpConfig,
+    #[cfg(test)]
     metrics: AdmissionMetrics,
 }
 
@@ -178,9 +180,11 @@ impl Server {
             listener,
             local_addr,
             router: admission::router(handler, admission, metrics.clone()),
+            #[cfg(test)]
             tls,
             tls_config,
             http,
+            #[cfg(test)]
             metrics,
         })
     }
@@ -191,11 +195,13 @@ impl Server {
     }
 
     /// The certificate resolver (for [`CertReloader::state`]).
+    #[cfg(test)]
     pub fn tls(&self) -> &Arc<CertReloader> {
         &self.tls
     }
 
-    /// The admission metrics (counters can be read directly, e.g. by a benchmark).
+    /// The admission metrics.
+    #[cfg(test)]
     pub fn metrics(&self) -> &AdmissionMetrics {
         &self.metrics
     }

@@ -80,20 +80,10 @@ pub(super) fn restricted(name: &str) -> NamespaceFacts {
 }
 
 pub(super) fn run(pod: &Value, namespace: &NamespaceFacts, config: &Config) -> Decision {
-    run_with(pod, namespace, config, false)
-}
-
-pub(super) fn run_with(
-    pod: &Value,
-    namespace: &NamespaceFacts,
-    config: &Config,
-    dry_run: bool,
-) -> Decision {
     plan(&PlanInput {
         pod,
         namespace,
         config,
-        dry_run,
     })
     .expect("plan never fails with an internal error")
 }

@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use super::support::{
     baseline, config, container, container_names, env_value, expect_plan, fixture, ns, op_paths,
-    restricted, run, run_with, set_annotation, set_label,
+    restricted, run, set_annotation, set_label,
 };
 use super::{invariants, reinvocation};
 use crate::core::{Decision, DenyReason, NamespaceFacts, Plan, SkipReason, names};
@@ -906,12 +906,6 @@ pub(super) fn cases() -> Vec<Case> {
 pub(super) fn run_case(case: &Case) -> Option<Value> {
     let config = config();
     let decision = run(&case.pod, &case.namespace, &config);
-    assert_eq!(
-        run_with(&case.pod, &case.namespace, &config, true),
-        decision,
-        "{}: dry-run plans the same",
-        case.name
-    );
     match (&case.expect, decision) {
         (Expect::Patch(check), Decision::Patch(plan)) => {
             let result = invariants::check(&case.pod, &plan, &config);

@@ -14,7 +14,8 @@ use super::{
     support::{base64_decode, within},
 };
 use crate::server::{
-    AdmissionConfig, AdmissionMetrics, ErrorPolicy, Handler, Reviewed, admission::router,
+    AdmissionConfig, AdmissionMetrics, Handler, Reviewed,
+    admission::{ErrorPolicy, router},
 };
 
 struct Answer {

@@ -21,6 +21,8 @@
 //! silently ignored key. [`Config::validate`] then checks what the schema cannot: names, paths,
 //! the delivery fields each mode needs, and that every host path lies under an allowed root.
 
+pub mod watch;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -742,7 +744,7 @@ fn env_map<'de, D: Deserializer<'de>>(
 mod tests {
     use super::*;
 
-    const TEST_PROFILES: &str = include_str!("../tests/data/config/profiles.yaml");
+    const TEST_PROFILES: &str = include_str!("../../tests/data/config/profiles.yaml");
 
     fn problems_of(text: &str) -> Vec<String> {
         match parse(text, "test.yaml") {
