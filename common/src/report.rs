@@ -38,7 +38,12 @@
 //! still reads once. Errors of this project must not rely on that: a message that repeats its
 //! source hides nothing from the report, but repeats it wherever the bare `Display` is used.
 
-use std::{error::Error, fmt};
+use std::{
+    error::Error,
+    fmt,
+    io::Write,
+    process::{ExitCode, Termination},
+};
 
 /// Displays an error followed by each of its sources (`Error::source`), joined by `": "`.
 ///
@@ -83,9 +88,41 @@ impl fmt::Debug for Report<'_> {
     }
 }
 
+/// How a binary's `main` ends: the run's exit code, or its error as a [`Report`], logged and
+/// written plainly on stderr (in case logging is filtered; never panicking on a closed pipe,
+/// unlike `eprintln!`), and [`ExitCode::FAILURE`].
+///
+/// ```no_run
+/// # fn parse_and_run() -> Result<(), std::io::Error> { Ok(()) }
+/// fn main() -> std::process::ExitCode {
+///     rdma_streams_common::report::exit("example", parse_and_run())
+/// }
+/// ```
+pub fn exit<T: Termination, E: Error>(binary: &str, result: Result<T, E>) -> ExitCode {
+    match result {
+        Ok(done) => done.report(),
+        Err(error) => {
+            tracing::error!(error = %Report(&error), "{binary} failed");
+            let _ = writeln!(std::io::stderr(), "{binary}: {}", Report(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io;
+
+    #[test]
+    fn exit_is_the_run_code_or_failure() {
+        use std::process::ExitCode;
+        let ok: Result<(), std::io::Error> = Ok(());
+        assert_eq!(exit("x", ok), ExitCode::SUCCESS);
+        let code: Result<ExitCode, std::io::Error> = Ok(ExitCode::from(3));
+        assert_eq!(exit("x", code), ExitCode::from(3));
+        let failed: Result<(), _> = Err(std::io::Error::from_raw_os_error(2));
+        assert_eq!(exit("x", failed), ExitCode::FAILURE);
+    }
 
     use super::*;
 

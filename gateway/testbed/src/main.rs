@@ -4,11 +4,11 @@
 //! benchmark and the Soft-RoCE scenarios, which run without a Kubernetes API; never shipped
 //! (the image carries `rdma-migration-gateway`, which has no such flag).
 
-use std::{io::Write, path::PathBuf, process::ExitCode};
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::Parser;
 use rdma_migration_gateway::{cli, events::EventSource};
-use rdma_streams_common::report::Report;
+use rdma_streams_common::report;
 
 mod test_events;
 
@@ -44,18 +44,7 @@ impl Testbed {
 }
 
 fn main() -> ExitCode {
-    match Testbed::parse().run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!(error = %Report(&error), "rdma-gateway-testbed failed");
-            let _ = writeln!(
-                std::io::stderr(),
-                "rdma-gateway-testbed: {}",
-                Report(&error)
-            );
-            ExitCode::FAILURE
-        }
-    }
+    report::exit("rdma-gateway-testbed", Testbed::parse().run())
 }
 
 #[cfg(test)]
