@@ -599,7 +599,7 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 }
 
 mod executor;
-pub use executor::{BLOCKING_KEEP_ALIVE, Threads, executor};
+pub use executor::{Threads, executor};
 
 #[cfg(test)]
 mod tests;

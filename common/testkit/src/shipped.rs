@@ -15,7 +15,7 @@ use std::{path::Path, process::Command, time::Duration};
 
 /// Crates that exist for tests only (`tempfile` is not one: prost-build, a build dependency,
 /// uses it).
-pub const TEST_ONLY_CRATES: &[&str] = &["proptest", "tower-test", "mockall", "wiremock"];
+pub const TEST_ONLY_CRATES: &[&str] = &["proptest", "tower-test"];
 
 /// Byte strings that only test-only code leaves in a binary: module paths of test doubles and
 /// the test-support crates' names as they appear in symbols.
