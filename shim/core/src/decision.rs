@@ -43,7 +43,7 @@ use rdma_streams_transport::stats::{Stats, StatsSink};
 
 use crate::fdtable::{self, SHIM_OWNED};
 use crate::log::{self, Level, log_at};
-use crate::{sys, upgrade};
+use crate::{ring, sys, upgrade};
 
 /// Env var: the kill switch.
 pub const DISABLE_ENV: &str = "STREAMSHIM_DISABLE";
@@ -214,7 +214,16 @@ fn evaluate() -> State {
     for fd in &usable.fds {
         fdtable::set(*fd, SHIM_OWNED);
     }
-    let per_connection = upgrade::engine_config(None).pinned_per_connection();
+    let ring_bytes = ring::ring_bytes_from_value(std::env::var_os(ring::RING_ENV).as_deref())
+        .unwrap_or_else(|e| {
+            // Printed whatever STREAMSHIM_LOG says: exactly one line per process.
+            log::plain_line(format_args!(
+                "streamshim: {e}; using {} KiB",
+                ring::DEFAULT_RING_KIB
+            ));
+            ring::DEFAULT_RING_KIB * 1024
+        });
+    let per_connection = upgrade::engine_config(None, ring_bytes).pinned_per_connection();
     let budget = if has_cap_ipc_lock() {
         None
     } else {
@@ -238,7 +247,7 @@ fn evaluate() -> State {
         usable.lib.name()
     );
     let _ = POLICY.set(policy);
-    upgrade::configure(usable.lib, budget);
+    upgrade::configure(usable.lib, budget, ring_bytes);
     State::Capable
 }
 

@@ -13,7 +13,7 @@
 //!
 //! Env: `STREAMSHIM_DISABLE`, `STREAMSHIM_POLICY`, `STREAMSHIM_PROVIDER`, `STREAMSHIM_STATS`
 //! (JSON at exit, `%p` = pid), `STREAMSHIM_LOG` (`info`/`debug`; silent otherwise),
-//! `STREAMSHIM_NEGOTIATE_MS`.
+//! `STREAMSHIM_NEGOTIATE_MS`, `STREAMSHIM_RING_KIB`.
 //!
 //! Only [`sys`] contains `unsafe` code (syscalls on raw fd numbers; each block says why).
 
@@ -23,5 +23,6 @@ pub mod forksafe;
 pub mod guard;
 pub mod log;
 pub mod ops;
+pub mod ring;
 pub mod sys;
 pub mod upgrade;

@@ -10,9 +10,9 @@
 //!
 //! | group | variants |
 //! | --- | --- |
-//! | 1 stream | `rstream -T s -T b` (kernel TCP) · the same with both ends under `libstreamshim.so` (upgraded) · `rstream -T b` (librdmacm's rsocket) · `ib_write_bw -R` (verbs, RDMA WRITE) |
+//! | 1 stream | `rstream -T s -T b` (kernel TCP) · the same with both ends under `libstreamshim.so` (upgraded), with its default 1 MiB rings and with `STREAMSHIM_RING_KIB=256` · `rstream -T b` (librdmacm's rsocket) · `ib_write_bw -R` (verbs, RDMA WRITE) |
 //! | 4 streams | 4 concurrent rstream pairs of each kind (one port each) · `ib_write_bw -R -q 4` (one process per side: four busy-polling perftest processes starve each other on 2 vCPUs) · `iperf3 -P 4` plain and shimmed |
-//! | connect | N sequential `socket()+connect()+close()` (`rdma_tool connlat`) to an accept-and-close server: TCP · both ends shimmed (upgraded) · both ends under librspreload (rsocket) |
+//! | connect | N sequential `socket()+connect()+close()` (`rdma_tool connlat`) to an accept-and-close server: TCP · both ends shimmed (upgraded; both ring sizes) · both ends under librspreload (rsocket) |
 //! | migration | a QEMU live migration of 128 MiB (`tests/tools/qemu_migrate.py`), plain and both QEMUs shimmed (the first `RDMA_BENCH_MIGRATIONS` repetitions) |
 //!
 //! Every rstream moves `-S 1048576 -C COUNT` each way (4 pairs: COUNT/2 each), blocking calls
@@ -430,11 +430,11 @@ fn measure(r: &RunDir, k: &Knobs) -> Result<Sample, String> {
                 expect_upgraded(&r.path, "srv", "server", 5)?;
             }
         }
-        "conntcp" | "connshim" | "connrsocket" => {
+        "conntcp" | "connshim" | "connshimsmall" | "connrsocket" => {
             let out = read(&r.path.join("cli0.out"));
             s.value = kv(&out, "median_ns").ok_or("connlat printed no median")?;
             s.p99 = kv(&out, "p99_ns");
-            if v == "connshim" {
+            if v != "conntcp" && v != "connrsocket" {
                 let n = k.connects + k.warmup;
                 expect_upgraded(&r.path, "cli", "client", n)?;
                 expect_upgraded(&r.path, "srv", "server", n)?;
@@ -668,6 +668,9 @@ fn label(v: &str) -> &'static str {
         "verbs1" => "verbs, ib_write_bw -R (RDMA WRITE, one way), 1 QP",
         "tcp4" => "TCP, 4 rstream -T s pairs",
         "shim4" => "shim upgraded, 4 rstream -T s pairs",
+        "shimsmall1" => "shim upgraded, 256 KiB rings (STREAMSHIM_RING_KIB=256), 1 stream",
+        "shimsmall4" => "shim upgraded, 256 KiB rings, 4 rstream -T s pairs",
+        "connshimsmall" => "connect, both ends shimmed with 256 KiB rings (upgraded)",
         "rsocket4" => "rsocket, 4 rstream pairs",
         "verbs4" => "verbs, ib_write_bw -R -q 4 (4 QPs, one process each side)",
         "iperf4" => "iperf3 -P 4, plain TCP",
@@ -691,7 +694,7 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
     let gbit = |t: &Table<'_>, v: &str| t.spread(v, rate, 1e9, "Gbit/s", 3);
 
     // ---- 1 stream
-    for v in ["tcp1", "shim1", "rsocket1", "verbs1"] {
+    for v in ["tcp1", "shim1", "shimsmall1", "rsocket1", "verbs1"] {
         let mut text = gbit(&t, v);
         if v != "verbs1"
             && let Some(o) = t.med(v, |s| s.overhead_s)
@@ -715,6 +718,13 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
         text,
         ">= 0.8",
         mark,
+    );
+    let (text, _) = t.ratio_text("shimsmall1", "rsocket1", rate);
+    t.row(
+        "throughput shim with 256 KiB rings / rstream, 1 stream",
+        text,
+        "reported",
+        "",
     );
     let (text, _) = t.ratio_text("shim1", "verbs1", rate);
     t.row(
@@ -742,6 +752,7 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
     for v in [
         "tcp4",
         "shim4",
+        "shimsmall4",
         "rsocket4",
         "verbs4",
         "iperf4",
@@ -767,6 +778,13 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
         text,
         "> 1.0",
         mark,
+    );
+    let (text, _) = t.ratio_text("shimsmall4", "rsocket4", rate);
+    t.row(
+        "throughput shim with 256 KiB rings / rstream, 4 pairs",
+        text,
+        "reported",
+        "",
     );
     let (text, _) = t.ratio_text("shim4", "verbs4", rate);
     t.row(
@@ -822,7 +840,7 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
     }
 
     // ---- connect latency
-    for v in ["conntcp", "connshim", "connrsocket"] {
+    for v in ["conntcp", "connshim", "connshimsmall", "connrsocket"] {
         let mut text = t.spread(v, rate, 1e6, "ms", 2);
         if let Some(p) = t.med(v, |s| s.p99) {
             let _ = write!(text, "; p99 {:.2} ms (median over runs)", p / 1e6);
@@ -861,6 +879,13 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
         "reported",
         "",
     );
+    let (text, _) = t.ratio_text("connshimsmall", "connrsocket", rate);
+    t.row(
+        "connect latency shim with 256 KiB rings / rsocket (librspreload)",
+        text,
+        "reported",
+        "",
+    );
 
     // ---- migration
     if t.runs("migplain") + t.runs("migshim") > 0 {
@@ -888,7 +913,16 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
     }
 
     // ---- every shimmed run upgraded
-    let shimmed = ["shim1", "shim4", "iperf4shim", "connshim", "migshim"];
+    let shimmed = [
+        "shim1",
+        "shimsmall1",
+        "shim4",
+        "shimsmall4",
+        "iperf4shim",
+        "connshim",
+        "connshimsmall",
+        "migshim",
+    ];
     let total: usize = shimmed.iter().map(|v| t.runs(v)).sum();
     let failed: Vec<String> = shimmed
         .iter()

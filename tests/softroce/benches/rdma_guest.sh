@@ -27,6 +27,8 @@ set -u
 REPS=${REPS:-5} SIZE=${SIZE:-1048576} COUNT=${COUNT:-64} IPERF_SECONDS=${IPERF_SECONDS:-5}
 CONNECTS=${CONNECTS:-100} CONNECT_WARMUP=${CONNECT_WARMUP:-5} MIGRATIONS=${MIGRATIONS:-3}
 MIGRATION_MIB=${MIGRATION_MIB:-128} NEGOTIATE_MS=${NEGOTIATE_MS:-5000}
+# The shim's smaller-memory setting, measured beside its default (1 MiB rings).
+SMALL=STREAMSHIM_RING_KIB=256
 A=${SOFTROCE_ADDR_A:-198.18.0.1}
 B=${SOFTROCE_ADDR_B:-198.18.0.2}
 OUT=${SOFTROCE_OUT:-$PWD}/bench
@@ -131,7 +133,8 @@ finish() { # GRACE
 
 # ---------------------------------------------------------------------------------------------
 # Throughput: PAIRS concurrent streams of one kind.
-#   kind: tcp (rstream -T s), shim (rstream -T s, both ends shimmed), rsocket (rstream): PAIRS
+#   kind: tcp (rstream -T s), shim (rstream -T s, both ends shimmed), shimsmall (the same with
+#         256 KiB rings: $SMALL), rsocket (rstream): PAIRS
 #         pairs of processes, pair i on BASE+i; verbs (ib_write_bw -R): one pair of processes
 #         with PAIRS queue pairs (-q): 4 perftest processes busy-polling on 2 vCPUs starve each
 #         other and rxe, and their clock calibration fails (below)
@@ -148,6 +151,7 @@ pairs() { # KIND PAIRS COUNT BASE
 		case $kind in
 		tcp) run_bg "srv$i" rstream -b "$A" -p "$p" $rflags -T s ;;
 		shim) run_bg "srv$i" "$(shimmed srv)" rstream -b "$A" -p "$p" $rflags -T s ;;
+		shimsmall) run_bg "srv$i" "$(shimmed srv) $SMALL" rstream -b "$A" -p "$p" $rflags -T s ;;
 		rsocket) run_bg "srv$i" rstream -b "$A" -p "$p" $rflags ;;
 		verbs) run_bg "srv$i" ib_write_bw -d rxea -p "$p" $wflags ;;
 		esac
@@ -156,7 +160,7 @@ pairs() { # KIND PAIRS COUNT BASE
 		p=$((base + i))
 		case $kind in
 		tcp) wait_tcp "$p" ;;
-		shim) wait_tcp "$p" && wait_cm "$p" ;;
+		shim | shimsmall) wait_tcp "$p" && wait_cm "$p" ;;
 		rsocket | verbs) wait_cm "$p" ;;
 		esac
 	done
@@ -165,6 +169,7 @@ pairs() { # KIND PAIRS COUNT BASE
 		case $kind in
 		tcp) run_bg "cli$i" rstream -s "$A" -b "$B" -p "$p" $rflags -T s ;;
 		shim) run_bg "cli$i" "$(shimmed cli)" rstream -s "$A" -b "$B" -p "$p" $rflags -T s ;;
+		shimsmall) run_bg "cli$i" "$(shimmed cli) $SMALL" rstream -s "$A" -b "$B" -p "$p" $rflags -T s ;;
 		rsocket) run_bg "cli$i" rstream -s "$A" -b "$B" -p "$p" $rflags ;;
 		verbs) run_bg "cli$i" ib_write_bw -d rxeb -p "$p" $wflags "$A" ;;
 		esac
@@ -201,18 +206,20 @@ iperf4() { # plain|shim
 }
 
 # Connect latency: CONNECTS sequential connects (after CONNECT_WARMUP) to an accept-and-close
-# server. kind: tcp, shim (both ends), rsocket (both ends under librspreload)
+# server. kind: tcp, shim (both ends), shimsmall (both ends, 256 KiB rings), rsocket (both ends
+# under librspreload)
 connects() { # KIND
 	local pre_s="" pre_c=""
 	case $1 in
 	shim) pre_s=$(shimmed srv) pre_c=$(shimmed cli) ;;
+	shimsmall) pre_s="$(shimmed srv) $SMALL" pre_c="$(shimmed cli) $SMALL" ;;
 	rsocket) pre_s="env LD_PRELOAD=$RSPRELOAD" pre_c="env LD_PRELOAD=$RSPRELOAD" ;;
 	esac
 	stat_cpu stat0
 	run_bg srv0 "$pre_s" "$TOOL" server "$A" "$port"
 	case $1 in
 	tcp) wait_tcp "$port" ;;
-	shim) wait_tcp "$port" && wait_cm "$port" ;;
+	shim | shimsmall) wait_tcp "$port" && wait_cm "$port" ;;
 	rsocket) wait_cm "$port" ;;
 	esac
 	run_bg cli0 "$pre_c" "$TOOL" connlat "$A" "$port" "$CONNECTS" "$CONNECT_WARMUP"
@@ -247,12 +254,12 @@ rotate() { # K WORDS...: WORDS rotated left by K
 
 say "start: $REPS repetitions, $SIZE-byte transfers, $COUNT each way (1 stream), $COUNT4 per pair (4 pairs), $CONNECTS connects, $MIGRATIONS migrations of $MIGRATION_MIB MiB; $(nproc) cpus"
 for ((rep = 0; rep < REPS; rep++)); do
-	for v in $(rotate "$rep" tcp1 shim1 rsocket1 verbs1); do
+	for v in $(rotate "$rep" tcp1 shim1 shimsmall1 rsocket1 verbs1); do
 		newrun "$v" "$rep" 1 $((2 * SIZE * COUNT)) "$COUNT"
 		throughput "${v%1}" 1 "$COUNT"
 		endrun
 	done
-	for v in $(rotate "$rep" tcp4 shim4 rsocket4 verbs4 iperf4 iperf4shim); do
+	for v in $(rotate "$rep" tcp4 shim4 shimsmall4 rsocket4 verbs4 iperf4 iperf4shim); do
 		case $v in
 		iperf4) newrun "$v" "$rep" 1 0 0 && iperf4 plain ;;
 		iperf4shim) newrun "$v" "$rep" 1 0 0 && iperf4 shim ;;
@@ -263,7 +270,7 @@ for ((rep = 0; rep < REPS; rep++)); do
 		esac
 		endrun
 	done
-	for v in $(rotate "$rep" conntcp connshim connrsocket); do
+	for v in $(rotate "$rep" conntcp connshim connshimsmall connrsocket); do
 		newrun "$v" "$rep" 1 0 0
 		connects "${v#conn}"
 		endrun

@@ -19,6 +19,7 @@ use crate::log::{Level, log_at};
 struct Setup {
     lib: &'static Lib,
     memlock_limit: Option<u64>,
+    ring_bytes: usize,
 }
 
 static SETUP: OnceLock<Setup> = OnceLock::new();
@@ -30,14 +31,21 @@ const EXIT_FLUSH: Duration = Duration::from_secs(60);
 const EXIT_STALL: Duration = Duration::from_secs(5);
 
 /// Called by the decision of a capable process.
-pub fn configure(lib: &'static Lib, memlock_limit: Option<u64>) {
-    let _ = SETUP.set(Setup { lib, memlock_limit });
+pub fn configure(lib: &'static Lib, memlock_limit: Option<u64>, ring_bytes: usize) {
+    let _ = SETUP.set(Setup {
+        lib,
+        memlock_limit,
+        ring_bytes,
+    });
 }
 
-/// The shim's engine configuration (also used for the decision's memlock check).
-pub fn config(memlock_limit: Option<u64>) -> EngineConfig {
+/// The shim's engine configuration (also used for the decision's memlock check): rings of
+/// `ring_bytes` (`STREAMSHIM_RING_KIB`), RDMA writes of a quarter ring.
+pub fn config(memlock_limit: Option<u64>, ring_bytes: usize) -> EngineConfig {
     EngineConfig {
         memlock_limit,
+        ring_bytes,
+        max_chunk: crate::ring::max_chunk(ring_bytes),
         // The libraries' and the engine's fds are the shim's: an app's double close of a
         // reused number must not close them behind the engine's back.
         fd_observer: Some(Arc::new(|fd: RawFd| fdtable::set(fd, SHIM_OWNED))),
@@ -56,15 +64,15 @@ pub fn engine() -> Option<&'static Engine> {
     }
     let setup = SETUP.get()?;
     ENGINE
-        .get_or_init(
-            || match Engine::start(setup.lib, config(setup.memlock_limit)) {
+        .get_or_init(|| {
+            match Engine::start(setup.lib, config(setup.memlock_limit, setup.ring_bytes)) {
                 Ok(e) => Some(e),
                 Err(e) => {
                     log_at!(Level::Info, "cannot start the RDMA engine: {e}");
                     None
                 }
-            },
-        )
+            }
+        })
         .as_ref()
 }
 

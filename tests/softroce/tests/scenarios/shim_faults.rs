@@ -431,16 +431,26 @@ fn memlock(ctx: &Ctx) -> anyhow::Result<()> {
         server.display()
     ))?;
     ctx.sh(&format!("{WAIT_PORT} wait_port 9720"))?;
-    ctx.sh(&format!(
+    // Also a ring size that is not one: said once on stderr, the default used (and the default
+    // does not fit 64 KiB either).
+    let out = ctx.sh(&format!(
         "prlimit --memlock=65536:65536 {drop_cap} {} {py} {} {a} 9720",
-        shimmed(ctx, "low", "")?,
+        shimmed(ctx, "low", "STREAMSHIM_RING_KIB=1m")?,
         client.display()
     ))?;
     ensure!(ctx.wait("server", srv)?.success(), "server failed");
     expect_counts(ctx, "low", "client", &[("tcp MEMLOCK", 1)])?;
+    let printed = format!("{}{}", out.stdout, out.stderr);
+    let said = printed
+        .lines()
+        .filter(|l| l.contains("STREAMSHIM_RING_KIB=\"1m\" is not a ring size"))
+        .count();
+    ensure!(said == 1, "the bad ring size said {said} times:\n{printed}");
 
-    // Three connections held open at once under a limit that fits two (a connection pins
-    // about 580 KiB: two rings of 256 KiB, control slots, and the queue allowance).
+    // Three connections held open at once under a limit that fits two: the client asks for
+    // 256 KiB rings (`STREAMSHIM_RING_KIB`), so a connection pins about 580 KiB (two rings,
+    // control slots and the queue allowance) where the default 1 MiB rings would pin 2.1 MiB and
+    // not fit one. The server keeps the default: the two ends' rings differ in size.
     let three = file(
         ctx,
         "three.py",
@@ -473,7 +483,7 @@ print("three ok")
     ctx.sh(&format!("{WAIT_PORT} wait_port 9721"))?;
     let out = ctx.sh(&format!(
         "prlimit --memlock=1400000:1400000 {drop_cap} {} {py} {} {a} 9721",
-        shimmed(ctx, "two", "")?,
+        shimmed(ctx, "two", "STREAMSHIM_RING_KIB=256")?,
         three.display()
     ))?;
     ensure!(out.stdout.contains("three ok"), "no echo");
