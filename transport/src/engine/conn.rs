@@ -22,6 +22,14 @@ const TAG_CONTROL: u64 = 2 << TAG_SHIFT;
 const TAG_PROBE: u64 = 3 << TAG_SHIFT;
 const TAG_MASK: u64 = (1 << TAG_SHIFT) - 1;
 
+/// A connection's registered region: kept for the next connection when this one ends
+/// ([`super::pool`]).
+pub(super) struct Buffers {
+    // Drop order: the MR before the memory it registers.
+    mr: Mr,
+    region: Region,
+}
+
 /// A connection's verbs resources and stream accounting.
 pub(super) struct Rdma {
     qp: Qp,
@@ -31,6 +39,8 @@ pub(super) struct Rdma {
     mr: Mr,
     region: Region,
     pub(super) pinned: u64,
+    /// The device's index in the engine (the pool's key).
+    pub(super) device: usize,
     ring: usize,
     rq: u32,
     sq: u32,
@@ -64,36 +74,37 @@ pub(super) enum SetupError {
 }
 
 impl Rdma {
-    /// The buffers, CQ and QP for `id` on `device`, with every receive posted.
+    /// The buffers, CQ and QP for `id` on `device` (index `index`), with every receive posted.
+    /// `kept`: a region a finished connection left on this device, with its budget share;
+    /// otherwise the budget is asked and a region registered.
     pub(super) fn new(
         config: &EngineConfig,
         budget: &super::Budget,
-        device: &Device,
+        (device, index): (&Device, usize),
+        kept: Option<(Buffers, u64)>,
         id: CmId,
         token: u64,
         now: Instant,
     ) -> Result<Rdma, SetupError> {
-        let pinned = config.pinned_per_connection();
-        if !budget.reserve(pinned) {
-            return Err(SetupError::Memlock);
-        }
-        let made = Rdma::make(config, device, id, token, now, pinned);
+        let (buffers, pinned) = match kept {
+            Some((buffers, pinned)) => (Some(buffers), pinned),
+            None => {
+                let pinned = config.pinned_per_connection();
+                if !budget.reserve(pinned) {
+                    return Err(SetupError::Memlock);
+                }
+                (None, pinned)
+            }
+        };
+        let made = Rdma::make(config, (device, index), buffers, id, token, now, pinned);
         if made.is_err() {
             budget.release(pinned);
         }
         made
     }
 
-    fn make(
-        config: &EngineConfig,
-        device: &Device,
-        id: CmId,
-        token: u64,
-        now: Instant,
-        pinned: u64,
-    ) -> Result<Rdma, SetupError> {
-        let ring = config.ring();
-        let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
+    /// A new region, registered on `device`.
+    fn register(config: &EngineConfig, device: &Device) -> Result<Buffers, SetupError> {
         let region = Region::new(config.region_bytes())
             .map_err(|e| SetupError::Local("mmap of the buffers", e))?;
         let mr = device
@@ -102,6 +113,24 @@ impl Rdma {
                 Some(libc::ENOMEM | libc::EPERM) => SetupError::Memlock,
                 _ => SetupError::Local("ibv_reg_mr", e),
             })?;
+        Ok(Buffers { mr, region })
+    }
+
+    fn make(
+        config: &EngineConfig,
+        (device, index): (&Device, usize),
+        buffers: Option<Buffers>,
+        id: CmId,
+        token: u64,
+        now: Instant,
+        pinned: u64,
+    ) -> Result<Rdma, SetupError> {
+        let ring = config.ring();
+        let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
+        let Buffers { mr, region } = match buffers {
+            Some(b) => b,
+            None => Rdma::register(config, device)?,
+        };
         let cq = device
             .create_cq(i32::try_from(rq + sq).unwrap_or(i32::MAX), token)
             .map_err(|e| SetupError::Local("ibv_create_cq", e))?;
@@ -119,6 +148,7 @@ impl Rdma {
             mr,
             region,
             pinned,
+            device: index,
             ring,
             rq,
             sq,
@@ -145,6 +175,20 @@ impl Rdma {
                 .map_err(|e| SetupError::Local("ibv_post_recv", e))?;
         }
         Ok(rdma)
+    }
+
+    /// What outlives the connection once its QP is destroyed (the caller destroyed it): the
+    /// registered region, and its budget share. The CQ goes.
+    pub(super) fn into_buffers(self) -> (Buffers, u64) {
+        let Rdma {
+            cq,
+            mr,
+            region,
+            pinned,
+            ..
+        } = self;
+        drop(cq);
+        (Buffers { mr, region }, pinned)
     }
 
     fn control_recv_off(&self) -> usize {

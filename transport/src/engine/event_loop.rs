@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 
-use super::conn::{App, CmPhase, Fds, Rdma, SetupError, StreamConn};
+use super::conn::{App, Buffers, CmPhase, Fds, Rdma, SetupError, StreamConn};
+use super::pool::Pool;
 use super::shared::{ConnShared, ConnectError, RejectedBy};
 use super::{Acceptor, Attach, Command, Conn, Decision, EngineError, Inner, Request};
 use crate::rdma::{CmId, ConnSettings, Context, Device, EventChannel, EventKind, Lib};
@@ -42,6 +43,8 @@ struct Loop {
     inner: Arc<Inner>,
     epoll: Epoll,
     channel: EventChannel,
+    /// Regions of finished connections (dropped before the devices their MRs are on).
+    pool: Pool<Buffers>,
     devices: Vec<Device>,
     conns: HashMap<u64, StreamConn>,
     /// What an active connection sends with its connect: payload and resolve timeout (ms).
@@ -100,11 +103,13 @@ pub(super) fn run(
         }
     };
     let _ = ready.send(Ok(()));
+    let pool = Pool::new(inner.config.kept_regions, inner.config.kept_region_idle);
     let mut l = Loop {
         lib,
         inner,
         epoll,
         channel,
+        pool,
         devices: Vec::new(),
         conns: HashMap::new(),
         connecting: HashMap::new(),
@@ -163,6 +168,7 @@ impl Loop {
                 self.dirty.extend(self.conns.keys().copied());
             }
             self.timers_due();
+            self.expire_kept();
             self.settle_dirty();
             if self.draining {
                 let n = self.conns.values().filter(|c| c.unflushed()).count();
@@ -176,16 +182,29 @@ impl Loop {
 
     fn timeout(&mut self) -> EpollTimeout {
         let now = Instant::now();
+        let mut next = self.pool.next_expiry();
         while let Some(Reverse((at, token))) = self.timers.peek().copied() {
             if !self.conns.contains_key(&token) {
                 self.timers.pop();
                 continue;
             }
-            let left = at.saturating_duration_since(now);
-            let ms = u16::try_from(left.as_millis().saturating_add(1)).unwrap_or(u16::MAX);
-            return EpollTimeout::from(ms.min(60_000));
+            next = Some(next.map_or(at, |n| n.min(at)));
+            break;
         }
-        EpollTimeout::from(60_000u16)
+        let Some(at) = next else {
+            return EpollTimeout::from(60_000u16);
+        };
+        let left = at.saturating_duration_since(now);
+        let ms = u16::try_from(left.as_millis().saturating_add(1)).unwrap_or(u16::MAX);
+        EpollTimeout::from(ms.min(60_000))
+    }
+
+    /// Gives back the regions no connection took in time.
+    fn expire_kept(&mut self) {
+        for (buffers, pinned) in self.pool.expire(Instant::now()) {
+            drop(buffers);
+            self.inner.budget.release(pinned);
+        }
     }
 
     fn fd_event(&mut self, key: u64, flags: EpollFlags) {
@@ -461,10 +480,12 @@ impl Loop {
             .device_for(id.verbs())
             .map_err(|e| SetupError::Local("opening the device", e))?;
         let device = &self.devices[dev];
+        let kept = self.pool.take(dev, self.inner.config.region_bytes());
         Rdma::new(
             &self.inner.config,
             &self.inner.budget,
-            device,
+            (device, dev),
+            kept,
             id,
             token,
             Instant::now(),
@@ -877,8 +898,17 @@ impl Loop {
                 id.destroy_qp();
             }
             if let Some(rdma) = conn.rdma.take() {
-                self.inner.budget.release(rdma.pinned);
-                drop(rdma);
+                // The QP is gone: the region may serve the next connection.
+                let device = rdma.device;
+                let (buffers, pinned) = rdma.into_buffers();
+                let bytes = self.inner.config.region_bytes();
+                if let Some((buffers, pinned)) =
+                    self.pool
+                        .put(device, bytes, buffers, pinned, Instant::now())
+                {
+                    self.inner.budget.release(pinned);
+                    drop(buffers);
+                }
             }
             id.destroy();
         } else if let Some(rdma) = conn.rdma.take() {

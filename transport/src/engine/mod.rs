@@ -18,6 +18,7 @@
 mod budget;
 mod conn;
 mod event_loop;
+mod pool;
 mod relay;
 mod shared;
 
@@ -63,6 +64,11 @@ pub struct EngineConfig {
     pub port_space: PortSpace,
     /// Bytes the engine may pin (None: unlimited).
     pub memlock_limit: Option<u64>,
+    /// Registered regions of finished connections kept for the next ones (0: none). Each keeps
+    /// its pinned memory (and its share of the budget) while it waits.
+    pub kept_regions: usize,
+    /// How long a kept region waits for a connection before it is given back.
+    pub kept_region_idle: Duration,
     /// Told every long-lived fd the engine or the RDMA libraries open (the shim protects them
     /// from the app's `close()`).
     pub fd_observer: Option<Arc<dyn Fn(RawFd) + Send + Sync>>,
@@ -81,6 +87,8 @@ impl std::fmt::Debug for EngineConfig {
             .field("max_chunk", &self.max_chunk)
             .field("port_space", &self.port_space)
             .field("memlock_limit", &self.memlock_limit)
+            .field("kept_regions", &self.kept_regions)
+            .field("kept_region_idle", &self.kept_region_idle)
             .finish_non_exhaustive()
     }
 }
@@ -107,6 +115,8 @@ impl Default for EngineConfig {
             disconnect_timeout: Duration::from_secs(1),
             port_space: PortSpace::Ib,
             memlock_limit: None,
+            kept_regions: 8,
+            kept_region_idle: Duration::from_secs(2),
             fd_observer: None,
             on_thread_start: None,
             thread_name: String::from("rdma-streams"),
