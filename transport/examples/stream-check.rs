@@ -113,7 +113,7 @@ fn server(addr: SocketAddr, count: usize) {
     }
     std::thread::sleep(Duration::from_millis(200));
     println!(
-        "server done: {} connections left, {} bytes pinned",
+        "server done: {} connections left, {} bytes pinned (kept regions included)",
         engine.connections(),
         engine.pinned()
     );
@@ -195,7 +195,7 @@ fn client(addr: SocketAddr, mib: usize, streams: usize) {
     );
     std::thread::sleep(Duration::from_millis(200));
     println!(
-        "client done: {} connections left, {} bytes pinned",
+        "client done: {} connections left, {} bytes pinned (kept regions included)",
         engine.connections(),
         engine.pinned()
     );
