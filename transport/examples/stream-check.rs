@@ -44,6 +44,7 @@ fn attach(conn: &rdma_streams_transport::Conn) -> UnixStream {
             kept: None,
             handshake: Handshake::Open,
             on_bytes: None,
+            give_back: None,
             on_event: Box::new(|e| {
                 if let Event::Ended(end) = e
                     && end.error.is_some()

@@ -93,7 +93,16 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
                 open_ms = millis(opening),
                 "connection carried over an RDMA stream"
             );
-            let end = stream::carry(&conn, client, &handles.cancel).await;
+            let end = match stream::carry(&conn, client, &handles.cancel).await {
+                stream::Carried::Ended(end) => end,
+                stream::Carried::Returned(client) => {
+                    // The stream died between its establishment and the attach: nothing was
+                    // read from the connection yet, so it can still go over TCP.
+                    info!("the stream was gone before it took the connection");
+                    let why = (Fallback::RdmaError, opening);
+                    return over_tcp(&shared, client, dst, why, &handles).await;
+                }
+            };
             shared
                 .metrics
                 .add_bytes(PathKind::Rdma, end.sent, end.received);
@@ -111,34 +120,43 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
                 ),
             }
         }
-        Err(reason) => {
-            shared.metrics.fallback(reason);
-            shared.metrics.connection("source", PathKind::Tcp);
-            info!(
-                path = "tcp",
-                %reason,
-                after_ms = millis(opening),
-                "connection relayed over TCP"
-            );
-            let server =
-                match relay::dial(dst, shared.settings.mark, shared.settings.dial_timeout).await {
-                    Ok(s) => s,
-                    Err(error) => {
-                        // As if virt-handler had dialed and failed: it sees a reset.
-                        warn!(error = %Report(&error), "TCP fallback dial failed");
-                        relay::reset(&client);
-                        return;
-                    }
-                };
-            match relay::relay(client, server, handles.cancel.clone()).await {
-                Ok((to_target, to_source)) => {
-                    shared
-                        .metrics
-                        .add_bytes(PathKind::Tcp, to_target, to_source);
-                    info!(to_target, to_source, "relay ended");
-                }
-                Err(error) => info!(error = %Report(&error), "relay ended with an error"),
-            }
+        Err(reason) => over_tcp(&shared, client, dst, (reason, opening), &handles).await,
+    }
+}
+
+/// Relays `client` to `dst` over TCP from this gateway, counted with `reason` (the attempt at
+/// a stream began at `opening`).
+async fn over_tcp(
+    shared: &Shared,
+    client: TcpStream,
+    dst: SocketAddr,
+    (reason, opening): (Fallback, std::time::Instant),
+    handles: &Handles,
+) {
+    shared.metrics.fallback(reason);
+    shared.metrics.connection("source", PathKind::Tcp);
+    info!(
+        path = "tcp",
+        %reason,
+        after_ms = millis(opening),
+        "connection relayed over TCP"
+    );
+    let server = match relay::dial(dst, shared.settings.mark, shared.settings.dial_timeout).await {
+        Ok(s) => s,
+        Err(error) => {
+            // As if virt-handler had dialed and failed: it sees a reset.
+            warn!(error = %Report(&error), "TCP fallback dial failed");
+            relay::reset(&client);
+            return;
         }
+    };
+    match relay::relay(client, server, handles.cancel.clone()).await {
+        Ok((to_target, to_source)) => {
+            shared
+                .metrics
+                .add_bytes(PathKind::Tcp, to_target, to_source);
+            info!(to_target, to_source, "relay ended");
+        }
+        Err(error) => info!(error = %Report(&error), "relay ended with an error"),
     }
 }

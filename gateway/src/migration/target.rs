@@ -109,7 +109,15 @@ pub async fn serve<C: StreamConn>(shared: Arc<Shared>, conn: C, open: Open) {
     shared.metrics.connections_active.inc();
     let _open = OpenGuard(shared.clone());
     info!(uid = %handles.migration.uid, "stream connected to its destination");
-    let end = stream::carry(&conn, tcp, &handles.cancel).await;
+    let end = match stream::carry(&conn, tcp, &handles.cancel).await {
+        stream::Carried::Ended(end) => end,
+        stream::Carried::Returned(tcp) => {
+            // The source's stream died before the attach: the destination saw no byte.
+            info!("the stream was gone before it took the destination's connection");
+            relay::reset(&tcp);
+            return;
+        }
+    };
     // Our side of the stream is the destination: what we sent went to the source.
     shared
         .metrics

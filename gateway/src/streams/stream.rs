@@ -9,7 +9,12 @@
 //! [`StreamConn`] is the part of the transport's `Conn` the gateway uses, so that the logic
 //! around it (the target's decision, the abort) is tested without RDMA.
 
-use std::{io, os::fd::OwnedFd, time::Duration};
+use std::{
+    io,
+    os::fd::OwnedFd,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use rdma_streams_common::report::Report;
 use rdma_streams_transport::{Attach, Conn, End, Event, Handshake, StreamPath};
@@ -20,8 +25,28 @@ use tracing::warn;
 /// How long an aborted stream's end report may take before the gateway stops waiting.
 pub const ABORT_WAIT: Duration = Duration::from_secs(5);
 
-/// Called once with the stream's end, on the engine thread (must not block).
-pub type OnEnd = Box<dyn FnOnce(End) + Send>;
+/// How the engine finished with a handed-over socket.
+pub enum Finish {
+    /// The stream ended (the engine closed the socket).
+    Ended(End),
+    /// The connection was gone before the socket was attached: the socket comes back as it
+    /// was handed over, nothing read from it.
+    Returned(OwnedFd),
+}
+
+/// Called once with how the engine finished, on the engine thread (must not block).
+pub type OnEnd = Box<dyn FnOnce(Finish) + Send>;
+
+/// What [`carry`] ends with.
+#[derive(Debug)]
+pub enum Carried {
+    /// The stream carried the connection until it ended (`sent`: bytes from the socket to
+    /// the peer).
+    Ended(End),
+    /// The stream was gone before it took the connection, which is untouched: the caller may
+    /// carry it another way.
+    Returned(TcpStream),
+}
 
 /// What the gateway does with a connection of the engine.
 pub trait StreamConn: Send + Sync + 'static {
@@ -29,7 +54,8 @@ pub trait StreamConn: Send + Sync + 'static {
     fn accept(&self, payload: Vec<u8>);
     /// Rejects a deferred connect request with `payload`.
     fn reject(&self, payload: Vec<u8>);
-    /// Hands `local` (non-blocking) over: pumped both ways until the stream ends, then closed.
+    /// Hands `local` (non-blocking) over: pumped both ways until the stream ends, then closed;
+    /// or, when the connection is already gone, given back untouched.
     fn attach(&self, local: OwnedFd, on_end: OnEnd);
     /// Resets the stream (and shuts the attached socket down).
     fn abort(&self);
@@ -47,7 +73,11 @@ impl StreamConn for Conn {
     }
 
     fn attach(&self, local: OwnedFd, on_end: OnEnd) {
-        let mut on_end = Some(on_end);
+        // One report, from whichever of the two the engine calls.
+        let report = Arc::new(Mutex::new(Some(on_end)));
+        let take =
+            |r: &Mutex<Option<OnEnd>>| r.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let on_return = Arc::clone(&report);
         Conn::attach(
             self,
             local,
@@ -55,11 +85,16 @@ impl StreamConn for Conn {
                 kept: None,
                 handshake: Handshake::Open,
                 on_bytes: None,
+                give_back: Some(Box::new(move |fd| {
+                    if let Some(report) = take(&on_return) {
+                        report(Finish::Returned(fd));
+                    }
+                })),
                 on_event: Box::new(move |event| {
                     if let Event::Ended(end) = event
-                        && let Some(report) = on_end.take()
+                        && let Some(report) = take(&report)
                     {
-                        report(end);
+                        report(Finish::Ended(end));
                     }
                 }),
             },
@@ -93,36 +128,55 @@ fn handover(socket: TcpStream) -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(std))
 }
 
+/// The socket the engine gave back, in tokio's reactor again.
+fn taken_back(fd: OwnedFd) -> Carried {
+    match TcpStream::from_std(std::net::TcpStream::from(fd)) {
+        Ok(socket) => Carried::Returned(socket),
+        Err(error) => {
+            warn!(error = %Report(&error), "taking the connection back from the stream");
+            Carried::Ended(lost("the socket could not be taken back"))
+        }
+    }
+}
+
+fn finished(finish: Result<Finish, oneshot::error::RecvError>) -> Carried {
+    match finish {
+        Ok(Finish::Ended(end)) => Carried::Ended(end),
+        Ok(Finish::Returned(fd)) => taken_back(fd),
+        Err(_) => Carried::Ended(lost("the engine stopped")),
+    }
+}
+
 /// Carries `socket` over the established `conn` until the stream ends, or aborts it when
-/// `cancel` fires first; returns the end (`sent`: bytes from `socket` to the peer).
+/// `cancel` fires first; returns the end (`sent`: bytes from `socket` to the peer), or the
+/// socket itself when the stream was gone before it took it.
 pub async fn carry<C: StreamConn + ?Sized>(
     conn: &C,
     socket: TcpStream,
     cancel: &CancellationToken,
-) -> End {
+) -> Carried {
     let fd = match handover(socket) {
         Ok(fd) => fd,
         Err(error) => {
             warn!(error = %Report(&error), "handing the connection to the stream");
             conn.abort();
-            return lost("the socket could not be handed over");
+            return Carried::Ended(lost("the socket could not be handed over"));
         }
     };
     let (tx, mut rx) = oneshot::channel();
     conn.attach(
         fd,
-        Box::new(move |end| {
-            let _ = tx.send(end);
+        Box::new(move |finish| {
+            let _ = tx.send(finish);
         }),
     );
     tokio::select! {
-        end = &mut rx => end.unwrap_or_else(|_| lost("the engine stopped")),
+        finish = &mut rx => finished(finish),
         () = cancel.cancelled() => {
             conn.abort();
             match tokio::time::timeout(ABORT_WAIT, rx).await {
-                Ok(Ok(end)) => end,
-                Ok(Err(_)) => lost("the engine stopped"),
-                Err(_) => lost("aborted; no end report in time"),
+                Ok(finish) => finished(finish),
+                Err(_) => Carried::Ended(lost("aborted; no end report in time")),
             }
         }
     }
@@ -188,7 +242,18 @@ pub mod double {
         pub fn end(&self, end: End) {
             let report = self.lock().on_end.take();
             if let Some(report) = report {
-                report(end);
+                report(Finish::Ended(end));
+            }
+        }
+
+        /// The engine found the connection gone at the attach: gives the socket back.
+        pub fn give_back(&self) {
+            let (socket, report) = {
+                let mut s = self.lock();
+                (s.attached.take(), s.on_end.take())
+            };
+            if let (Some(socket), Some(report)) = (socket, report) {
+                report(Finish::Returned(OwnedFd::from(socket)));
             }
         }
 
@@ -234,12 +299,12 @@ pub mod double {
                 let _ = socket.shutdown(std::net::Shutdown::Both);
             }
             if let Some(report) = report {
-                report(End {
+                report(Finish::Ended(End {
                     path: StreamPath::Rdma,
                     sent: 0,
                     received: 0,
                     error: Some("aborted".into()),
-                });
+                }));
             }
         }
 
@@ -254,6 +319,43 @@ mod tests {
     use super::double::{Call, FakeConn};
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn ended(c: Carried) -> End {
+        match c {
+            Carried::Ended(end) => end,
+            Carried::Returned(_) => panic!("the socket came back"),
+        }
+    }
+
+    #[test]
+    fn a_socket_the_engine_gives_back_is_the_same_connection_untouched() {
+        crate::testing::within(Duration::from_secs(10), || async {
+            let conn = FakeConn::default();
+            let (mut app, handed) = pair().await;
+            let carrying = {
+                let conn = conn.clone();
+                tokio::spawn(async move { carry(&conn, handed, &CancellationToken::new()).await })
+            };
+            while conn.calls().is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            app.write_all(b"first bytes").await.unwrap();
+            conn.give_back();
+            let Carried::Returned(mut socket) = carrying.await.unwrap() else {
+                panic!("the stream did not give the socket back");
+            };
+            // Nothing was read from it: the app's bytes are all there, and it still works
+            // both ways (the gateway relays it over TCP from here).
+            let mut got = [0u8; 11];
+            socket.read_exact(&mut got).await.unwrap();
+            assert_eq!(&got, b"first bytes");
+            socket.write_all(b"reply").await.unwrap();
+            let mut back = [0u8; 5];
+            app.read_exact(&mut back).await.unwrap();
+            assert_eq!(&back, b"reply");
+            assert_eq!(conn.calls(), [Call::Attach]);
+        });
+    }
 
     async fn pair() -> (TcpStream, TcpStream) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -300,7 +402,7 @@ mod tests {
                 error: None,
             };
             conn.end(end.clone());
-            assert_eq!(carrying.await.unwrap(), end);
+            assert_eq!(ended(carrying.await.unwrap()), end);
             assert_eq!(conn.calls(), [Call::Attach]);
 
             // The migration is aborted: the stream is reset, the socket shut down.
@@ -316,7 +418,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             cancel.cancel();
-            let end = carrying.await.unwrap();
+            let end = ended(carrying.await.unwrap());
             assert_eq!(end.error.as_deref(), Some("aborted"));
             assert_eq!(conn.calls(), [Call::Attach, Call::Abort]);
             let mut rest = Vec::new();
@@ -340,7 +442,7 @@ mod tests {
         }
         crate::testing::within(Duration::from_secs(10), || async {
             let (_app, handed) = pair().await;
-            let end = carry(&Dropping, handed, &CancellationToken::new()).await;
+            let end = ended(carry(&Dropping, handed, &CancellationToken::new()).await);
             assert_eq!(end.path, StreamPath::Broken);
             assert_eq!(end.error.as_deref(), Some("the engine stopped"));
         });

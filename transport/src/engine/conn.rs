@@ -649,6 +649,7 @@ impl StreamConn {
             handshake,
             on_event,
             on_bytes,
+            give_back,
         } = attach;
         self.unattached_deadline = None;
         let alive = self.error.is_none()
@@ -673,6 +674,14 @@ impl StreamConn {
             on_bytes,
         };
         if !alive {
+            if attached.kept.is_none()
+                && let Some(give_back) = give_back
+            {
+                // Nothing was read from `local`: its owner carries it another way.
+                give_back(attached.local);
+                self.app = App::Done;
+                return;
+            }
             // Gone before the attach. Without CONFIRM neither side moved: relay over TCP.
             match (handshake, attached.kept.take()) {
                 (Handshake::Confirm | Handshake::Claim, Some(kept)) => {
@@ -1045,4 +1054,96 @@ fn pump(rdma: &mut Rdma, a: &mut Attached, draining: bool) -> io::Result<()> {
         rdma.control(ControlKind::Fin);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::Mutex;
+
+    /// A connection that ended before anything was attached (as the event loop makes one for
+    /// an attach to an unknown token).
+    fn gone() -> StreamConn {
+        let mut c = StreamConn::new(
+            Arc::new(ConnShared::connecting(None)),
+            None,
+            CmPhase::Established,
+        );
+        c.error = Some(String::from("closed"));
+        c
+    }
+
+    fn attach(
+        events: Arc<Mutex<Vec<String>>>,
+        give_back: Option<Box<dyn FnOnce(OwnedFd) + Send>>,
+    ) -> Attach {
+        Attach {
+            kept: None,
+            handshake: Handshake::Open,
+            on_bytes: None,
+            give_back,
+            on_event: Box::new(move |e| {
+                let text = match e {
+                    Event::Decided(p) => format!("decided {p:?}"),
+                    Event::Ended(end) => format!("ended {:?}", end.path),
+                };
+                events.lock().unwrap().push(text);
+            }),
+        }
+    }
+
+    #[test]
+    fn a_socket_attached_to_a_gone_connection_comes_back_untouched() {
+        let (mut app, local) = UnixStream::pair().unwrap();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let returned = Arc::new(Mutex::new(None));
+        let slot = Arc::clone(&returned);
+        let mut conn = gone();
+        let mut fds = Fds::default();
+        conn.attach(
+            OwnedFd::from(local),
+            attach(
+                Arc::clone(&events),
+                Some(Box::new(move |fd| *slot.lock().unwrap() = Some(fd))),
+            ),
+            &EngineConfig::default(),
+            Instant::now(),
+            &mut fds,
+        );
+        assert!(
+            events.lock().unwrap().is_empty(),
+            "no event after a give-back"
+        );
+        assert!(fds.closing.is_empty(), "nothing of it is closed");
+        let back = returned
+            .lock()
+            .unwrap()
+            .take()
+            .expect("the socket came back");
+        // Still connected and unread: what the app writes is there to read.
+        app.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        UnixStream::from(back).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+    }
+
+    #[test]
+    fn without_a_give_back_the_stream_ends_broken_and_the_socket_is_shut() {
+        let (mut app, local) = UnixStream::pair().unwrap();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let mut conn = gone();
+        let mut fds = Fds::default();
+        conn.attach(
+            OwnedFd::from(local),
+            attach(Arc::clone(&events), None),
+            &EngineConfig::default(),
+            Instant::now(),
+            &mut fds,
+        );
+        assert_eq!(*events.lock().unwrap(), ["decided Broken", "ended Broken"]);
+        let mut rest = Vec::new();
+        assert_eq!(app.read_to_end(&mut rest).unwrap(), 0, "EOF for the app");
+    }
 }

@@ -226,6 +226,12 @@ pub struct Attach {
     /// Called on the engine thread as bytes move over the stream (sent, received since the
     /// last call), so counts are current even when the process exits before the stream ends.
     pub on_bytes: Option<fn(u64, u64)>,
+    /// For a connection that is already gone when the attach comes, without a `kept` socket:
+    /// called (on the engine thread) with `local`, untouched (nothing was read from it or
+    /// written to it), instead of ending the stream; no [`Event`] follows. The caller may carry
+    /// that socket another way (the gateway relays it over TCP). None: the stream ends
+    /// [`StreamPath::Broken`] and `local` is shut down.
+    pub give_back: Option<Box<dyn FnOnce(OwnedFd) + Send>>,
 }
 
 /// What a connecting side asks for.

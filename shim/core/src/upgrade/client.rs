@@ -169,6 +169,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
                 handshake: Handshake::Confirm,
                 on_event: on_event(Role::Client, fd, Some(peer)),
                 on_bytes: Some(count_bytes),
+                give_back: None,
             },
         ),
         Err(e) => {

@@ -238,6 +238,7 @@ pub fn claim_and_swap(fd: c_int, peer: SocketAddr) -> Claim {
                     handshake: Handshake::Claim,
                     on_event: on_event(Role::Server, fd, Some(peer)),
                     on_bytes: Some(count_bytes),
+                    give_back: None,
                 },
             );
         }
