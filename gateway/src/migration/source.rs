@@ -99,8 +99,8 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
                     // The stream died between its establishment and the attach: nothing was
                     // read from the connection yet, so it can still go over TCP.
                     info!("the stream was gone before it took the connection");
-                    let why = (Fallback::RdmaError, opening);
-                    return over_tcp(&shared, client, dst, why, &handles).await;
+                    return over_tcp(&shared, client, dst, Fallback::RdmaError, opening, &handles)
+                        .await;
                 }
             };
             shared
@@ -120,7 +120,7 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
                 ),
             }
         }
-        Err(reason) => over_tcp(&shared, client, dst, (reason, opening), &handles).await,
+        Err(reason) => over_tcp(&shared, client, dst, reason, opening, &handles).await,
     }
 }
 
@@ -130,7 +130,8 @@ async fn over_tcp(
     shared: &Shared,
     client: TcpStream,
     dst: SocketAddr,
-    (reason, opening): (Fallback, std::time::Instant),
+    reason: Fallback,
+    opening: std::time::Instant,
     handles: &Handles,
 ) {
     shared.metrics.fallback(reason);

@@ -12,8 +12,8 @@ pub const RING_ENV: &str = "STREAMSHIM_RING_KIB";
 pub const DEFAULT_RING_KIB: usize = 1024;
 /// The smallest ring the variable may ask for (KiB).
 pub const MIN_RING_KIB: usize = 16;
-/// The largest (KiB; the wire's largest ring, 16 MiB).
-pub const MAX_RING_KIB: usize = 16 * 1024;
+/// The largest (KiB): the wire's largest ring, 16 MiB.
+pub const MAX_RING_KIB: usize = (1 << rdma_streams_transport::wire::MAX_RING_LOG) / 1024;
 
 /// The ring's bytes for the variable's value: unset or empty gives the default; a value that is
 /// not a whole number of KiB in [`MIN_RING_KIB`]..=[`MAX_RING_KIB`] is an error (the caller says
@@ -32,12 +32,6 @@ pub fn ring_bytes_from_value(value: Option<&OsStr>) -> Result<usize, String> {
             "{RING_ENV}={text:?} is not a ring size ({MIN_RING_KIB} to {MAX_RING_KIB} KiB)"
         )),
     }
-}
-
-/// The engine's largest single RDMA write for a ring: a quarter of it, so four writes are in
-/// flight and the peer's credits come back while the rest of the ring is still being written.
-pub fn max_chunk(ring_bytes: usize) -> usize {
-    (ring_bytes / 4).max(4096)
 }
 
 #[cfg(test)]
@@ -82,12 +76,5 @@ mod tests {
         }
         let not_utf8 = OsString::from_vec(vec![0xff, b'1']);
         assert!(ring_bytes_from_value(Some(&not_utf8)).is_err());
-    }
-
-    #[test]
-    fn a_chunk_is_a_quarter_of_the_ring_and_at_least_a_page() {
-        assert_eq!(max_chunk(1024 * 1024), 256 * 1024);
-        assert_eq!(max_chunk(256 * 1024), 64 * 1024);
-        assert_eq!(max_chunk(16 * 1024), 4096);
     }
 }

@@ -153,7 +153,7 @@ impl Rdma {
             rq,
             sq,
             reserve: u64::from(rq / 4).max(1),
-            max_chunk: config.max_chunk.max(1) as u64,
+            max_chunk: config.max_chunk() as u64,
             send: None,
             recv: RecvFlow::new(ring as u64, u64::from(rq)),
             peer: RingInfo::default(),

@@ -480,7 +480,7 @@ impl Loop {
             .device_for(id.verbs())
             .map_err(|e| SetupError::Local("opening the device", e))?;
         let device = &self.devices[dev];
-        let kept = self.pool.take(dev, self.inner.config.region_bytes());
+        let kept = self.pool.take(dev);
         Rdma::new(
             &self.inner.config,
             &self.inner.budget,
@@ -901,10 +901,8 @@ impl Loop {
                 // The QP is gone: the region may serve the next connection.
                 let device = rdma.device;
                 let (buffers, pinned) = rdma.into_buffers();
-                let bytes = self.inner.config.region_bytes();
                 if let Some((buffers, pinned)) =
-                    self.pool
-                        .put(device, bytes, buffers, pinned, Instant::now())
+                    self.pool.put(device, buffers, pinned, Instant::now())
                 {
                     self.inner.budget.release(pinned);
                     drop(buffers);

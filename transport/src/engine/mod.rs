@@ -47,8 +47,6 @@ pub struct EngineConfig {
     pub send_queue: u32,
     /// Posted receives.
     pub recv_queue: u32,
-    /// Largest single RDMA write.
-    pub max_chunk: usize,
     /// The QP's local ACK timeout exponent (4.096 us * 2^n per try; 7 tries).
     pub ack_timeout: u8,
     /// Silence after which a liveness probe is sent.
@@ -84,7 +82,6 @@ impl std::fmt::Debug for EngineConfig {
             .field("ring_bytes", &self.ring_bytes)
             .field("send_queue", &self.send_queue)
             .field("recv_queue", &self.recv_queue)
-            .field("max_chunk", &self.max_chunk)
             .field("port_space", &self.port_space)
             .field("memlock_limit", &self.memlock_limit)
             .field("kept_regions", &self.kept_regions)
@@ -107,7 +104,6 @@ impl Default for EngineConfig {
             ring_bytes: DEFAULT_RING,
             send_queue: 64,
             recv_queue: 64,
-            max_chunk: 64 * 1024,
             ack_timeout: 16,
             keepalive: Duration::from_secs(5),
             unattached_timeout: Duration::from_secs(10),
@@ -133,6 +129,12 @@ impl EngineConfig {
                 1 << crate::wire::MAX_RING_LOG,
             )
             .next_power_of_two()
+    }
+
+    /// The largest single RDMA write: a quarter of the ring, so four writes are in flight and
+    /// the peer's credits come back while the rest of the ring is still being written.
+    pub fn max_chunk(&self) -> usize {
+        self.ring() / 4
     }
 
     /// Bytes one connection registers: both rings and the control slots.
@@ -607,5 +609,26 @@ impl Conn {
     /// The peer's address, when known.
     pub fn peer(&self) -> Option<SocketAddr> {
         self.shared.peer()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EngineConfig;
+
+    #[test]
+    fn a_chunk_is_a_quarter_of_the_ring() {
+        let chunk = |ring_bytes| {
+            EngineConfig {
+                ring_bytes,
+                ..EngineConfig::default()
+            }
+            .max_chunk()
+        };
+        assert_eq!(chunk(1024 * 1024), 256 * 1024);
+        assert_eq!(chunk(256 * 1024), 64 * 1024);
+        assert_eq!(chunk(16 * 1024), 4096);
+        // Rounded up to a power of two first.
+        assert_eq!(chunk(300 * 1024), 128 * 1024);
     }
 }

@@ -2,8 +2,8 @@
 //! and mapping every page of both rings) is most of what a connect costs beyond the connection
 //! manager's round trips, and a program that opens short connections one after another pays
 //! it each time. A connection that ends gives its region and MR here (its QP is already
-//! destroyed, so no work request can touch them); the next connection on the same device with
-//! the same region size takes them as they are. The old bytes in them are never read: a new
+//! destroyed, so no work request can touch them); the next connection on the same device takes
+//! them as they are (every region of an engine has its configuration's size). The old bytes in them are never read: a new
 //! stream's positions start at 0 and it reads only what its own peer wrote.
 //!
 //! At most `max` entries, each kept at most `idle`: a process that stops connecting gives its
@@ -21,7 +21,6 @@ pub(super) struct Pool<T> {
 
 struct Entry<T> {
     device: usize,
-    bytes: usize,
     item: T,
     pinned: u64,
     since: Instant,
@@ -37,12 +36,9 @@ impl<T> Pool<T> {
         }
     }
 
-    /// The most recently kept entry for `device` and `bytes`, with its budget share.
-    pub(super) fn take(&mut self, device: usize, bytes: usize) -> Option<(T, u64)> {
-        let i = self
-            .entries
-            .iter()
-            .rposition(|e| e.device == device && e.bytes == bytes)?;
+    /// The most recently kept entry for `device`, with its budget share.
+    pub(super) fn take(&mut self, device: usize) -> Option<(T, u64)> {
+        let i = self.entries.iter().rposition(|e| e.device == device)?;
         let e = self.entries.remove(i);
         Some((e.item, e.pinned))
     }
@@ -51,7 +47,6 @@ impl<T> Pool<T> {
     pub(super) fn put(
         &mut self,
         device: usize,
-        bytes: usize,
         item: T,
         pinned: u64,
         now: Instant,
@@ -61,7 +56,6 @@ impl<T> Pool<T> {
         }
         self.entries.push(Entry {
             device,
-            bytes,
             item,
             pinned,
             since: now,
@@ -69,14 +63,13 @@ impl<T> Pool<T> {
         None
     }
 
-    /// Takes out every entry kept for `idle` or longer.
+    /// Takes out every entry kept for `idle` or longer (allocates nothing when none is).
     pub(super) fn expire(&mut self, now: Instant) -> Vec<(T, u64)> {
         let idle = self.idle;
-        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.entries)
-            .into_iter()
-            .partition(|e| now.saturating_duration_since(e.since) >= idle);
-        self.entries = kept;
-        gone.into_iter().map(|e| (e.item, e.pinned)).collect()
+        self.entries
+            .extract_if(.., |e| now.saturating_duration_since(e.since) >= idle)
+            .map(|e| (e.item, e.pinned))
+            .collect()
     }
 
     /// When the oldest entry expires.
@@ -98,38 +91,37 @@ mod tests {
     const IDLE: Duration = Duration::from_secs(2);
 
     #[test]
-    fn a_kept_entry_serves_the_same_device_and_size_only() {
+    fn a_kept_entry_serves_the_same_device_only() {
         let now = Instant::now();
         let mut p = Pool::new(4, IDLE);
-        assert!(p.put(0, 4096, "a", 10, now).is_none());
-        assert!(p.take(1, 4096).is_none(), "another device");
-        assert!(p.take(0, 8192).is_none(), "another size");
-        assert_eq!(p.take(0, 4096), Some(("a", 10)));
-        assert!(p.take(0, 4096).is_none(), "taken once");
+        assert!(p.put(0, "a", 10, now).is_none());
+        assert!(p.take(1).is_none(), "another device");
+        assert_eq!(p.take(0), Some(("a", 10)));
+        assert!(p.take(0).is_none(), "taken once");
     }
 
     #[test]
     fn the_most_recent_entry_goes_first() {
         let now = Instant::now();
         let mut p = Pool::new(4, IDLE);
-        p.put(0, 4096, "old", 1, now);
-        p.put(0, 4096, "new", 2, now + Duration::from_millis(5));
-        assert_eq!(p.take(0, 4096), Some(("new", 2)));
-        assert_eq!(p.take(0, 4096), Some(("old", 1)));
+        p.put(0, "old", 1, now);
+        p.put(0, "new", 2, now + Duration::from_millis(5));
+        assert_eq!(p.take(0), Some(("new", 2)));
+        assert_eq!(p.take(0), Some(("old", 1)));
     }
 
     #[test]
     fn a_full_or_disabled_pool_gives_the_entry_back() {
         let now = Instant::now();
         let mut p = Pool::new(2, IDLE);
-        assert!(p.put(0, 1, 'a', 1, now).is_none());
-        assert!(p.put(0, 1, 'b', 1, now).is_none());
-        assert_eq!(p.put(0, 1, 'c', 7, now), Some(('c', 7)));
+        assert!(p.put(0, 'a', 1, now).is_none());
+        assert!(p.put(0, 'b', 1, now).is_none());
+        assert_eq!(p.put(0, 'c', 7, now), Some(('c', 7)));
         assert_eq!(p.len(), 2);
         let mut none = Pool::new(0, IDLE);
-        assert_eq!(none.put(0, 1, 'x', 3, now), Some(('x', 3)));
+        assert_eq!(none.put(0, 'x', 3, now), Some(('x', 3)));
         let mut no_time = Pool::new(8, Duration::ZERO);
-        assert_eq!(no_time.put(0, 1, 'y', 4, now), Some(('y', 4)));
+        assert_eq!(no_time.put(0, 'y', 4, now), Some(('y', 4)));
     }
 
     #[test]
@@ -137,8 +129,8 @@ mod tests {
         let t0 = Instant::now();
         let mut p = Pool::new(4, IDLE);
         assert_eq!(p.next_expiry(), None);
-        p.put(0, 1, "first", 5, t0);
-        p.put(0, 1, "second", 6, t0 + Duration::from_secs(1));
+        p.put(0, "first", 5, t0);
+        p.put(0, "second", 6, t0 + Duration::from_secs(1));
         assert_eq!(p.next_expiry(), Some(t0 + IDLE));
         assert!(p.expire(t0 + Duration::from_millis(1999)).is_empty());
         assert_eq!(p.expire(t0 + IDLE), vec![("first", 5)]);

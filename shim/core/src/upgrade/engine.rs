@@ -40,12 +40,11 @@ pub fn configure(lib: &'static Lib, memlock_limit: Option<u64>, ring_bytes: usiz
 }
 
 /// The shim's engine configuration (also used for the decision's memlock check): rings of
-/// `ring_bytes` (`STREAMSHIM_RING_KIB`), RDMA writes of a quarter ring.
+/// `ring_bytes` (`STREAMSHIM_RING_KIB`).
 pub fn config(memlock_limit: Option<u64>, ring_bytes: usize) -> EngineConfig {
     EngineConfig {
         memlock_limit,
         ring_bytes,
-        max_chunk: crate::ring::max_chunk(ring_bytes),
         // The libraries' and the engine's fds are the shim's: an app's double close of a
         // reused number must not close them behind the engine's back.
         fd_observer: Some(Arc::new(|fd: RawFd| fdtable::set(fd, SHIM_OWNED))),
