@@ -12,43 +12,170 @@
  *   cargo run -p rdma-streams-softroce --example guest -- -- bash SCRIPT
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
+#include <linux/sockios.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <unistd.h>
-#include <pthread.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <sys/mman.h>
-#include <sys/ioctl.h>
-#include <linux/sockios.h>
 #include <time.h>
+#include <unistd.h>
+
+#define RING (1 << 20)
+#define CHUNK (256 << 10)
+
 static int rd;
 static size_t total;
-static void *reader(void *a){ char *b=malloc(1<<20); size_t got=0; while(got<total){ssize_t n=read(rd,b,1<<20); if(n<=0)break; got+=n;} return (void*)got; }
-static double now(){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec/1e9;}
-int main(int argc,char**argv){
-  int mode=atoi(argv[1]); total=(size_t)atol(argv[2])<<20; size_t chunk=256<<10;
-  int sv[2]; socketpair(AF_UNIX,SOCK_STREAM,0,sv); rd=sv[1];
-  char *ring=mmap(0,1<<20,PROT_READ|PROT_WRITE,MAP_PRIVATE|MAP_ANONYMOUS,-1,0); memset(ring,'a',1<<20);
-  if(mode==2){ /* semantics check: splice then overwrite, read */
-    int p[2]; pipe(p); struct iovec v={ring,4096}; ssize_t a=vmsplice(p[1],&v,1,0); ssize_t b=splice(p[0],0,sv[0],0,4096,0);
-    int q; ioctl(sv[0],SIOCOUTQ,&q); printf("vmsplice %zd splice %zd outq %d\n",a,b,q);
-    memset(ring,'b',4096); char x[4096]; read(sv[1],x,4096); printf("reader sees %c (a=copied, b=zero-copy)\n",x[0]);
-    ioctl(sv[0],SIOCOUTQ,&q); printf("outq after read %d\n",q);
-    /* partial reads */
-    v.iov_base=ring; v.iov_len=65536; vmsplice(p[1],&v,1,0); b=splice(p[0],0,sv[0],0,65536,0); ioctl(sv[0],SIOCOUTQ,&q); printf("64k spliced %zd outq %d\n",b,q);
-    int q2; read(sv[1],x,4096); ioctl(sv[0],SIOCOUTQ,&q2); printf("after 4k read outq %d\n",q2);
-    while(1){ int inq; ioctl(sv[1],FIONREAD,&inq); if(!inq)break; read(sv[1],x,inq>4096?4096:inq); ioctl(sv[0],SIOCOUTQ,&q2); printf(" inq %d -> outq %d\n",inq,q2);} 
-    return 0; }
-  pthread_t t; pthread_create(&t,0,reader,0);
-  int p[2]; pipe(p); fcntl(p[1],F_SETPIPE_SZ,1<<20);
-  double t0=now(); size_t sent=0, off=0;
-  while(sent<total){
-    if(mode==0){ ssize_t n=write(sv[0],ring+off,chunk); sent+=n; off=(off+n)%(1<<20); }
-    else { struct iovec v={ring+off,chunk}; ssize_t n=vmsplice(p[1],&v,1,0); if(n<=0){perror("vmsplice");return 1;} ssize_t m=0; while(m<n){ssize_t k=splice(p[0],0,sv[0],0,n-m,0); if(k<=0){perror("splice");return 1;} m+=k;} sent+=n; off=(off+n)%(1<<20); }
-  }
-  void *got; pthread_join(t,&got); double dt=now()-t0;
-  printf("mode %d: %zu MiB in %.3f s = %.1f MiB/s\n",mode,(size_t)got>>20,dt,((size_t)got>>20)/dt);
+
+static void die(const char *what)
+{
+	perror(what);
+	exit(1);
+}
+
+/* The app: reads until `total` bytes or EOF; returns the byte count. */
+static void *reader(void *unused)
+{
+	char *buf = malloc(RING);
+	size_t got = 0;
+
+	(void)unused;
+	if (!buf)
+		die("malloc");
+	while (got < total) {
+		ssize_t n = read(rd, buf, RING);
+		if (n <= 0)
+			break;
+		got += n;
+	}
+	free(buf);
+	return (void *)got;
+}
+
+static double now(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static int outq(int fd)
+{
+	int q = -1;
+
+	if (ioctl(fd, SIOCOUTQ, &q) < 0)
+		die("SIOCOUTQ");
+	return q;
+}
+
+/* Mode 2: is vmsplice+splice zero-copy, and what does SIOCOUTQ say while the reader reads? */
+static int semantics(int sv[2], char *ring)
+{
+	int p[2];
+	char x[4096];
+	struct iovec v = { ring, sizeof(x) };
+	ssize_t a, b;
+
+	if (pipe(p) < 0)
+		die("pipe");
+	a = vmsplice(p[1], &v, 1, 0);
+	b = splice(p[0], NULL, sv[0], NULL, sizeof(x), 0);
+	printf("vmsplice %zd splice %zd outq %d\n", a, b, outq(sv[0]));
+	memset(ring, 'b', sizeof(x));
+	if (read(sv[1], x, sizeof(x)) != (ssize_t)sizeof(x))
+		die("read");
+	printf("reader sees %c (a=copied, b=zero-copy)\n", x[0]);
+	printf("outq after read %d\n", outq(sv[0]));
+	v.iov_len = 65536;
+	if (vmsplice(p[1], &v, 1, 0) < 0)
+		die("vmsplice");
+	b = splice(p[0], NULL, sv[0], NULL, 65536, 0);
+	printf("64k spliced %zd outq %d\n", b, outq(sv[0]));
+	if (read(sv[1], x, sizeof(x)) < 0)
+		die("read");
+	printf("after 4k read outq %d\n", outq(sv[0]));
+	for (;;) {
+		int inq = 0;
+
+		if (ioctl(sv[1], FIONREAD, &inq) < 0)
+			die("FIONREAD");
+		if (!inq)
+			break;
+		if (read(sv[1], x, inq > (int)sizeof(x) ? sizeof(x) : (size_t)inq) < 0)
+			die("read");
+		printf(" inq %d -> outq %d\n", inq, outq(sv[0]));
+	}
+	return 0;
+}
+
+/* Mode 1: one piece through vmsplice into the pipe and splice into the socket. */
+static size_t splice_piece(int p[2], int sock, char *at)
+{
+	struct iovec v = { at, CHUNK };
+	ssize_t n = vmsplice(p[1], &v, 1, 0), m = 0;
+
+	if (n <= 0)
+		die("vmsplice");
+	while (m < n) {
+		ssize_t k = splice(p[0], NULL, sock, NULL, n - m, 0);
+		if (k <= 0)
+			die("splice");
+		m += k;
+	}
+	return n;
+}
+
+int main(int argc, char **argv)
+{
+	int mode, sv[2], p[2];
+	size_t sent = 0, off = 0;
+	char *ring;
+	pthread_t t;
+	void *got;
+	double t0, dt;
+
+	if (argc != 3 || (mode = atoi(argv[1])) < 0 || mode > 2) {
+		fprintf(stderr, "usage: %s 0|1|2 MIB\n", argv[0]);
+		return 2;
+	}
+	total = (size_t)atol(argv[2]) << 20;
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
+		die("socketpair");
+	rd = sv[1];
+	ring = mmap(NULL, RING, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (ring == MAP_FAILED)
+		die("mmap");
+	memset(ring, 'a', RING);
+	if (mode == 2)
+		return semantics(sv, ring);
+	if (pthread_create(&t, NULL, reader, NULL))
+		die("pthread_create");
+	if (pipe(p) < 0)
+		die("pipe");
+	fcntl(p[1], F_SETPIPE_SZ, RING);
+	t0 = now();
+	while (sent < total) {
+		size_t n;
+
+		if (mode == 0) {
+			ssize_t w = write(sv[0], ring + off, CHUNK);
+			if (w <= 0)
+				die("write");
+			n = w;
+		} else {
+			n = splice_piece(p, sv[0], ring + off);
+		}
+		sent += n;
+		off = (off + n) % RING;
+	}
+	pthread_join(t, &got);
+	dt = now() - t0;
+	printf("mode %d: %zu MiB in %.3f s = %.1f MiB/s\n", mode, (size_t)got >> 20, dt,
+	       ((size_t)got >> 20) / dt);
+	return 0;
 }
