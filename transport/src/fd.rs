@@ -1,7 +1,7 @@
 //! Small safe operations on the kernel fds the engine drives (through `nix`).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::socket::{MsgFlags, Shutdown, recv, send, setsockopt, shutdown, sockopt};
@@ -75,6 +75,17 @@ pub fn peek(fd: impl AsFd) -> Peeked {
         Err(nix::Error::EAGAIN | nix::Error::EINTR) => Peeked::Nothing,
         Err(e) => Peeked::Failed(to_io(e)),
     }
+}
+
+/// True when the stream socket `fd` (open for the call) has nothing to read and is not at EOF:
+/// a one-byte `MSG_PEEK | MSG_DONTWAIT` says EAGAIN. Any other answer (bytes, EOF, an error,
+/// even EINTR) is false.
+pub fn holds_nothing(fd: RawFd) -> bool {
+    let mut probe = [0u8; 1];
+    matches!(
+        recv(fd, &mut probe, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+        Err(nix::Error::EAGAIN)
+    )
 }
 
 /// True for errors that mean "try again later".

@@ -161,8 +161,13 @@ pub struct RecvFlow {
     rq: u64,
     /// Bytes that arrived (in order).
     arrived: u64,
-    /// Bytes delivered to the app.
+    /// Bytes handed on: written to the local fd, or claimed by a direct read.
+    taken: u64,
+    /// Bytes whose ring space is free again (reported to the peer): `taken`, except while a
+    /// claimed range is being copied out of the ring.
     consumed: u64,
+    /// A claimed range is being copied ([`RecvFlow::claim`]).
+    claimed: bool,
     consumed_reported: u64,
     /// Receives reposted.
     reposted: u64,
@@ -185,7 +190,9 @@ impl RecvFlow {
             ring,
             rq,
             arrived: 0,
+            taken: 0,
             consumed: 0,
+            claimed: false,
             consumed_reported: 0,
             reposted: 0,
             reposted_reported: 0,
@@ -214,20 +221,46 @@ impl RecvFlow {
 
     /// The next contiguous bytes waiting for the app: `(offset, len)` in our ring.
     pub fn pending(&self) -> (usize, usize) {
-        let offset = self.consumed % self.ring;
-        let held = self.arrived - self.consumed;
+        let offset = self.taken % self.ring;
+        let held = self.arrived - self.taken;
         let len = held.min(self.ring - offset);
         (offset as usize, len as usize)
     }
 
     /// True when bytes wait for the app.
     pub fn has_pending(&self) -> bool {
-        self.arrived > self.consumed
+        self.arrived > self.taken
     }
 
-    /// `n` bytes were delivered to the app.
+    /// `n` bytes were delivered to the app (their ring space is free once no claim is open).
     pub fn delivered(&mut self, n: usize) {
-        self.consumed = (self.consumed + n as u64).min(self.arrived);
+        self.taken = (self.taken + n as u64).min(self.arrived);
+        if !self.claimed {
+            self.consumed = self.taken;
+        }
+    }
+
+    /// The next `n` bytes ([`RecvFlow::pending`]'s) are being copied out of the ring by a
+    /// direct read: later bytes may be delivered, but no ring space from them on is freed until
+    /// [`RecvFlow::copied`]. False (nothing claimed) while another claim is open.
+    pub fn claim(&mut self, n: usize) -> bool {
+        if self.claimed {
+            return false;
+        }
+        self.taken = (self.taken + n as u64).min(self.arrived);
+        self.claimed = true;
+        true
+    }
+
+    /// The open claim's copy is done: its space and everything delivered after it is free.
+    pub fn copied(&mut self) {
+        self.claimed = false;
+        self.consumed = self.taken;
+    }
+
+    /// A claimed range is being copied.
+    pub fn claim_open(&self) -> bool {
+        self.claimed
     }
 
     /// True when a credit report is owed (see the module docs).
@@ -338,6 +371,31 @@ mod tests {
         assert_eq!(r.pending(), (1000, 24), "to the ring's end");
         r.delivered(24);
         assert_eq!(r.pending(), (0, 256), "wrapped");
+    }
+
+    #[test]
+    fn a_claimed_range_keeps_its_space_until_copied_while_later_bytes_go_on() {
+        let mut r = RecvFlow::new(1024, 16);
+        r.arrived(300).unwrap();
+        assert_eq!(r.pending(), (0, 300));
+        assert!(r.claim(100));
+        assert!(!r.claim(10), "one claim at a time");
+        assert_eq!(
+            r.pending(),
+            (100, 200),
+            "later bytes are next for the local fd"
+        );
+        r.delivered(200);
+        assert!(!r.has_pending());
+        assert_eq!(r.report().0, 0, "nothing freed while the claim is copied");
+        r.arrived(724).unwrap();
+        assert!(
+            r.arrived(1).is_err(),
+            "the claimed range still holds its space"
+        );
+        r.copied();
+        assert_eq!(r.report().0, 300, "the claim and what followed it");
+        r.arrived(300).unwrap();
     }
 
     proptest! {

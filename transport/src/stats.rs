@@ -16,7 +16,7 @@
 //!  "client":{"total":{"rdma":3,"tcp":1},"rdma":{"UPGRADED":3},"tcp":{"POLICY":1}},
 //!  "server":{"total":{"rdma":0,"tcp":0},"rdma":{},"tcp":{}},
 //!  "total":{"rdma":3,"tcp":1},
-//!  "rdma_bytes":{"sent":1048576,"received":512},
+//!  "rdma_bytes":{"sent":1048576,"received":512,"direct":500},
 //!  "rdma_closed":2,"rdma_resets":0}
 //! ```
 
@@ -55,6 +55,7 @@ pub struct Stats {
     rdma_bytes_received: AtomicU64,
     rdma_closed: AtomicU64,
     rdma_resets: AtomicU64,
+    rdma_bytes_direct: AtomicU64,
 }
 
 static GLOBAL: Stats = Stats::new();
@@ -74,6 +75,7 @@ impl Stats {
             rdma_bytes_received: AtomicU64::new(0),
             rdma_closed: AtomicU64::new(0),
             rdma_resets: AtomicU64::new(0),
+            rdma_bytes_direct: AtomicU64::new(0),
         }
     }
 
@@ -103,6 +105,11 @@ impl Stats {
     /// Adds bytes the app received over an upgraded (RDMA) connection.
     pub fn add_rdma_bytes_received(&self, n: u64) {
         self.rdma_bytes_received.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` received bytes were read straight from a receive ring (a direct read).
+    pub fn add_rdma_bytes_direct(&self, n: u64) {
+        self.rdma_bytes_direct.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Counts the end of an upgraded connection; `reset` when it ended by an error or reset
@@ -136,6 +143,7 @@ impl Stats {
         }
         self.rdma_bytes_sent.store(0, Ordering::Relaxed);
         self.rdma_bytes_received.store(0, Ordering::Relaxed);
+        self.rdma_bytes_direct.store(0, Ordering::Relaxed);
         self.rdma_closed.store(0, Ordering::Relaxed);
         self.rdma_resets.store(0, Ordering::Relaxed);
     }
@@ -181,6 +189,7 @@ impl Stats {
             rdma_bytes: ByteCounts {
                 sent: self.rdma_bytes_sent.load(Ordering::Relaxed),
                 received: self.rdma_bytes_received.load(Ordering::Relaxed),
+                direct: self.rdma_bytes_direct.load(Ordering::Relaxed),
             },
             rdma_closed: self.rdma_closed.load(Ordering::Relaxed),
             rdma_resets: self.rdma_resets.load(Ordering::Relaxed),
@@ -238,6 +247,10 @@ pub struct ByteCounts {
     pub sent: u64,
     /// Received from the peer, read by the app.
     pub received: u64,
+    /// Of `received`, bytes the app's `read`/`recv` took straight from the receive ring
+    /// instead of through the socketpair (absent in files of older shims: 0).
+    #[serde(default)]
+    pub direct: u64,
 }
 
 /// A copy of the counters, as written to the stats file.
@@ -436,6 +449,7 @@ mod tests {
         s.add_rdma_bytes_sent(1000);
         s.add_rdma_bytes_sent(24);
         s.add_rdma_bytes_received(7);
+        s.add_rdma_bytes_direct(5);
         s.record_rdma_close(false);
         s.record_rdma_close(true);
         let snap = s.snapshot_with_pid(4242);
@@ -453,7 +467,7 @@ mod tests {
             "client": {"total": {"rdma": 3, "tcp": 1}, "rdma": {"UPGRADED": 3}, "tcp": {"POLICY": 1}},
             "server": {"total": {"rdma": 0, "tcp": 1}, "rdma": {}, "tcp": {"NEGATIVE_CACHE": 1}},
             "total": {"rdma": 3, "tcp": 2},
-            "rdma_bytes": {"sent": 1024, "received": 7},
+            "rdma_bytes": {"sent": 1024, "received": 7, "direct": 5},
             "rdma_closed": 2,
             "rdma_resets": 1
         });

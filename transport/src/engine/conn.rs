@@ -8,6 +8,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::direct::Receiver;
 use super::relay::{Ready, Relay, Step};
 use super::shared::ConnShared;
 use super::{Attach, End, EngineConfig, Event, Handshake, SLOT, StreamPath};
@@ -27,7 +28,7 @@ const TAG_MASK: u64 = (1 << TAG_SHIFT) - 1;
 pub(super) struct Buffers {
     // Drop order: the MR before the memory it registers.
     mr: Mr,
-    region: Region,
+    region: Arc<Region>,
 }
 
 /// A connection's verbs resources and stream accounting.
@@ -37,7 +38,7 @@ pub(super) struct Rdma {
     // MR and the memory, in this field order.
     cq: Cq,
     mr: Mr,
-    region: Region,
+    region: Arc<Region>,
     pub(super) pinned: u64,
     /// The device's index in the engine (the pool's key).
     pub(super) device: usize,
@@ -47,7 +48,10 @@ pub(super) struct Rdma {
     reserve: u64,
     max_chunk: u64,
     send: Option<SendFlow>,
-    recv: RecvFlow,
+    /// The receive side, shared with the app's direct reads ([`super::direct`]).
+    recv: Arc<Receiver>,
+    /// Direct reads are on (the engine's copy of [`super::direct::RecvState::direct`]).
+    direct: bool,
     peer: RingInfo,
     sq_used: u32,
     control_posted: u64,
@@ -105,8 +109,10 @@ impl Rdma {
 
     /// A new region, registered on `device`.
     fn register(config: &EngineConfig, device: &Device) -> Result<Buffers, SetupError> {
-        let region = Region::new(config.region_bytes())
-            .map_err(|e| SetupError::Local("mmap of the buffers", e))?;
+        let region = Arc::new(
+            Region::new(config.region_bytes())
+                .map_err(|e| SetupError::Local("mmap of the buffers", e))?,
+        );
         let mr = device
             .register(&region)
             .map_err(|e| match e.raw_os_error() {
@@ -146,6 +152,11 @@ impl Rdma {
             qp,
             cq,
             mr,
+            recv: Receiver::new(
+                Arc::clone(&region),
+                RecvFlow::new(ring as u64, u64::from(rq)),
+            ),
+            direct: false,
             region,
             pinned,
             device: index,
@@ -155,7 +166,6 @@ impl Rdma {
             reserve: u64::from(rq / 4).max(1),
             max_chunk: config.max_chunk() as u64,
             send: None,
-            recv: RecvFlow::new(ring as u64, u64::from(rq)),
             peer: RingInfo::default(),
             sq_used: 0,
             control_posted: 0,
@@ -178,8 +188,15 @@ impl Rdma {
     }
 
     /// What outlives the connection once its QP is destroyed (the caller destroyed it): the
-    /// registered region, and its budget share. The CQ goes.
-    pub(super) fn into_buffers(self) -> (Buffers, u64) {
+    /// registered region, and its budget share. The CQ goes. None for the region while an app
+    /// thread still copies from it (a direct read): it is not reused, and unmapped when that
+    /// thread lets go.
+    pub(super) fn into_buffers(self) -> (Option<Buffers>, u64) {
+        let reusable = {
+            let mut state = self.recv.lock();
+            state.direct = false;
+            !state.flow.claim_open()
+        };
         let Rdma {
             cq,
             mr,
@@ -188,7 +205,7 @@ impl Rdma {
             ..
         } = self;
         drop(cq);
-        (Buffers { mr, region }, pinned)
+        (reusable.then_some(Buffers { mr, region }), pinned)
     }
 
     fn control_recv_off(&self) -> usize {
@@ -293,7 +310,7 @@ impl Rdma {
                     .map_err(|e| format!("control slot {}: {e}", wc.wr_id))?;
                 self.post_recv(wc.wr_id)
                     .map_err(|e| format!("ibv_post_recv: {e}"))?;
-                self.recv.reposted();
+                self.recv.lock().flow.reposted();
                 let control = Control::decode(&bytes)
                     .ok_or_else(|| String::from("unknown control message"))?;
                 if let Some(send) = &mut self.send {
@@ -302,7 +319,10 @@ impl Rdma {
                 }
                 match control.kind {
                     ControlKind::Credit => {}
-                    ControlKind::Fin => self.peer_fin = true,
+                    ControlKind::Fin => {
+                        self.peer_fin = true;
+                        self.recv.lock().peer_fin = true;
+                    }
                     ControlKind::Claim => self.claim_seen = true,
                     ControlKind::Confirm => self.confirm_seen = true,
                 }
@@ -310,10 +330,14 @@ impl Rdma {
                 if !wc.has_imm || self.peer_fin {
                     return Err(String::from("data without length, or after FIN"));
                 }
-                self.recv.arrived(wc.imm).map_err(|e| e.to_string())?;
+                self.recv
+                    .lock()
+                    .flow
+                    .arrived(wc.imm)
+                    .map_err(|e| e.to_string())?;
                 self.post_recv(wc.wr_id)
                     .map_err(|e| format!("ibv_post_recv: {e}"))?;
-                self.recv.reposted();
+                self.recv.lock().flow.reposted();
             }
             return Ok(());
         }
@@ -356,7 +380,7 @@ impl Rdma {
     }
 
     fn post_control(&mut self, kind: ControlKind) -> io::Result<()> {
-        let (consumed, reposted) = self.recv.report();
+        let (consumed, reposted) = self.recv.lock().flow.report();
         let bytes = Control {
             kind,
             consumed,
@@ -387,7 +411,9 @@ impl Rdma {
 
     /// Sends a credit report when one is owed.
     pub(super) fn credit_if_due(&mut self) {
-        if self.recv.credit_due() && !self.pending_control.contains(&ControlKind::Credit) {
+        if self.recv.lock().flow.credit_due()
+            && !self.pending_control.contains(&ControlKind::Credit)
+        {
             self.control(ControlKind::Credit);
         }
     }
@@ -443,11 +469,13 @@ impl Rdma {
     /// Writes what arrived to `local` while it takes it; the byte count.
     pub(super) fn deliver_to(&mut self, local: &OwnedFd, ready: &mut Ready) -> io::Result<u64> {
         let mut moved = 0u64;
-        while ready.writable && self.recv.has_pending() {
-            let (off, len) = self.recv.pending();
+        // Held while writing: a direct read never runs between a delivery and its accounting.
+        let mut state = self.recv.lock();
+        while ready.writable && state.flow.has_pending() {
+            let (off, len) = state.flow.pending();
             match self.region.send_to(local.as_raw_fd(), off, len) {
                 Ok(n) => {
-                    self.recv.delivered(n);
+                    state.flow.delivered(n);
                     moved += n as u64;
                 }
                 Err(e) if fd::transient(&e) => ready.writable = false,
@@ -459,6 +487,11 @@ impl Rdma {
 
     /// The stream's state in a few words (for error reports).
     pub(super) fn describe(&self) -> String {
+        // One lock, taken and released before the text is built (it is not re-entrant).
+        let (arrived, pending) = {
+            let state = self.recv.lock();
+            (state.flow.arrived_total(), state.flow.has_pending())
+        };
         format!(
             "peer FIN {}, our FIN {}{}, {} bytes arrived, {} sent, {} pending",
             if self.peer_fin { "in" } else { "not in" },
@@ -470,19 +503,36 @@ impl Rdma {
                 "not sent"
             },
             if self.claim_seen { ", CLAIM seen" } else { "" },
-            self.recv.arrived_total(),
+            arrived,
             self.send.as_ref().map_or(0, SendFlow::sent),
-            if self.has_pending() {
-                "bytes"
-            } else {
-                "nothing"
-            },
+            if pending { "bytes" } else { "nothing" },
         )
+    }
+
+    /// Turns direct reads on or off ([`super::direct`]).
+    pub(super) fn set_direct(&mut self, on: bool) {
+        if self.direct != on {
+            self.recv.lock().direct = on;
+            self.direct = on;
+        }
+    }
+
+    /// Bytes the app's direct reads took since the last call.
+    fn take_direct_bytes(&mut self) -> u64 {
+        if !self.direct {
+            return 0;
+        }
+        std::mem::take(&mut self.recv.lock().direct_bytes)
+    }
+
+    /// The receive side, for [`super::Reader`]s.
+    pub(super) fn receiver(&self) -> &Arc<Receiver> {
+        &self.recv
     }
 
     /// Bytes that arrived and wait for the local side.
     pub(super) fn has_pending(&self) -> bool {
-        self.recv.has_pending()
+        self.recv.lock().flow.has_pending()
     }
 
     /// FIN was sent and its completion came back (so every byte before it arrived).
@@ -1031,7 +1081,8 @@ impl StreamConn {
 /// The stream's pump: what arrived to the local side, the local side's bytes to the peer, the
 /// half-closes and the credits.
 fn pump(rdma: &mut Rdma, a: &mut Attached, draining: bool) -> io::Result<()> {
-    let received = rdma.deliver_to(&a.local, &mut a.local_ready)?;
+    rdma.set_direct(true);
+    let received = rdma.deliver_to(&a.local, &mut a.local_ready)? + rdma.take_direct_bytes();
     if rdma.peer_fin && !rdma.has_pending() && !a.local_shut {
         fd::shutdown_quietly(a.local.as_fd(), Shutdown::Write);
         a.local_shut = true;

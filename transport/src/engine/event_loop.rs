@@ -277,6 +277,7 @@ impl Loop {
                     local,
                     attach,
                 } => self.attach(token, local, attach),
+                Command::Consumed { token } => self.dirty.push(token),
                 Command::Abort { token } => {
                     if let Some(conn) = self.conns.get_mut(&token) {
                         let mut fds = Fds::default();
@@ -565,6 +566,7 @@ impl Loop {
         };
         rdma.set_peer(request.ring);
         let shared = Arc::new(ConnShared::connecting(id.peer_addr()));
+        shared.set_receiver(rdma.receiver());
         let mut conn = StreamConn::new(Arc::clone(&shared), Some(id), CmPhase::Accepted);
         conn.rdma = Some(rdma);
         self.conns.insert(token, conn);
@@ -646,6 +648,7 @@ impl Loop {
                             retry_count: RETRIES,
                             rnr_retry_count: RNR_RETRIES,
                         };
+                        conn.shared.set_receiver(rdma.receiver());
                         conn.rdma = Some(rdma);
                         match id.connect(&settings) {
                             Ok(()) => conn.cm = CmPhase::Connecting,
@@ -900,12 +903,16 @@ impl Loop {
             if let Some(rdma) = conn.rdma.take() {
                 // The QP is gone: the region may serve the next connection.
                 let device = rdma.device;
-                let (buffers, pinned) = rdma.into_buffers();
-                if let Some((buffers, pinned)) =
-                    self.pool.put(device, buffers, pinned, Instant::now())
-                {
-                    self.inner.budget.release(pinned);
-                    drop(buffers);
+                match rdma.into_buffers() {
+                    (Some(buffers), pinned) => {
+                        if let Some((buffers, pinned)) =
+                            self.pool.put(device, buffers, pinned, Instant::now())
+                        {
+                            self.inner.budget.release(pinned);
+                            drop(buffers);
+                        }
+                    }
+                    (None, pinned) => self.inner.budget.release(pinned),
                 }
             }
             id.destroy();

@@ -17,6 +17,7 @@
 
 mod budget;
 mod conn;
+mod direct;
 mod event_loop;
 mod pool;
 mod relay;
@@ -33,6 +34,7 @@ use std::time::{Duration, Instant};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 pub use budget::Budget;
+pub use direct::Reader;
 pub use shared::{ConnectError, RejectedBy, WaitError};
 
 use crate::rdma::{Lib, PortSpace};
@@ -313,6 +315,10 @@ enum Command {
     Abort {
         token: u64,
     },
+    /// A direct read took bytes: a credit may be owed, or the app's side may be shut.
+    Consumed {
+        token: u64,
+    },
     Decide {
         token: u64,
         accept: bool,
@@ -581,6 +587,13 @@ impl Conn {
             local,
             attach,
         });
+    }
+
+    /// A handle the app's threads read received bytes through, straight from the receive ring
+    /// ([`Reader`]); None before the connection has its verbs resources.
+    pub fn reader(&self) -> Option<Reader> {
+        let recv = self.shared.receiver()?;
+        Some(Reader::new(&recv, Arc::clone(&self.inner), self.token))
     }
 
     /// Tears the connection down (a reset for an attached one).

@@ -2,9 +2,10 @@
 //! CLAIM arrived, and a condition variable to wait on both.
 
 use std::net::SocketAddr;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
+use super::direct::Receiver;
 use crate::wire::BadPrivateData;
 
 /// Who refused a connection.
@@ -90,6 +91,8 @@ struct State {
     phase: Phase,
     claimed: bool,
     peer: Option<SocketAddr>,
+    /// The connection's receive side, once its verbs resources exist (for direct reads).
+    receiver: Weak<Receiver>,
 }
 
 /// See the module docs.
@@ -106,6 +109,7 @@ impl ConnShared {
                 phase: Phase::Connecting,
                 claimed: false,
                 peer,
+                receiver: Weak::new(),
             }),
             changed: Condvar::new(),
         }
@@ -150,6 +154,14 @@ impl ConnShared {
 
     pub(super) fn claimed(&self) {
         self.update(|s| s.claimed = true);
+    }
+
+    pub(super) fn set_receiver(&self, receiver: &Arc<Receiver>) {
+        self.lock().receiver = Arc::downgrade(receiver);
+    }
+
+    pub(super) fn receiver(&self) -> Option<Arc<Receiver>> {
+        self.lock().receiver.upgrade()
     }
 
     pub(super) fn set_peer(&self, peer: Option<SocketAddr>) {

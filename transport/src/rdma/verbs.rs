@@ -342,6 +342,14 @@ pub struct Region {
     len: usize,
 }
 
+// SAFETY: the mapping is plain memory owned by the value, and every access is a bounds-checked
+// copy or syscall by raw pointer, never a Rust reference to its bytes; which bytes a thread may
+// touch is the stream's business (the engine thread and, for direct reads
+// ([`crate::engine::Reader`]), an app thread under the receive state's lock).
+unsafe impl Send for Region {}
+// SAFETY: as for Send: shared access is only ever copies by raw pointer.
+unsafe impl Sync for Region {}
+
 impl Region {
     /// Maps `len` bytes (rounded up to pages), zeroed.
     pub fn new(len: usize) -> io::Result<Region> {

@@ -1,0 +1,279 @@
+//! Direct reads: an app thread takes received bytes straight from the receive ring instead of
+//! waiting for the engine to copy them into its socketpair end.
+//!
+//! Every received byte normally takes two copies to reach the app: the engine writes it from
+//! the ring into the socketpair, and the app reads it out. A [`Reader`] lets the shim's `read`,
+//! `recv` and `recvfrom` hooks copy it once, from the ring into the app's buffer.
+//!
+//! Nothing is lost or reordered: the receive state ([`RecvFlow`]) sits behind one lock that the
+//! engine holds while it writes ring bytes into the socketpair and a reader holds while it
+//! copies. A reader copies only when the app's end of the socketpair holds no byte, so every
+//! byte the engine delivered before was read first, and it copies from the flow's consumed
+//! position, the next byte in order. The bytes stay the peer's to overwrite only after the
+//! consumed position passed them, as for the engine's own deliveries (credits). Every other way
+//! of reading (`readv`, `recvmsg`, a child after `fork`, a program calling the kernel itself)
+//! reads the socketpair, which the engine keeps filling: those see every byte too, one copy
+//! later.
+//!
+//! A reader copies only while the engine allows it ([`RecvState::direct`]): the stream runs
+//! attached with its handshake done. The engine turns it off before the connection's region can
+//! serve another connection, under the same lock, so a reader never copies another stream's
+//! bytes; the region itself stays mapped while any reader holds it.
+
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use super::{Command, Inner};
+use crate::fd;
+use crate::flow::RecvFlow;
+use crate::rdma::Region;
+
+/// The receive side of one connection, shared by the engine and its [`Reader`]s.
+pub(super) struct Receiver {
+    /// The connection's region; its receive ring starts at offset 0.
+    region: Arc<Region>,
+    state: Mutex<RecvState>,
+}
+
+/// What the lock guards.
+pub(super) struct RecvState {
+    pub(super) flow: RecvFlow,
+    /// Direct reads are allowed (the stream runs attached, the region is this connection's).
+    pub(super) direct: bool,
+    /// Bytes readers took that the engine has not counted yet.
+    pub(super) direct_bytes: u64,
+    /// The peer's FIN arrived: once every byte was read, the engine shuts the app's side.
+    pub(super) peer_fin: bool,
+}
+
+impl Receiver {
+    pub(super) fn new(region: Arc<Region>, flow: RecvFlow) -> Arc<Receiver> {
+        Arc::new(Receiver {
+            region,
+            state: Mutex::new(RecvState {
+                flow,
+                direct: false,
+                direct_bytes: 0,
+                peer_fin: false,
+            }),
+        })
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, RecvState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Reads a stream's received bytes for the app's thread ([`super::Conn::reader`]).
+pub struct Reader {
+    recv: Weak<Receiver>,
+    inner: Arc<Inner>,
+    token: u64,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+impl Reader {
+    pub(super) fn new(recv: &Arc<Receiver>, inner: Arc<Inner>, token: u64) -> Reader {
+        Reader {
+            recv: Arc::downgrade(recv),
+            inner,
+            token,
+        }
+    }
+
+    /// Copies received bytes into `buf` when `app` (the app's end of the stream's socketpair)
+    /// holds none and the ring does; the byte count. None: read `app` as usual (it holds bytes,
+    /// the ring is empty, or the stream is not running).
+    pub fn read(&self, app: RawFd, buf: &mut [u8]) -> Option<usize> {
+        if buf.is_empty() {
+            return None;
+        }
+        let recv = self.recv.upgrade()?;
+        let (off, n) = {
+            let mut state = recv.lock();
+            if !state.direct || !state.flow.has_pending() || state.flow.claim_open() {
+                return None;
+            }
+            if !fd::holds_nothing(app) {
+                return None;
+            }
+            let (off, len) = state.flow.pending();
+            let n = len.min(buf.len());
+            state.flow.claim(n);
+            (off, n)
+        };
+        // Outside the lock, so the engine never waits for a copy: the claimed range is the
+        // reader's (the engine delivers after it) and its space is not freed (the peer cannot
+        // overwrite it) until `copied`.
+        let loaded = recv.region.load(off, &mut buf[..n]);
+        let mut state = recv.lock();
+        state.flow.copied();
+        // The range is inside the region by construction; a failure would lose those bytes, so
+        // it cannot go unnoticed.
+        assert!(loaded.is_ok(), "ring range {off}+{n} outside the region");
+        state.direct_bytes += n as u64;
+        // The engine owes a credit, or may shut the app's side (the peer's FIN, all read);
+        // otherwise it sleeps on.
+        let tell = state.flow.credit_due() || (state.peer_fin && !state.flow.has_pending());
+        drop(state);
+        if tell {
+            self.inner.send(Command::Consumed { token: self.token });
+        }
+        Some(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+
+    use nix::sys::eventfd::{EfdFlags, EventFd};
+
+    use super::*;
+    use crate::engine::{Budget, EngineConfig, NOT_COUNTED};
+
+    const RING: usize = 4096;
+
+    fn inner() -> Arc<Inner> {
+        Arc::new(Inner {
+            budget: Budget::new(None),
+            config: EngineConfig::default(),
+            commands: Mutex::new(VecDeque::new()),
+            wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap(),
+            next_token: AtomicU64::new(1),
+            draining: AtomicBool::new(false),
+            unflushed: AtomicUsize::new(NOT_COUNTED),
+            progress: AtomicU64::new(0),
+            connections: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    /// A receiver whose ring holds `bytes` (arrived, not delivered), direct reads on.
+    fn receiver(bytes: &[u8]) -> Arc<Receiver> {
+        let region = Arc::new(Region::new(RING).unwrap());
+        let recv = Receiver::new(Arc::clone(&region), RecvFlow::new(RING as u64, 16));
+        region.store(0, bytes).unwrap();
+        {
+            let mut state = recv.lock();
+            state.flow.arrived(bytes.len() as u32).unwrap();
+            state.direct = true;
+        }
+        recv
+    }
+
+    fn pokes(inner: &Inner) -> usize {
+        inner.commands.lock().unwrap().len()
+    }
+
+    #[test]
+    fn an_empty_socketpair_end_reads_the_ring_in_order_and_the_engine_hears_of_the_drain() {
+        let (inner, recv) = (inner(), receiver(b"hello, world"));
+        let reader = Reader::new(&recv, Arc::clone(&inner), 7);
+        let (app, _engine) = UnixStream::pair().unwrap();
+        let mut buf = [0u8; 5];
+        assert_eq!(reader.read(app.as_raw_fd(), &mut buf), Some(5));
+        assert_eq!(&buf, b"hello");
+        assert_eq!(
+            pokes(&inner),
+            0,
+            "bytes left, no credit owed: the engine sleeps"
+        );
+        recv.lock().peer_fin = true;
+        let mut rest = [0u8; 64];
+        assert_eq!(reader.read(app.as_raw_fd(), &mut rest), Some(7));
+        assert_eq!(&rest[..7], b", world");
+        assert_eq!(
+            pokes(&inner),
+            1,
+            "drained after FIN: the engine shuts the app's side"
+        );
+        assert!(matches!(
+            inner.commands.lock().unwrap().front(),
+            Some(Command::Consumed { token: 7 })
+        ));
+        assert_eq!(
+            recv.lock().direct_bytes,
+            12,
+            "counted for the engine's stats"
+        );
+        assert_eq!(reader.read(app.as_raw_fd(), &mut rest), None, "ring empty");
+    }
+
+    #[test]
+    fn bytes_the_engine_delivered_are_read_first() {
+        let (inner, recv) = (inner(), receiver(b"later"));
+        let reader = Reader::new(&recv, inner, 1);
+        let (mut app, mut engine) = UnixStream::pair().unwrap();
+        engine.write_all(b"first").unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(reader.read(app.as_raw_fd(), &mut buf), None);
+        assert_eq!(app.read(&mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"first");
+        assert_eq!(reader.read(app.as_raw_fd(), &mut buf), Some(5));
+        assert_eq!(&buf[..5], b"later");
+    }
+
+    #[test]
+    fn nothing_is_read_while_the_engine_forbids_it_or_once_the_connection_is_gone() {
+        let (inner, recv) = (inner(), receiver(b"bytes"));
+        let reader = Reader::new(&recv, inner, 1);
+        let (app, _engine) = UnixStream::pair().unwrap();
+        let mut buf = [0u8; 16];
+        recv.lock().direct = false;
+        assert_eq!(reader.read(app.as_raw_fd(), &mut buf), None);
+        recv.lock().direct = true;
+        assert_eq!(
+            reader.read(app.as_raw_fd(), &mut []),
+            None,
+            "an empty buffer"
+        );
+        drop(recv);
+        assert_eq!(reader.read(app.as_raw_fd(), &mut buf), None);
+    }
+
+    #[test]
+    fn a_quarter_of_the_ring_read_owes_a_credit_and_wraps_at_the_ring_end() {
+        let inner = inner();
+        let recv = receiver(&[1u8; RING]);
+        let reader = Reader::new(&recv, Arc::clone(&inner), 1);
+        let (app, _engine) = UnixStream::pair().unwrap();
+        let mut buf = vec![0u8; RING / 4];
+        assert_eq!(reader.read(app.as_raw_fd(), &mut buf), Some(RING / 4));
+        assert_eq!(pokes(&inner), 1, "a credit is owed");
+        let _ = recv.lock().flow.report();
+        // The rest of the ring, then bytes that wrapped to its start.
+        let mut big = vec![0u8; RING];
+        assert_eq!(
+            reader.read(app.as_raw_fd(), &mut big),
+            Some(RING - RING / 4)
+        );
+        recv.region.store(0, b"wrapped").unwrap();
+        recv.lock().flow.arrived(7).unwrap();
+        assert_eq!(reader.read(app.as_raw_fd(), &mut big), Some(7));
+        assert_eq!(&big[..7], b"wrapped");
+    }
+
+    #[test]
+    fn a_socket_at_eof_or_not_a_socket_is_left_to_libc() {
+        let (inner, recv) = (inner(), receiver(b"bytes"));
+        let reader = Reader::new(&recv, inner, 1);
+        let (app, engine) = UnixStream::pair().unwrap();
+        drop(engine);
+        let mut buf = [0u8; 16];
+        assert_eq!(reader.read(app.as_raw_fd(), &mut buf), None, "EOF");
+        let file = std::fs::File::open("/dev/null").unwrap();
+        assert_eq!(reader.read(file.as_raw_fd(), &mut buf), None, "ENOTSOCK");
+    }
+}
