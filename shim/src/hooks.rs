@@ -21,6 +21,8 @@ use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use std::ffi::c_void;
+
 use libc::{c_int, sockaddr, socklen_t};
 
 use crate::real;
@@ -215,6 +217,94 @@ pub unsafe extern "C" fn accept4(
     let real = || unsafe { orig(fd, addr, len, flags) };
     // SAFETY: the caller's accept4 arguments.
     unsafe { accept_detour(fd, addr, len, &real) }
+}
+
+/// A direct read of an upgraded fd ([`ops::read_direct`]) under the guard, panics caught, errno
+/// kept: Some(n) when the stream's ring gave `n` bytes; None: the caller calls the original.
+/// Any other fd costs one atomic load.
+fn read_direct(fd: c_int, buf: *mut c_void, len: usize) -> Option<isize> {
+    if buf.is_null() || len == 0 || fdtable::get(fd) & fdtable::SWAPPED == 0 {
+        return None;
+    }
+    let guard = Guard::enter()?;
+    let errno = sys::errno();
+    // SAFETY: read(2)'s contract: `buf` holds `len` writable bytes for the call, and no other
+    // reference to them exists while the slice lives (it ends with this call).
+    let buf = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+    let out = catch_unwind(AssertUnwindSafe(|| ops::read_direct(fd, buf)))
+        .ok()
+        .flatten();
+    drop(guard);
+    sys::set_errno(errno);
+    out.and_then(|n| isize::try_from(n).ok())
+}
+
+/// The `recv` flags a direct read honours: none changes what a plain read returns.
+fn plain_recv_flags(flags: c_int) -> bool {
+    flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) == 0
+}
+
+/// `ssize_t read(int fd, void *buf, size_t count)`: for an upgraded fd, the stream's bytes
+/// straight from its receive ring when the engine has delivered none to the fd.
+///
+/// # Safety
+/// The C contract of `read(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isize {
+    let Some(orig) = real::read() else {
+        return no_original() as isize;
+    };
+    if let Some(n) = read_direct(fd, buf, count) {
+        return n;
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { orig(fd, buf, count) }
+}
+
+/// `ssize_t recv(int fd, void *buf, size_t len, int flags)`: as [`read`] when `flags` asks
+/// for nothing a plain read would not do (MSG_PEEK, MSG_WAITALL and the rest go to libc).
+///
+/// # Safety
+/// The C contract of `recv(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize {
+    let Some(orig) = real::recv() else {
+        return no_original() as isize;
+    };
+    if plain_recv_flags(flags)
+        && let Some(n) = read_direct(fd, buf, len)
+    {
+        return n;
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { orig(fd, buf, len, flags) }
+}
+
+/// `ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *addr,
+/// socklen_t *addrlen)`: as [`recv`] when no address is asked for.
+///
+/// # Safety
+/// The C contract of `recvfrom(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    addr: *mut sockaddr,
+    addrlen: *mut socklen_t,
+) -> isize {
+    let Some(orig) = real::recvfrom() else {
+        return no_original() as isize;
+    };
+    if addr.is_null()
+        && plain_recv_flags(flags)
+        && let Some(n) = read_direct(fd, buf, len)
+    {
+        return n;
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { orig(fd, buf, len, flags, addr, addrlen) }
 }
 
 /// `int close(int fd)`. Safe in signal handlers and between fork and exec: an atomic store and

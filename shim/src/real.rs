@@ -49,6 +49,14 @@ pub type FcntlFn = unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
 /// `int epoll_ctl(int, int, int, struct epoll_event *)`.
 pub type EpollCtlFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
 
+/// `ssize_t read(int, void *, size_t)`.
+pub type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, usize) -> isize;
+/// `ssize_t recv(int, void *, size_t, int)`.
+pub type RecvFn = unsafe extern "C" fn(c_int, *mut c_void, usize, c_int) -> isize;
+/// `ssize_t recvfrom(int, void *, size_t, int, struct sockaddr *, socklen_t *)`.
+pub type RecvfromFn =
+    unsafe extern "C" fn(c_int, *mut c_void, usize, c_int, *mut sockaddr, *mut socklen_t) -> isize;
+
 /// Looks `name` up in the objects after this one and caches the address in `slot`.
 fn resolve(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
     // SAFETY: RTLD_NEXT is a valid pseudo-handle inside a shared object and `name` is
@@ -105,4 +113,7 @@ originals! {
     FCNTL, fcntl, c"fcntl", FcntlFn;
     FCNTL64, fcntl64, c"fcntl64", FcntlFn;
     EPOLL_CTL, epoll_ctl, c"epoll_ctl", EpollCtlFn;
+    READ, read, c"read", ReadFn;
+    RECV, recv, c"recv", RecvFn;
+    RECVFROM, recvfrom, c"recvfrom", RecvfromFn;
 }

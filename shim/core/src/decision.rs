@@ -43,7 +43,7 @@ use rdma_streams_transport::stats::{Stats, StatsSink};
 
 use crate::fdtable::{self, SHIM_OWNED};
 use crate::log::{self, Level, log_at};
-use crate::{ring, sys, upgrade};
+use crate::{direct, ring, sys, upgrade};
 
 /// Env var: the kill switch.
 pub const DISABLE_ENV: &str = "STREAMSHIM_DISABLE";
@@ -223,6 +223,13 @@ fn evaluate() -> State {
             ));
             ring::DEFAULT_RING_KIB * 1024
         });
+    let direct_read =
+        direct::direct_read_from_value(std::env::var_os(direct::DIRECT_READ_ENV).as_deref())
+            .unwrap_or_else(|e| {
+                log::plain_line(format_args!("streamshim: {e}; direct reads stay on"));
+                true
+            });
+    upgrade::set_direct_read(direct_read);
     let per_connection = upgrade::engine_config(None, ring_bytes).pinned_per_connection();
     let budget = if has_cap_ipc_lock() {
         None

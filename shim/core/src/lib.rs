@@ -18,6 +18,7 @@
 //! Only [`sys`] contains `unsafe` code (syscalls on raw fd numbers; each block says why).
 
 pub mod decision;
+pub mod direct;
 pub mod fdtable;
 pub mod forksafe;
 pub mod guard;

@@ -297,6 +297,18 @@ pub fn redirect(
     }
 }
 
+/// `read`/`recv` of `fd` into `buf`: for an upgraded fd whose socketpair end holds nothing,
+/// the stream's received bytes straight from its ring (one copy instead of two); None: the
+/// caller calls the original (which reads what the engine delivered, in order).
+pub fn read_direct(fd: c_int, buf: &mut [u8]) -> Option<usize> {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return None;
+    }
+    let n = upgrade::read_direct(fd, buf)?;
+    rdma_streams_transport::stats::Stats::global().add_rdma_bytes_direct(n as u64);
+    Some(n)
+}
+
 /// At exit (atexit handler or the destructor fallback).
 pub fn at_exit() {
     upgrade::flush_at_exit();

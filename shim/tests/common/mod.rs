@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The hooks `libstreamshim.so` exports, and nothing else.
-pub const HOOKS: [&str; 16] = [
+pub const HOOKS: [&str; 19] = [
     "accept",
     "accept4",
     "close",
@@ -33,6 +33,9 @@ pub const HOOKS: [&str; 16] = [
     "getsockname",
     "getsockopt",
     "listen",
+    "read",
+    "recv",
+    "recvfrom",
     "setsockopt",
     "socket",
 ];

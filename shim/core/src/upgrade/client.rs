@@ -162,16 +162,19 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
         return rc;
     }
     match swap(fd) {
-        Ok(s) => conn.attach(
-            s.local,
-            Attach {
-                kept: Some(s.kept),
-                handshake: Handshake::Confirm,
-                on_event: on_event(Role::Client, fd, Some(peer)),
-                on_bytes: Some(count_bytes),
-                give_back: None,
-            },
-        ),
+        Ok(s) => {
+            super::set_reader(fd, conn.reader());
+            conn.attach(
+                s.local,
+                Attach {
+                    kept: Some(s.kept),
+                    handshake: Handshake::Confirm,
+                    on_event: on_event(Role::Client, fd, Some(peer)),
+                    on_bytes: Some(count_bytes),
+                    give_back: None,
+                },
+            );
+        }
         Err(e) => {
             // CLAIM came, no CONFIRM is sent: the server relays over TCP, but this fd has
             // lost its connection in the attempt. Fail it like a reset.

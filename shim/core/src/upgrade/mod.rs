@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libc::c_int;
+use rdma_streams_transport::engine::Reader;
 use rdma_streams_transport::handshake;
 use rdma_streams_transport::negative_cache::NegativeCache;
 use rdma_streams_transport::policy::canonical_ip;
@@ -48,9 +49,18 @@ pub use server::{
 /// How long a server keeps a registered connection that no TCP connection claimed.
 pub const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Swapped app fds -> the kept kernel TCP socket (shared with the engine, which watches it and
-/// relays over it when needed; it closes when the last holder lets go).
-static SWAPPED_FDS: ForkSafe<BTreeMap<c_int, Arc<OwnedFd>>> =
+/// What the shim keeps of a swapped app fd.
+#[derive(Clone)]
+struct SwappedFd {
+    /// The kept kernel TCP socket (shared with the engine, which watches it and relays over it
+    /// when needed; it closes when the last holder lets go).
+    kept: Arc<OwnedFd>,
+    /// Direct reads from the stream's receive ring ([`read_direct`]).
+    reader: Option<Arc<Reader>>,
+}
+
+/// Swapped app fds (and their copies) -> what the shim keeps of them.
+static SWAPPED_FDS: ForkSafe<BTreeMap<c_int, SwappedFd>> =
     ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
 /// Destinations that could not upgrade recently.
 static NEGATIVE: NegativeCache = NegativeCache::new(
@@ -59,6 +69,13 @@ static NEGATIVE: NegativeCache = NegativeCache::new(
 );
 /// Set in a fork child: the engine (its thread, its locks) belongs to the parent.
 static FORKED: AtomicBool = AtomicBool::new(false);
+/// `STREAMSHIM_DIRECT_READ` (set at the decision; off until then).
+static DIRECT_READ: AtomicBool = AtomicBool::new(false);
+
+/// Whether upgraded fds may be read straight from their rings ([`read_direct`]).
+pub fn set_direct_read(on: bool) {
+    DIRECT_READ.store(on, Ordering::Release);
+}
 
 /// `STREAMSHIM_NEGOTIATE_MS`, read once (an atomic, not a `OnceLock`: a fork child must never
 /// wait for an initialisation a parent thread was in the middle of).
@@ -82,17 +99,38 @@ fn key(addr: SocketAddr) -> SocketAddr {
 
 /// The kept TCP socket behind a swapped app fd.
 pub fn kept(fd: c_int) -> Option<Arc<OwnedFd>> {
-    SWAPPED_FDS.lock().get(&fd).cloned()
+    SWAPPED_FDS.lock().get(&fd).map(|s| Arc::clone(&s.kept))
+}
+
+/// The stream behind the swapped `fd` may be read directly from now on.
+fn set_reader(fd: c_int, reader: Option<Reader>) {
+    if !DIRECT_READ.load(Ordering::Acquire) {
+        return;
+    }
+    if let Some(s) = SWAPPED_FDS.lock().get_mut(&fd) {
+        s.reader = reader.map(Arc::new);
+    }
+}
+
+/// `read`/`recv` of a swapped fd: the stream's received bytes copied straight from its ring
+/// into `buf` when the fd's socketpair end holds none ([`Reader::read`]); None: call the
+/// original. Never in a fork child (the ring is not mapped there).
+pub fn read_direct(fd: c_int, buf: &mut [u8]) -> Option<usize> {
+    if FORKED.load(Ordering::Acquire) {
+        return None;
+    }
+    let reader = SWAPPED_FDS.lock().get(&fd)?.reader.clone()?;
+    reader.read(fd, buf)
 }
 
 /// `new` is a copy (dup) of the swapped fd `old`: it answers from the same kept TCP socket.
 /// False if `old` is not in the table (closed meanwhile by another thread).
 pub fn copy_swapped(old: c_int, new: c_int) -> bool {
     let mut map = SWAPPED_FDS.lock();
-    let Some(kept) = map.get(&old).cloned() else {
+    let Some(swapped) = map.get(&old).cloned() else {
         return false;
     };
-    map.insert(new, kept);
+    map.insert(new, swapped);
     true
 }
 

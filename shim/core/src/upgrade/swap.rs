@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use libc::c_int;
 
-use super::SWAPPED_FDS;
+use super::{SWAPPED_FDS, SwappedFd};
 use crate::fdtable::{self, COUNTED, INET_STREAM, SHIM_OWNED, SWAPPED, TCP};
 use crate::sys;
 
@@ -34,7 +34,13 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
     sys::set_nonblocking(b.as_fd())?;
     let kept = Arc::new(sys::dup_cloexec(fd)?);
     fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
-    SWAPPED_FDS.lock().insert(fd, Arc::clone(&kept));
+    SWAPPED_FDS.lock().insert(
+        fd,
+        SwappedFd {
+            kept: Arc::clone(&kept),
+            reader: None,
+        },
+    );
     if let Err(e) = sys::dup3(a.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {
         SWAPPED_FDS.lock().remove(&fd);
         return Err(e);
