@@ -221,6 +221,23 @@ fn shim_counts(dir: &Path, prefix: &str, role: &str) -> (BTreeMap<String, u64>, 
     (out, sent, received, files)
 }
 
+/// The share of the received bytes (`rdma_bytes`) that the shimmed processes of a run read
+/// straight from their receive rings (`rdma_bytes.direct`).
+fn direct_share(dir: &Path) -> Option<f64> {
+    let (mut direct, mut received) = (0u64, 0u64);
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".json") {
+            continue;
+        }
+        if let Ok(v) = serde_json::from_str::<Value>(&read(&e.path())) {
+            direct += v["rdma_bytes"]["direct"].as_u64().unwrap_or(0);
+            received += v["rdma_bytes"]["received"].as_u64().unwrap_or(0);
+        }
+    }
+    (received > 0).then(|| direct as f64 / received as f64)
+}
+
 /// Fails unless the `prefix` processes' `role` counted exactly `n` connections `rdma
 /// UPGRADED`; returns their rdma_bytes (sent, received).
 fn expect_upgraded(dir: &Path, prefix: &str, role: &str, n: u64) -> Result<(u64, u64), String> {
@@ -281,6 +298,8 @@ struct Sample {
     overhead_s: Option<f64>,
     /// perftest runs that had to be repeated.
     retries: usize,
+    /// Shimmed runs: the share of the received bytes the apps read straight from the rings.
+    direct_share: Option<f64>,
     /// What went wrong without voiding the figure (a shimmed stream that lost its tail): the
     /// run counts for the rates, and fails the "every shimmed run" row.
     problems: Vec<String>,
@@ -494,6 +513,7 @@ fn measure(r: &RunDir, k: &Knobs) -> Result<Sample, String> {
                 s.pair_range = Some(min_max(&rates));
             }
             if v.starts_with("shim") {
+                s.direct_share = direct_share(&r.path);
                 let n = r.pairs as u64;
                 let (_, c_received) = expect_upgraded(&r.path, "cli", "client", n)?;
                 let (_, s_received) = expect_upgraded(&r.path, "srv", "server", n)?;
@@ -797,6 +817,23 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
     t.row("throughput shim / TCP, 4 pairs", text, "reported", tcg_note);
     let (text, _) = t.ratio_text("iperf4shim", "iperf4", rate);
     t.row("iperf3 -P 4 shimmed / plain", text, "reported", tcg_note);
+
+    for (v, what) in [
+        ("shim1", "1 stream"),
+        ("shimsmall1", "1 stream, 256 KiB rings"),
+        ("shim4", "4 pairs"),
+        ("shimsmall4", "4 pairs, 256 KiB rings"),
+    ] {
+        let text = t
+            .med(v, |s| s.direct_share)
+            .map_or_else(|| "n/a".to_owned(), |d| format!("{:.0} %", d * 100.0));
+        t.row(
+            format!("shim: received bytes read straight from the ring, {what}"),
+            text,
+            "reported",
+            "",
+        );
+    }
 
     // ---- CPU per GB
     for (v, what) in [

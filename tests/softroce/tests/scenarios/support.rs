@@ -132,6 +132,15 @@ pub fn rdma_bytes(ctx: &Ctx, tag: &str) -> anyhow::Result<(u64, u64)> {
     Ok((sent, received))
 }
 
+/// The summed `rdma_bytes.direct` (received bytes read straight from the rings) over the stats
+/// files of `tag`.
+pub fn direct_bytes(ctx: &Ctx, tag: &str) -> anyhow::Result<u64> {
+    Ok(stats(ctx, tag)?
+        .values()
+        .map(|v| v["rdma_bytes"]["direct"].as_u64().unwrap_or(0))
+        .sum())
+}
+
 /// `wait_port PORT`: a shell function that waits (20 s) for a TCP listener on PORT.
 pub const WAIT_PORT: &str = r#"wait_port() {
   for _ in $(seq 1 400); do
