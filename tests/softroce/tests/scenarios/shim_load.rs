@@ -277,8 +277,14 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
     // 128 MiB each way over 64 streams read 64 KiB at a time: both sides' reads took part of
     // it straight from the rings, and the sha256s above say in order.
     let (cli, srv) = (direct_bytes(ctx, "cli")?, direct_bytes(ctx, "srv")?);
-    println!("direct reads: client {cli} bytes, server {srv} bytes of {} each", N * (2 << 20));
-    ensure!(cli > 0 && srv > 0, "no direct read: client {cli}, server {srv} bytes");
+    ctx.report(format_args!(
+        "direct reads: client {cli} bytes, server {srv} bytes of {} each",
+        N * (2 << 20)
+    ));
+    ensure!(
+        cli > 0 && srv > 0,
+        "no direct read: client {cli}, server {srv} bytes"
+    );
 
     // The same with direct reads off on the client: every byte through its socketpairs.
     const OFF: u64 = 8;
@@ -290,12 +296,19 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
     ctx.sh(&format!("{WAIT_PORT} wait_port 9501"))?;
     ctx.sh(&format!(
         "{} {py} {} client {a} 9501 {OFF}",
-        shimmed(ctx, "clioff", "STREAMSHIM_NEGOTIATE_MS=10000 STREAMSHIM_DIRECT_READ=0")?,
+        shimmed(
+            ctx,
+            "clioff",
+            "STREAMSHIM_NEGOTIATE_MS=10000 STREAMSHIM_DIRECT_READ=0"
+        )?,
         prog.display()
     ))?;
     ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
     expect_counts(ctx, "clioff", "client", &[("rdma UPGRADED", OFF)])?;
     let off = direct_bytes(ctx, "clioff")?;
-    ensure!(off == 0, "STREAMSHIM_DIRECT_READ=0, yet {off} bytes were read directly");
+    ensure!(
+        off == 0,
+        "STREAMSHIM_DIRECT_READ=0, yet {off} bytes were read directly"
+    );
     Ok(())
 }
