@@ -18,10 +18,11 @@ CARGO ?= cargo
 # (qemu-system-x86: the QEMU live-migration tests and benchmarks of the shim and the gateway;
 # nftables: the gateway's capture rules; linux-image-amd64 (its rdma_rxe), busybox-static (for
 # vng's initramfs), kmod, ibverbs-utils, rdmacm-utils and perftest: the Soft-RoCE guests of
-# tests/softroce, whose root is this machine's).
+# tests/softroce, whose root is this machine's; gdb: the stacks a hung Soft-RoCE scenario leaves
+# in its log).
 APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev curl iperf3 util-linux \
 	ibverbs-providers rdma-core iproute2 procps binutils qemu-system-x86 socat nftables \
-	linux-image-amd64 busybox-static kmod ibverbs-utils rdmacm-utils perftest
+	linux-image-amd64 busybox-static kmod ibverbs-utils rdmacm-utils perftest gdb
 
 # Official Kubernetes schemas (PyPI), for validating every pod the injector patches.
 KUBERNETES_VALIDATE_VERSION := 1.37.0

@@ -88,6 +88,7 @@ pub mod process;
 pub mod runner;
 pub mod scenario;
 pub mod spec;
+mod stacks;
 
 pub use accel::Accel;
 pub use error::Error;

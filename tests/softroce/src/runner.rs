@@ -293,8 +293,7 @@ fn run_one(s: &Scenario, side: &Side, exe: &Path, log_path: &Path) -> Result<Sta
         },
     )
     .map_err(|e| format!("starting {}: {e}", exe.display()))?;
-    let c = running
-        .wait_timeout(s.timeout)
+    let c = wait_or_dump(running, s.timeout, log_path)
         .map_err(|e| format!("waiting for the scenario: {e}"))?;
     if flag("SOFTROCE_VERBOSE") {
         for line in c.stdout.lines() {
@@ -318,6 +317,25 @@ fn run_one(s: &Scenario, side: &Side, exe: &Path, log_path: &Path) -> Result<Sta
         }
         Status::Failed
     })
+}
+
+/// Waits for a scenario's process until `timeout`; one still running then has the stacks of
+/// its processes written to its log ([`crate::stacks`]) before it is killed.
+fn wait_or_dump(
+    mut running: Running,
+    timeout: Duration,
+    log_path: &Path,
+) -> std::io::Result<crate::process::Captured> {
+    let deadline = Instant::now() + timeout;
+    while running.is_running() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if running.is_running()
+        && let Ok(mut f) = fs::OpenOptions::new().append(true).open(log_path)
+    {
+        crate::stacks::dump(running.pid(), &mut f);
+    }
+    running.wait_timeout(Duration::ZERO)
 }
 
 fn in_guest(selected: &[&Scenario]) -> ExitCode {
@@ -767,6 +785,7 @@ fn host(selected: &[&Scenario], filtered_out: usize) -> ExitCode {
     if !loops.is_empty() {
         let timeout: Duration = accel.boot_allowance()
             + loops.iter().map(|s| s.timeout).sum::<Duration>()
+            + crate::stacks::ALLOWANCE
             + Duration::from_secs(60);
         let spec = passthrough(GuestSpec::new("loop", guest_argv(&exe, &loops)).timeout(timeout));
         say!(
@@ -805,6 +824,7 @@ fn host(selected: &[&Scenario], filtered_out: usize) -> ExitCode {
                 .iter()
                 .map(|s| s.timeout + END_BARRIER_SLACK)
                 .sum::<Duration>()
+            + crate::stacks::ALLOWANCE
             + BEGIN_BARRIER;
         let argv = guest_argv(&exe, &wires);
         let side = |role: WireRole| {
