@@ -27,7 +27,7 @@ use libc::{c_int, sockaddr, socklen_t};
 
 use crate::real;
 use streamshim_core::guard::Guard;
-use streamshim_core::{fdtable, ops, sys};
+use streamshim_core::{direct, fdtable, ops, sys};
 
 /// The result of a hook whose original cannot be found (never seen with glibc).
 fn no_original() -> c_int {
@@ -244,6 +244,66 @@ fn plain_recv_flags(flags: c_int) -> bool {
     flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) == 0
 }
 
+/// `recv`/`recvfrom` of an upgraded fd: a direct read when `flags` change nothing a plain read
+/// returns; with `MSG_WAITALL` on a blocking fd, the buffer filled from direct reads and the
+/// original `orig` (called without the flag) in turn ([`direct::wait_all`]). None: the caller
+/// calls the original with its arguments.
+fn recv_upgraded(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    orig: &mut dyn FnMut(*mut c_void, usize, c_int) -> isize,
+) -> Option<isize> {
+    if plain_recv_flags(flags) {
+        return read_direct(fd, buf, len);
+    }
+    if flags & !(libc::MSG_WAITALL | libc::MSG_NOSIGNAL) != 0
+        || buf.is_null()
+        || len == 0
+        || fdtable::get(fd) & fdtable::SWAPPED == 0
+    {
+        return None;
+    }
+    let blocking = {
+        let _guard = Guard::enter()?;
+        let errno = sys::errno();
+        let flags = sys::fd_flags(fd).ok();
+        sys::set_errno(errno);
+        flags?.0 & libc::O_NONBLOCK == 0
+    };
+    if !blocking {
+        // MSG_WAITALL waits for nothing on a non-blocking socket.
+        return read_direct(fd, buf, len);
+    }
+    // While the loop takes bytes, the engine leaves them in the ring for it; never across the
+    // blocking wait.
+    let hold = {
+        let _guard = Guard::enter()?;
+        catch_unwind(|| ops::hold_stream(fd)).ok().flatten()
+    };
+    // SAFETY: recv(2)'s contract: `buf` holds `len` writable bytes for the call; the closures
+    // below only ever use the sub-slices wait_all hands them.
+    let whole = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+    let rest_flags = flags & !libc::MSG_WAITALL;
+    let mut wait = |rest: &mut [u8]| {
+        let mut call = || orig(rest.as_mut_ptr().cast(), rest.len(), rest_flags);
+        match &hold {
+            Some(h) => h.released(call),
+            None => call(),
+        }
+    };
+    let n = direct::wait_all(
+        whole,
+        &mut |rest| read_direct(fd, rest.as_mut_ptr().cast(), rest.len()).map(isize::unsigned_abs),
+        &mut wait,
+    );
+    let errno = sys::errno();
+    drop(hold);
+    sys::set_errno(errno);
+    Some(n)
+}
+
 /// `ssize_t read(int fd, void *buf, size_t count)`: for an upgraded fd, the stream's bytes
 /// straight from its receive ring when the engine has delivered none to the fd.
 ///
@@ -262,7 +322,8 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isiz
 }
 
 /// `ssize_t recv(int fd, void *buf, size_t len, int flags)`: as [`read`] when `flags` asks
-/// for nothing a plain read would not do (MSG_PEEK, MSG_WAITALL and the rest go to libc).
+/// for nothing a plain read would not do, and `MSG_WAITALL` too ([`recv_upgraded`]); MSG_PEEK
+/// and the rest go to libc.
 ///
 /// # Safety
 /// The C contract of `recv(2)`.
@@ -271,9 +332,9 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_
     let Some(orig) = real::recv() else {
         return no_original() as isize;
     };
-    if plain_recv_flags(flags)
-        && let Some(n) = read_direct(fd, buf, len)
-    {
+    // SAFETY: the caller's fd, with parts of its buffer and its flags, as recv(2) allows.
+    let mut call = |b: *mut c_void, l: usize, f: c_int| unsafe { orig(fd, b, l, f) };
+    if let Some(n) = recv_upgraded(fd, buf, len, flags, &mut call) {
         return n;
     }
     // SAFETY: the caller's arguments, passed on unchanged.
@@ -297,9 +358,13 @@ pub unsafe extern "C" fn recvfrom(
     let Some(orig) = real::recvfrom() else {
         return no_original() as isize;
     };
+    // SAFETY: the caller's fd, with parts of its buffer and its flags, as recvfrom(2) allows
+    // (no address is asked for).
+    let mut call = |b: *mut c_void, l: usize, f: c_int| unsafe {
+        orig(fd, b, l, f, std::ptr::null_mut(), std::ptr::null_mut())
+    };
     if addr.is_null()
-        && plain_recv_flags(flags)
-        && let Some(n) = read_direct(fd, buf, len)
+        && let Some(n) = recv_upgraded(fd, buf, len, flags, &mut call)
     {
         return n;
     }

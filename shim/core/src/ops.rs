@@ -309,6 +309,15 @@ pub fn read_direct(fd: c_int, buf: &mut [u8]) -> Option<usize> {
     Some(n)
 }
 
+/// A hold on the stream behind the upgraded `fd` for a run of direct reads
+/// ([`upgrade::hold`]); None for any other fd.
+pub fn hold_stream(fd: c_int) -> Option<upgrade::Hold> {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return None;
+    }
+    upgrade::hold(fd)
+}
+
 /// At exit (atexit handler or the destructor fallback).
 pub fn at_exit() {
     upgrade::flush_at_exit();

@@ -471,7 +471,8 @@ impl Rdma {
         let mut moved = 0u64;
         // Held while writing: a direct read never runs between a delivery and its accounting.
         let mut state = self.recv.lock();
-        while ready.writable && state.flow.has_pending() {
+        // A reader holding the stream takes the bytes itself (and wakes us when it lets go).
+        while ready.writable && state.flow.has_pending() && state.engine_delivers() {
             let (off, len) = state.flow.pending();
             match self.region.send_to(local.as_raw_fd(), off, len) {
                 Ok(n) => {

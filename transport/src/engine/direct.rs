@@ -15,6 +15,14 @@
 //! reads the socketpair, which the engine keeps filling: those see every byte too, one copy
 //! later.
 //!
+//! A reader that means to take many bytes in a row (`recv` with `MSG_WAITALL`) *holds* the
+//! stream ([`Reader::hold`]) between its blocking waits: while any reader holds it, the engine
+//! leaves arrived bytes in the ring for the reader instead of copying them into the socketpair.
+//! A hold never spans a blocking call (the reader lets go before it waits on the socketpair),
+//! and letting go with bytes still in the ring wakes the engine, which then delivers them as
+//! usual: no byte waits on a reader that has stopped reading, and a reader blocked on the
+//! socketpair is always woken by the engine's next delivery.
+//!
 //! A reader copies only while the engine allows it ([`RecvState::direct`]): the stream runs
 //! attached with its handshake done. The engine turns it off before the connection's region can
 //! serve another connection, under the same lock, so a reader never copies another stream's
@@ -44,6 +52,16 @@ pub(super) struct RecvState {
     pub(super) direct_bytes: u64,
     /// The peer's FIN arrived: once every byte was read, the engine shuts the app's side.
     pub(super) peer_fin: bool,
+    /// Readers holding the stream ([`Reader::hold`]): the engine leaves arrived bytes in the
+    /// ring while this is above zero.
+    pub(super) held: u32,
+}
+
+impl RecvState {
+    /// The engine may copy arrived bytes into the socketpair: no reader holds the stream.
+    pub(super) fn engine_delivers(&self) -> bool {
+        self.held == 0
+    }
 }
 
 impl Receiver {
@@ -55,6 +73,7 @@ impl Receiver {
                 direct: false,
                 direct_bytes: 0,
                 peer_fin: false,
+                held: 0,
             }),
         })
     }
@@ -127,6 +146,26 @@ impl Reader {
             self.inner.send(Command::Consumed { token: self.token });
         }
         Some(n)
+    }
+
+    /// Holds the stream (`on`) or lets go of it (see the module docs): while held, the engine
+    /// leaves arrived bytes in the ring for this reader's [`Reader::read`]s. Never hold across
+    /// a blocking call. Letting go wakes the engine when bytes wait in the ring.
+    pub fn hold(&self, on: bool) {
+        let Some(recv) = self.recv.upgrade() else {
+            return;
+        };
+        let mut state = recv.lock();
+        if on {
+            state.held += 1;
+            return;
+        }
+        state.held = state.held.saturating_sub(1);
+        let tell = state.held == 0 && state.flow.has_pending();
+        drop(state);
+        if tell {
+            self.inner.send(Command::Consumed { token: self.token });
+        }
     }
 }
 
@@ -263,6 +302,38 @@ mod tests {
         recv.lock().flow.arrived(7).unwrap();
         assert_eq!(reader.read(app.as_raw_fd(), &mut big), Some(7));
         assert_eq!(&big[..7], b"wrapped");
+    }
+
+    #[test]
+    fn a_held_stream_keeps_its_bytes_from_the_engine_and_letting_go_wakes_it() {
+        let (inner, recv) = (inner(), receiver(b"held bytes"));
+        let reader = Reader::new(&recv, Arc::clone(&inner), 3);
+        assert!(recv.lock().engine_delivers());
+        reader.hold(true);
+        reader.hold(true);
+        assert!(!recv.lock().engine_delivers(), "held twice");
+        reader.hold(false);
+        assert!(!recv.lock().engine_delivers(), "still held once");
+        assert_eq!(pokes(&inner), 0);
+        reader.hold(false);
+        assert!(recv.lock().engine_delivers());
+        assert_eq!(
+            pokes(&inner),
+            1,
+            "let go with bytes in the ring: the engine is told"
+        );
+        // Let go with the ring empty: nothing to tell.
+        let (app, _engine) = UnixStream::pair().unwrap();
+        reader.hold(true);
+        let mut buf = [0u8; 64];
+        assert_eq!(reader.read(app.as_raw_fd(), &mut buf), Some(10));
+        reader.hold(false);
+        assert_eq!(pokes(&inner), 1);
+        reader.hold(false);
+        assert!(
+            recv.lock().engine_delivers(),
+            "an extra let-go does not underflow"
+        );
     }
 
     #[test]

@@ -123,6 +123,38 @@ pub fn read_direct(fd: c_int, buf: &mut [u8]) -> Option<usize> {
     reader.read(fd, buf)
 }
 
+/// A hold on the stream behind the swapped `fd` for a run of direct reads (`recv` with
+/// `MSG_WAITALL`): the engine leaves arrived bytes in the ring meanwhile ([`Reader::hold`]).
+/// None when `fd` reads no stream directly. Dropping it lets go.
+pub fn hold(fd: c_int) -> Option<Hold> {
+    if FORKED.load(Ordering::Acquire) {
+        return None;
+    }
+    let reader = SWAPPED_FDS.lock().get(&fd)?.reader.clone()?;
+    reader.hold(true);
+    Some(Hold(reader))
+}
+
+/// See [`hold`].
+#[derive(Debug)]
+pub struct Hold(Arc<Reader>);
+
+impl Hold {
+    /// Runs `wait` (a blocking call) with the hold let go, and takes it again after.
+    pub fn released<T>(&self, wait: impl FnOnce() -> T) -> T {
+        self.0.hold(false);
+        let out = wait();
+        self.0.hold(true);
+        out
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.hold(false);
+    }
+}
+
 /// `new` is a copy (dup) of the swapped fd `old`: it answers from the same kept TCP socket.
 /// False if `old` is not in the table (closed meanwhile by another thread).
 pub fn copy_swapped(old: c_int, new: c_int) -> bool {

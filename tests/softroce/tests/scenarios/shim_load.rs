@@ -185,10 +185,13 @@ fn churn(ctx: &Ctx) -> anyhow::Result<()> {
 }
 
 /// 64 threads, each its own connection to a thread-per-connection echo server, 2 MiB of random
-/// bytes each way, checked with sha256 on arrival.
+/// bytes each way, checked with sha256 on arrival. The server reads with `MSG_WAITALL` when its
+/// fifth argument says `waitall` (64 KiB at a time: 2 MiB is 32 of them), the client with plain
+/// `recv`.
 const CONCURRENT: &str = r#"
 import hashlib, os, socket, socketserver, sys, threading
 mode, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+flags = socket.MSG_WAITALL if sys.argv[5:] == ["waitall"] else 0
 SIZE = 2 << 20
 
 if mode == "server":
@@ -196,7 +199,7 @@ if mode == "server":
         def handle(self):
             h = hashlib.sha256()
             while True:
-                b = self.request.recv(65536)
+                b = self.request.recv(65536, flags)
                 if not b:
                     break
                 h.update(b)
@@ -251,15 +254,15 @@ print("errors", len(errors), errors[:5])
 sys.exit(1 if errors else 0)
 "#;
 
-/// 64 echo connections at once from one threaded client to one threaded server, 2 MiB each way
-/// each, sha256-checked; then 8 with the client's direct reads off.
+/// 64 echo connections at once from one threaded client to one threaded server (reading with
+/// MSG_WAITALL), 2 MiB each way each, sha256-checked; then 8 with the client's direct reads off.
 fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
     const N: u64 = 64;
     let a = ctx.addr_a;
     let py = python();
     let prog = file(ctx, "concurrent.py", CONCURRENT)?;
     let srv = ctx.spawn(&format!(
-        "{} {py} {} server {a} 9500 {N}",
+        "{} {py} {} server {a} 9500 {N} waitall",
         shimmed(ctx, "srv", "")?,
         prog.display()
     ))?;
@@ -274,8 +277,9 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
     ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
     expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", N)])?;
     expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", N)])?;
-    // 128 MiB each way over 64 streams read 64 KiB at a time: both sides' reads took part of
-    // it straight from the rings, and the sha256s above say in order.
+    // 128 MiB each way over 64 streams read 64 KiB at a time (the server's with MSG_WAITALL):
+    // both sides' reads took part of it straight from the rings, and the sha256s above say in
+    // order.
     let (cli, srv) = (direct_bytes(ctx, "cli")?, direct_bytes(ctx, "srv")?);
     ctx.report(format_args!(
         "direct reads: client {cli} bytes, server {srv} bytes of {} each",
