@@ -14,7 +14,9 @@ use super::shared::ConnShared;
 use super::{Attach, End, EngineConfig, Event, Handshake, SLOT, StreamPath};
 use crate::fd;
 use crate::flow::{RecvFlow, SendFlow};
-use crate::rdma::{CmId, Cq, Device, Local, Mr, Qp, Region, WC_RECV, WC_SUCCESS, Wc};
+use crate::rdma::{
+    CmId, Cq, Device, Local, Mr, Qp, Region, WC_RECV, WC_SUCCESS, Wc, unread_by_peer,
+};
 use crate::wire::{Control, ControlKind, RingInfo};
 
 const TAG_SHIFT: u32 = 60;
@@ -471,13 +473,17 @@ impl Rdma {
         let mut moved = 0u64;
         // Held while writing: a direct read never runs between a delivery and its accounting.
         let mut state = self.recv.lock();
-        // A reader holding the stream takes the bytes itself (and wakes us when it lets go).
-        while ready.writable && state.flow.has_pending() && state.engine_delivers() {
+        // A reader holding the stream takes the bytes itself (and wakes us when it lets go); a
+        // waiting one gets a wake-up ([`super::direct`]).
+        let mut budget = state.deliverable(|| unread_by_peer(local.as_raw_fd()).ok());
+        while ready.writable && state.flow.has_pending() && budget > 0 {
             let (off, len) = state.flow.pending();
+            let len = len.min(budget);
             match self.region.send_to(local.as_raw_fd(), off, len) {
                 Ok(n) => {
                     state.flow.delivered(n);
                     moved += n as u64;
+                    budget = budget.saturating_sub(n);
                 }
                 Err(e) if fd::transient(&e) => ready.writable = false,
                 Err(e) => return Err(e),

@@ -23,6 +23,13 @@
 //! usual: no byte waits on a reader that has stopped reading, and a reader blocked on the
 //! socketpair is always woken by the engine's next delivery.
 //!
+//! A holding reader that runs out of bytes *waits* on the socketpair ([`Reader::wait`]). While
+//! any reader waits, the engine delivers only a wake-up: the next [`WAKE_BYTES`] bytes, and
+//! only when the socketpair holds nothing unread (else what it holds wakes the reader). The
+//! woken reader takes the rest from the ring. Whoever reads the wake-up (the waiting reader or
+//! any other), the engine hears of it (its end of the socketpair becomes writable) and wakes
+//! the next waiter the same way, so a waiting reader is always woken while bytes arrive.
+//!
 //! A reader copies only while the engine allows it ([`RecvState::direct`]): the stream runs
 //! attached with its handshake done. The engine turns it off before the connection's region can
 //! serve another connection, under the same lock, so a reader never copies another stream's
@@ -55,12 +62,27 @@ pub(super) struct RecvState {
     /// Readers holding the stream ([`Reader::hold`]): the engine leaves arrived bytes in the
     /// ring while this is above zero.
     pub(super) held: u32,
+    /// Holding readers now blocked on the socketpair ([`Reader::wait`]).
+    pub(super) waiting: u32,
 }
 
+/// What the engine delivers to a waiting reader to wake it (it takes the rest from the ring).
+pub(super) const WAKE_BYTES: usize = 1;
+
 impl RecvState {
-    /// The engine may copy arrived bytes into the socketpair: no reader holds the stream.
-    pub(super) fn engine_delivers(&self) -> bool {
-        self.held == 0
+    /// At most how many bytes the engine copies into the socketpair now, given what the app's
+    /// end has not read yet (`unread`, None when unknown): none while a reader holds the
+    /// stream; a wake-up for a waiting reader, when nothing unread would wake it; else all.
+    pub(super) fn deliverable(&self, unread: impl FnOnce() -> Option<usize>) -> usize {
+        if self.held > 0 {
+            0
+        } else if self.waiting == 0 {
+            usize::MAX
+        } else if unread() == Some(0) {
+            WAKE_BYTES
+        } else {
+            0
+        }
     }
 }
 
@@ -74,6 +96,7 @@ impl Receiver {
                 direct_bytes: 0,
                 peer_fin: false,
                 held: 0,
+                waiting: 0,
             }),
         })
     }
@@ -161,6 +184,28 @@ impl Reader {
             return;
         }
         state.held = state.held.saturating_sub(1);
+        let tell = state.held == 0 && state.flow.has_pending();
+        drop(state);
+        if tell {
+            self.inner.send(Command::Consumed { token: self.token });
+        }
+    }
+
+    /// A holding reader is about to block on the socketpair (`on`), or is back from it (see
+    /// the module docs): its hold turns into a wait and back. Going to wait with bytes in the
+    /// ring wakes the engine, which then delivers a wake-up.
+    pub fn wait(&self, on: bool) {
+        let Some(recv) = self.recv.upgrade() else {
+            return;
+        };
+        let mut state = recv.lock();
+        if !on {
+            state.waiting = state.waiting.saturating_sub(1);
+            state.held += 1;
+            return;
+        }
+        state.held = state.held.saturating_sub(1);
+        state.waiting += 1;
         let tell = state.held == 0 && state.flow.has_pending();
         drop(state);
         if tell {
@@ -308,15 +353,21 @@ mod tests {
     fn a_held_stream_keeps_its_bytes_from_the_engine_and_letting_go_wakes_it() {
         let (inner, recv) = (inner(), receiver(b"held bytes"));
         let reader = Reader::new(&recv, Arc::clone(&inner), 3);
-        assert!(recv.lock().engine_delivers());
+        assert!((recv.lock().deliverable(|| Some(0)) == usize::MAX));
         reader.hold(true);
         reader.hold(true);
-        assert!(!recv.lock().engine_delivers(), "held twice");
+        assert!(
+            recv.lock().deliverable(|| Some(0)) != usize::MAX,
+            "held twice"
+        );
         reader.hold(false);
-        assert!(!recv.lock().engine_delivers(), "still held once");
+        assert!(
+            recv.lock().deliverable(|| Some(0)) != usize::MAX,
+            "still held once"
+        );
         assert_eq!(pokes(&inner), 0);
         reader.hold(false);
-        assert!(recv.lock().engine_delivers());
+        assert!((recv.lock().deliverable(|| Some(0)) == usize::MAX));
         assert_eq!(
             pokes(&inner),
             1,
@@ -331,9 +382,45 @@ mod tests {
         assert_eq!(pokes(&inner), 1);
         reader.hold(false);
         assert!(
-            recv.lock().engine_delivers(),
+            (recv.lock().deliverable(|| Some(0)) == usize::MAX),
             "an extra let-go does not underflow"
         );
+    }
+
+    #[test]
+    fn a_waiting_reader_gets_a_wake_up_only_when_nothing_unread_would_wake_it() {
+        let (inner, recv) = (inner(), receiver(b"arrived"));
+        let reader = Reader::new(&recv, Arc::clone(&inner), 4);
+        let all = |state: &RecvState, unread: Option<usize>| state.deliverable(|| unread);
+        assert_eq!(
+            all(&recv.lock(), Some(9)),
+            usize::MAX,
+            "no reader: everything"
+        );
+        reader.hold(true);
+        assert_eq!(all(&recv.lock(), Some(0)), 0, "held: nothing");
+        reader.wait(true);
+        assert_eq!(
+            pokes(&inner),
+            1,
+            "waiting with bytes in the ring: the engine is told"
+        );
+        assert_eq!(all(&recv.lock(), Some(0)), WAKE_BYTES, "a wake-up");
+        assert_eq!(all(&recv.lock(), Some(1)), 0, "unread bytes will wake it");
+        assert_eq!(
+            all(&recv.lock(), None),
+            0,
+            "unknown: wait for the writable edge"
+        );
+        reader.wait(false);
+        assert_eq!(
+            all(&recv.lock(), Some(0)),
+            0,
+            "back from the wait: held again"
+        );
+        reader.hold(false);
+        assert_eq!(all(&recv.lock(), Some(0)), usize::MAX);
+        assert_eq!(pokes(&inner), 2, "let go with bytes left");
     }
 
     #[test]

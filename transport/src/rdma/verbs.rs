@@ -430,6 +430,20 @@ impl Region {
     }
 }
 
+/// What the reading end of the stream socket `fd` (our end of a socketpair) has not read yet:
+/// `SIOCOUTQ`, which for `AF_UNIX` counts the unread buffers' size (more than their bytes), so
+/// only "zero: everything written was read" is exact. Here, beside [`Region::send_to`], because
+/// this module is the crate's one place for raw calls.
+pub fn unread_by_peer(fd: RawFd) -> io::Result<usize> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int through the pointer, which points at `queued`.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(queued).unwrap_or(0))
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: the mapping is ours and its MR is gone (the owner drops the MR first).

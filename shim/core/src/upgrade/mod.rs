@@ -140,11 +140,12 @@ pub fn hold(fd: c_int) -> Option<Hold> {
 pub struct Hold(Arc<Reader>);
 
 impl Hold {
-    /// Runs `wait` (a blocking call) with the hold let go, and takes it again after.
+    /// Runs `wait` (a blocking call on the socketpair) as a waiting reader, the hold let go
+    /// meanwhile ([`Reader::wait`]), and holds again after.
     pub fn released<T>(&self, wait: impl FnOnce() -> T) -> T {
-        self.0.hold(false);
+        self.0.wait(true);
         let out = wait();
-        self.0.hold(true);
+        self.0.wait(false);
         out
     }
 }
