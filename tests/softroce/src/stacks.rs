@@ -90,16 +90,24 @@ mod tests {
 
     #[test]
     fn a_stuck_process_under_a_shell_leaves_its_stack_and_the_shell_none() {
-        // `make deps` installs gdb; this is the one test that needs it.
+        // `make deps` installs gdb; this is the one test that needs it. Debian's own python,
+        // not whatever `python3` is first on PATH: a pyenv shim is a bash script named python3
+        // that execs bash and env before python, so its name alone says nothing.
         let mut shell = Command::new("sh")
-            .args(["-c", "python3 -c 'import time; time.sleep(120)'; true"])
+            .args([
+                "-c",
+                "/usr/bin/python3 -c 'import time; time.sleep(120)'; true",
+            ])
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
-        // Until the shell's child has exec'd python (a fresh fork is still called sh).
+        // Until the shell's child runs python's own binary (a fresh fork is still sh).
         let started = || {
             descendants(shell.id()).iter().any(|p| {
-                fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "python3")
+                fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|exe| {
+                    exe.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("python"))
+                })
             })
         };
         while !started() && Instant::now() < deadline {
