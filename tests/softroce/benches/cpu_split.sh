@@ -1,0 +1,99 @@
+#!/bin/bash
+# Where the CPU goes with four rstream pairs at once, shim against rsocket, alternated in one
+# Soft-RoCE guest: the whole guest's user, system and softirq time (/proc/stat: rxe's packet
+# work runs in softirq and kernel threads, not in the processes) and the rstream processes'
+# time per thread kind (the app's main thread, the shim's engine thread `streamshim-io`,
+# rsocket's CM service thread), user and system, each per GB moved (both ways, all pairs).
+# Run it with
+#   cargo build --release -p rdma-streams-shim
+#   cargo run -p rdma-streams-softroce --example guest -- -- bash "$PWD/tests/softroce/benches/cpu_split.sh"
+# SHIM: the shim to use (default: target/release/libstreamshim.so of this checkout); REPS
+# (default 2); COUNT transfers of 1 MiB each way per pair (default 32); SHIM_ENV: more
+# variables for the shimmed runs (for example STREAMSHIM_DIRECT_READ=0).
+set -u
+A=198.18.0.1
+SHIM=${SHIM:-$(cd "$(dirname "$0")/../../.." && pwd)/target/release/libstreamshim.so}
+REPS=${REPS:-2} COUNT=${COUNT:-32}
+export STREAMSHIM_NEGOTIATE_MS=5000
+ST=$(mktemp -d)
+wait_port() { for _ in $(seq 1 100); do ss -ltnH | grep -q ":$1 " && return 0; sleep 0.1; done; return 1; }
+wait_cm() { for _ in $(seq 1 100); do rdma resource show cm_id 2>/dev/null | grep -q "state LISTEN.*:$1 " && return 0; sleep 0.1; done; return 1; }
+
+# The sampler: every 0.2 s the CPU ticks of every thread of every rstream process, the last
+# reading of each thread kept; on SIGTERM the sums per thread kind, and /proc/stat's deltas.
+cat >"$ST/sample.py" <<'EOF'
+import os, signal, sys, time
+def stat():
+    f = open('/proc/stat').readline().split()[1:]
+    return [int(x) for x in f]
+s0 = stat()
+last = {}
+stop = False
+def term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, term)
+while not stop:
+    for pid in os.listdir('/proc'):
+        if not pid.isdigit():
+            continue
+        try:
+            if open(f'/proc/{pid}/comm').read().strip() != 'rstream':
+                continue
+            for tid in os.listdir(f'/proc/{pid}/task'):
+                t = open(f'/proc/{pid}/task/{tid}/stat').read()
+                name = t[t.index('(') + 1:t.rindex(')')]
+                f = t[t.rindex(')') + 2:].split()
+                kind = 'main' if tid == pid else name
+                last[(pid, tid)] = (kind, int(f[11]), int(f[12]))
+        except (OSError, ValueError):
+            pass
+    time.sleep(0.2)
+s1 = stat()
+d = [b - a for a, b in zip(s0, s1)]
+hz = os.sysconf('SC_CLK_TCK')
+gb = float(sys.argv[1])
+kinds = {}
+for kind, u, s in last.values():
+    k = kinds.setdefault(kind, [0, 0, 0])
+    k[0] += u; k[1] += s; k[2] += 1
+parts = [f'guest user {d[0]/hz/gb:.2f} sys {d[2]/hz/gb:.2f} irq {d[5]/hz/gb:.2f} softirq {d[6]/hz/gb:.2f} idle {d[3]/hz/gb:.2f}']
+for kind, (u, s, n) in sorted(kinds.items()):
+    parts.append(f'{kind} x{n} user {u/hz/gb:.2f} sys {s/hz/gb:.2f}')
+print('cpu-s/GB: ' + '; '.join(parts))
+EOF
+
+run4() { # KIND: shim or rsocket
+	local kind=$1 p port sps=() cps=() pre="" n
+	[ "$kind" = shim ] && pre="env LD_PRELOAD=$SHIM ${SHIM_ENV:-}"
+	local flags="-S 1048576 -C $COUNT -T b"
+	[ "$kind" = shim ] && flags="$flags -T s"
+	for p in 1 2 3 4; do
+		port=$((base + p))
+		$pre rstream -p $port $flags >/dev/null 2>&1 &
+		sps+=($!)
+		if [ "$kind" = shim ]; then wait_port $port; else wait_cm $port; fi
+	done
+	gb=$(python3 -c "print(4*2*$COUNT*1048576/1e9)")
+	python3 "$ST/sample.py" "$gb" >"$ST/cpu" &
+	local sampler=$!
+	t0=$(date +%s.%N)
+	for p in 1 2 3 4; do
+		timeout 600 $pre rstream -s $A -p $((base + p)) $flags >/dev/null 2>&1 &
+		cps+=($!)
+	done
+	wait "${cps[@]}"
+	t1=$(date +%s.%N)
+	kill -TERM $sampler
+	wait $sampler
+	wait "${sps[@]}"
+	echo "$kind rep $rep: $(python3 -c "import sys;print('%.3f' % (float(sys.argv[3])*8/(float(sys.argv[2])-float(sys.argv[1]))))" "$t0" "$t1" "$gb") Gbit/s; $(cat "$ST/cpu")"
+	base=$((base + 10))
+}
+
+base=5600
+for rep in $(seq 1 "$REPS"); do
+	run4 shim
+	run4 rsocket
+done
+rm -rf "$ST"
