@@ -1,9 +1,10 @@
 #!/bin/bash
 # Where the CPU goes with four rstream pairs at once, shim against rsocket, alternated in one
-# Soft-RoCE guest: the whole guest's user, system and softirq time (/proc/stat: rxe's packet
-# work runs in softirq and kernel threads, not in the processes) and the rstream processes'
-# time per thread kind (the app's main thread, the shim's engine thread `streamshim-io`,
-# rsocket's CM service thread), user and system, each per GB moved (both ways, all pairs).
+# Soft-RoCE guest: the whole guest's user, system and softirq time (/proc/stat: rxe's work that
+# no process is charged for shows as softirq) and the rstream processes' time per thread kind
+# (the app's main thread, the shim's engine thread `streamshim-io`, rsocket's CM service
+# thread), user and system, each per GB moved (both ways, all pairs). A thread's last 0.2 s
+# before it exits are not counted (it is sampled, not waited for).
 # Run it with
 #   cargo build --release -p rdma-streams-shim
 #   cargo run -p rdma-streams-softroce --example guest -- -- bash "$PWD/tests/softroce/benches/cpu_split.sh"
@@ -64,7 +65,7 @@ print('cpu-s/GB: ' + '; '.join(parts))
 EOF
 
 run4() { # KIND: shim or rsocket
-	local kind=$1 p port sps=() cps=() pre="" n
+	local kind=$1 p port sps=() cps=() pre=""
 	[ "$kind" = shim ] && pre="env LD_PRELOAD=$SHIM ${SHIM_ENV:-}"
 	local flags="-S 1048576 -C $COUNT -T b"
 	[ "$kind" = shim ] && flags="$flags -T s"

@@ -101,13 +101,10 @@ mod tests {
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
-        // Until the shell's child runs python's own binary (a fresh fork is still sh).
+        // Until the shell's child has exec'd python (a fresh fork is still called sh).
         let started = || {
             descendants(shell.id()).iter().any(|p| {
-                fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|exe| {
-                    exe.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("python"))
-                })
+                fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "python3")
             })
         };
         while !started() && Instant::now() < deadline {
