@@ -372,6 +372,124 @@ pub unsafe extern "C" fn recvfrom(
     unsafe { orig(fd, buf, len, flags, addr, addrlen) }
 }
 
+/// `write`/`send`/`sendto` of an upgraded fd: the start of `buf` straight into the stream's
+/// send ring while it takes bytes, then the rest through `orig` (the original call on the
+/// socketpair, blocking or not as the fd does), once ([`direct::write_direct_then_rest`]).
+/// None: not an upgraded fd with direct writes on; the caller calls the original with its
+/// arguments. Any other fd costs one atomic load.
+fn write_upgraded(
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    orig: &mut dyn FnMut(*const c_void, usize) -> isize,
+) -> Option<isize> {
+    if buf.is_null() || len == 0 || fdtable::get(fd) & fdtable::SWAPPED == 0 {
+        return None;
+    }
+    let writer = {
+        let _guard = Guard::enter()?;
+        let errno = sys::errno();
+        let writer = catch_unwind(|| ops::writer(fd)).ok().flatten();
+        sys::set_errno(errno);
+        writer?
+    };
+    // SAFETY: write(2)'s contract: `buf` holds `len` readable bytes for the call.
+    let whole = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+    let mut direct = |chunk: &[u8]| {
+        let _guard = Guard::enter()?;
+        let errno = sys::errno();
+        let n = catch_unwind(AssertUnwindSafe(|| ops::write_direct(&writer, fd, chunk)))
+            .ok()
+            .flatten();
+        sys::set_errno(errno);
+        n
+    };
+    Some(direct::write_direct_then_rest(
+        whole,
+        &mut direct,
+        &mut |rest| orig(rest.as_ptr().cast(), rest.len()),
+    ))
+}
+
+/// The `send` flags a direct write honours: none changes where or how the bytes go
+/// (`MSG_NOSIGNAL` and `MSG_DONTWAIT` apply to the rest, which goes to the socketpair).
+fn plain_send_flags(flags: c_int) -> bool {
+    flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE) == 0
+}
+
+/// `ssize_t write(int fd, const void *buf, size_t count)`: for an upgraded fd, the bytes
+/// straight into the stream's send ring when the fd's socketpair end holds none the engine has
+/// not read.
+///
+/// # Safety
+/// The C contract of `write(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: usize) -> isize {
+    let Some(orig) = real::write() else {
+        return no_original() as isize;
+    };
+    // SAFETY: the caller's fd with the unwritten tail of its buffer, as write(2) allows.
+    let mut call = |b: *const c_void, l: usize| unsafe { orig(fd, b, l) };
+    if let Some(n) = write_upgraded(fd, buf, count, &mut call) {
+        return n;
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { orig(fd, buf, count) }
+}
+
+/// `ssize_t send(int fd, const void *buf, size_t len, int flags)`: as [`write`] when `flags`
+/// asks for nothing but `MSG_DONTWAIT`, `MSG_NOSIGNAL` and `MSG_MORE`; `MSG_OOB` and the rest
+/// go to libc.
+///
+/// # Safety
+/// The C contract of `send(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: usize, flags: c_int) -> isize {
+    let Some(orig) = real::send() else {
+        return no_original() as isize;
+    };
+    // SAFETY: the caller's fd with the unwritten tail of its buffer and its flags.
+    let mut call = |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags) };
+    if plain_send_flags(flags)
+        && let Some(n) = write_upgraded(fd, buf, len, &mut call)
+    {
+        return n;
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { orig(fd, buf, len, flags) }
+}
+
+/// `ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr
+/// *addr, socklen_t addrlen)`: as [`send`] when no address is given (a connected stream
+/// socket's only use).
+///
+/// # Safety
+/// The C contract of `sendto(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+    addr: *const sockaddr,
+    addrlen: socklen_t,
+) -> isize {
+    let Some(orig) = real::sendto() else {
+        return no_original() as isize;
+    };
+    // SAFETY: the caller's fd with the unwritten tail of its buffer and its flags, no address.
+    let mut call =
+        |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags, std::ptr::null(), 0) };
+    if addr.is_null()
+        && plain_send_flags(flags)
+        && let Some(n) = write_upgraded(fd, buf, len, &mut call)
+    {
+        return n;
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { orig(fd, buf, len, flags, addr, addrlen) }
+}
+
 /// `int close(int fd)`. Safe in signal handlers and between fork and exec: an atomic store and
 /// the original call.
 ///

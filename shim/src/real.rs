@@ -57,6 +57,14 @@ pub type RecvFn = unsafe extern "C" fn(c_int, *mut c_void, usize, c_int) -> isiz
 pub type RecvfromFn =
     unsafe extern "C" fn(c_int, *mut c_void, usize, c_int, *mut sockaddr, *mut socklen_t) -> isize;
 
+/// `ssize_t write(int, const void *, size_t)`.
+pub type WriteFn = unsafe extern "C" fn(c_int, *const c_void, usize) -> isize;
+/// `ssize_t send(int, const void *, size_t, int)`.
+pub type SendFn = unsafe extern "C" fn(c_int, *const c_void, usize, c_int) -> isize;
+/// `ssize_t sendto(int, const void *, size_t, int, const struct sockaddr *, socklen_t)`.
+pub type SendtoFn =
+    unsafe extern "C" fn(c_int, *const c_void, usize, c_int, *const sockaddr, socklen_t) -> isize;
+
 /// Looks `name` up in the objects after this one and caches the address in `slot`.
 fn resolve(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
     // SAFETY: RTLD_NEXT is a valid pseudo-handle inside a shared object and `name` is
@@ -116,4 +124,7 @@ originals! {
     READ, read, c"read", ReadFn;
     RECV, recv, c"recv", RecvFn;
     RECVFROM, recvfrom, c"recvfrom", RecvfromFn;
+    WRITE, write, c"write", WriteFn;
+    SEND, send, c"send", SendFn;
+    SENDTO, sendto, c"sendto", SendtoFn;
 }

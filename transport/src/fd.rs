@@ -88,6 +88,13 @@ pub fn holds_nothing(fd: RawFd) -> bool {
     )
 }
 
+/// True when the app may still send on the stream socket `fd` (open for the call): a
+/// zero-length `send(MSG_DONTWAIT | MSG_NOSIGNAL)` succeeds. After a `shutdown(SHUT_WR)` of
+/// its own, or of the peer's reading side, it says EPIPE (and no signal is raised).
+pub fn may_send(fd: RawFd) -> bool {
+    send(fd, &[], MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL).is_ok()
+}
+
 /// True for errors that mean "try again later".
 pub fn transient(e: &io::Error) -> bool {
     matches!(
@@ -116,5 +123,16 @@ mod tests {
         drop(b);
         assert!(matches!(peek(&a), Peeked::Fin));
         assert!(write(a.as_fd(), b"y").is_err(), "EPIPE, no SIGPIPE");
+    }
+
+    #[test]
+    fn may_send_until_either_side_shuts_the_direction() {
+        let (a, b) = UnixStream::pair().unwrap();
+        assert!(may_send(a.as_raw_fd()));
+        shutdown_quietly(b.as_fd(), std::net::Shutdown::Read);
+        assert!(!may_send(a.as_raw_fd()), "the peer reads no more");
+        let (c, _d) = UnixStream::pair().unwrap();
+        shutdown_quietly(c.as_fd(), std::net::Shutdown::Write);
+        assert!(!may_send(c.as_raw_fd()), "shut for writing");
     }
 }

@@ -16,7 +16,7 @@
 //!  "client":{"total":{"rdma":3,"tcp":1},"rdma":{"UPGRADED":3},"tcp":{"POLICY":1}},
 //!  "server":{"total":{"rdma":0,"tcp":0},"rdma":{},"tcp":{}},
 //!  "total":{"rdma":3,"tcp":1},
-//!  "rdma_bytes":{"sent":1048576,"received":512,"direct":500},
+//!  "rdma_bytes":{"sent":1048576,"received":512,"direct":500,"direct_written":1048000},
 //!  "rdma_closed":2,"rdma_resets":0}
 //! ```
 
@@ -56,6 +56,7 @@ pub struct Stats {
     rdma_closed: AtomicU64,
     rdma_resets: AtomicU64,
     rdma_bytes_direct: AtomicU64,
+    rdma_bytes_direct_written: AtomicU64,
 }
 
 static GLOBAL: Stats = Stats::new();
@@ -76,6 +77,7 @@ impl Stats {
             rdma_closed: AtomicU64::new(0),
             rdma_resets: AtomicU64::new(0),
             rdma_bytes_direct: AtomicU64::new(0),
+            rdma_bytes_direct_written: AtomicU64::new(0),
         }
     }
 
@@ -112,6 +114,12 @@ impl Stats {
         self.rdma_bytes_direct.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// `n` sent bytes were written straight into a send ring (a direct write).
+    pub fn add_rdma_bytes_direct_written(&self, n: u64) {
+        self.rdma_bytes_direct_written
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Counts the end of an upgraded connection; `reset` when it ended by an error or reset
     /// (`RDMA_ERROR` after the upgrade) rather than an orderly close.
     pub fn record_rdma_close(&self, reset: bool) {
@@ -144,6 +152,7 @@ impl Stats {
         self.rdma_bytes_sent.store(0, Ordering::Relaxed);
         self.rdma_bytes_received.store(0, Ordering::Relaxed);
         self.rdma_bytes_direct.store(0, Ordering::Relaxed);
+        self.rdma_bytes_direct_written.store(0, Ordering::Relaxed);
         self.rdma_closed.store(0, Ordering::Relaxed);
         self.rdma_resets.store(0, Ordering::Relaxed);
     }
@@ -190,6 +199,7 @@ impl Stats {
                 sent: self.rdma_bytes_sent.load(Ordering::Relaxed),
                 received: self.rdma_bytes_received.load(Ordering::Relaxed),
                 direct: self.rdma_bytes_direct.load(Ordering::Relaxed),
+                direct_written: self.rdma_bytes_direct_written.load(Ordering::Relaxed),
             },
             rdma_closed: self.rdma_closed.load(Ordering::Relaxed),
             rdma_resets: self.rdma_resets.load(Ordering::Relaxed),
@@ -251,6 +261,10 @@ pub struct ByteCounts {
     /// instead of through the socketpair (absent in files of older shims: 0).
     #[serde(default)]
     pub direct: u64,
+    /// Of `sent`, bytes the app's `write`/`send` put straight into the send ring instead of
+    /// through the socketpair (absent in files of older shims: 0).
+    #[serde(default)]
+    pub direct_written: u64,
 }
 
 /// A copy of the counters, as written to the stats file.
@@ -450,6 +464,7 @@ mod tests {
         s.add_rdma_bytes_sent(24);
         s.add_rdma_bytes_received(7);
         s.add_rdma_bytes_direct(5);
+        s.add_rdma_bytes_direct_written(1000);
         s.record_rdma_close(false);
         s.record_rdma_close(true);
         let snap = s.snapshot_with_pid(4242);
@@ -467,7 +482,7 @@ mod tests {
             "client": {"total": {"rdma": 3, "tcp": 1}, "rdma": {"UPGRADED": 3}, "tcp": {"POLICY": 1}},
             "server": {"total": {"rdma": 0, "tcp": 1}, "rdma": {}, "tcp": {"NEGATIVE_CACHE": 1}},
             "total": {"rdma": 3, "tcp": 2},
-            "rdma_bytes": {"sent": 1024, "received": 7, "direct": 5},
+            "rdma_bytes": {"sent": 1024, "received": 7, "direct": 5, "direct_written": 1000},
             "rdma_closed": 2,
             "rdma_resets": 1
         });

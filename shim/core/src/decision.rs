@@ -223,13 +223,14 @@ fn evaluate() -> State {
             ));
             ring::DEFAULT_RING_KIB * 1024
         });
-    let direct_read =
-        direct::direct_read_from_value(std::env::var_os(direct::DIRECT_READ_ENV).as_deref())
-            .unwrap_or_else(|e| {
-                log::plain_line(format_args!("streamshim: {e}; direct reads stay on"));
-                true
-            });
-    upgrade::set_direct_read(direct_read);
+    let switch = |name: &str, what: &str| {
+        direct::switch_from_value(name, std::env::var_os(name).as_deref()).unwrap_or_else(|e| {
+            log::plain_line(format_args!("streamshim: {e}; direct {what} stay on"));
+            true
+        })
+    };
+    upgrade::set_direct_read(switch(direct::DIRECT_READ_ENV, "reads"));
+    upgrade::set_direct_write(switch(direct::DIRECT_WRITE_ENV, "writes"));
     let per_connection = upgrade::engine_config(None, ring_bytes).pinned_per_connection();
     let budget = if has_cap_ipc_lock() {
         None

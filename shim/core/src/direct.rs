@@ -1,7 +1,8 @@
 //! `STREAMSHIM_DIRECT_READ`: whether `read`, `recv` and `recvfrom` of an upgraded fd may copy
 //! the stream's bytes straight from its receive ring (on by default; `0` keeps every read on the
-//! socketpair, the path of every other call). The switch exists to rule the fast path out when
-//! chasing a problem, and to measure it side by side.
+//! socketpair, the path of every other call). `STREAMSHIM_DIRECT_WRITE`, the same for `write`,
+//! `send` and `sendto` and the send ring. The switches exist to rule the fast paths out when
+//! chasing a problem, and to measure them side by side.
 //!
 //! [`wait_all`] is `recv(MSG_WAITALL)` on a blocking upgraded fd, built from direct reads and
 //! the original `recv` without the flag: the kernel's `MSG_WAITALL` would wait on the
@@ -9,18 +10,48 @@
 
 use std::ffi::OsStr;
 
-/// The variable.
+/// The read switch's variable.
 pub const DIRECT_READ_ENV: &str = "STREAMSHIM_DIRECT_READ";
+/// The write switch's variable.
+pub const DIRECT_WRITE_ENV: &str = "STREAMSHIM_DIRECT_WRITE";
 
-/// The switch for the variable's value: unset, empty or `1` is on, `0` off; anything else is an
-/// error (the caller says so once and keeps it on).
-pub fn direct_read_from_value(value: Option<&OsStr>) -> Result<bool, String> {
+/// The switch for the value of the variable `name`: unset, empty or `1` is on, `0` off;
+/// anything else is an error (the caller says so once and keeps it on).
+pub fn switch_from_value(name: &str, value: Option<&OsStr>) -> Result<bool, String> {
     let text = value.map(|v| v.to_str().unwrap_or("\u{fffd}").trim());
     match text {
         None | Some("" | "1") => Ok(true),
         Some("0") => Ok(false),
-        Some(other) => Err(format!("{DIRECT_READ_ENV}={other:?} is neither 0 nor 1")),
+        Some(other) => Err(format!("{name}={other:?} is neither 0 nor 1")),
     }
+}
+
+/// Writes `buf` as `write` does, from two sinks in turn: `direct(rest)` (bytes straight into
+/// the send ring, None when it takes none for now) as long as it takes some, then `rest(rest)`
+/// (the original call on the socketpair: blocks or not as the fd does; -1 with errno on an
+/// error) once for whatever is left. Returns the byte count: all of `buf`, or what was written
+/// before the original call wrote less or failed; -1 only when nothing was written, with the
+/// original's errno.
+pub fn write_direct_then_rest(
+    buf: &[u8],
+    direct: &mut dyn FnMut(&[u8]) -> Option<usize>,
+    rest: &mut dyn FnMut(&[u8]) -> isize,
+) -> isize {
+    let mut done = 0usize;
+    while done < buf.len() {
+        match direct(&buf[done..]) {
+            Some(n) if n > 0 => done += n,
+            _ => break,
+        }
+    }
+    if done < buf.len() {
+        match rest(&buf[done..]) {
+            n if n >= 0 => done += n.unsigned_abs(),
+            _ if done > 0 => {}
+            err => return err,
+        }
+    }
+    isize::try_from(done).unwrap_or(isize::MAX)
 }
 
 /// Fills `buf` as `recv(MSG_WAITALL)` does on a blocking socket, from two sources in turn:
@@ -121,12 +152,58 @@ mod tests {
     }
 
     fn parse(v: &str) -> Result<bool, String> {
-        direct_read_from_value(Some(OsStr::new(v)))
+        switch_from_value(DIRECT_READ_ENV, Some(OsStr::new(v)))
+    }
+
+    /// `write_direct_then_rest` over a ring taking `takes` in turn and a socketpair answering
+    /// `rest_rc`: (result, bytes per sink in order).
+    fn write_plan(len: usize, takes: &[usize], rest_rc: isize) -> (isize, Vec<(char, usize)>) {
+        let buf: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        let mut takes = takes.iter().copied();
+        let calls = std::cell::RefCell::new(Vec::new());
+        let mut direct = |b: &[u8]| {
+            let n = takes.next()?.min(b.len());
+            calls.borrow_mut().push(('d', n));
+            Some(n)
+        };
+        let mut rest = |b: &[u8]| {
+            calls.borrow_mut().push(('r', b.len()));
+            rest_rc
+        };
+        let rc = write_direct_then_rest(&buf, &mut direct, &mut rest);
+        (rc, calls.into_inner())
+    }
+
+    #[test]
+    fn write_goes_to_the_ring_while_it_takes_bytes_then_once_to_the_socketpair() {
+        assert_eq!(write_plan(10, &[4, 6], 0), (10, vec![('d', 4), ('d', 6)]));
+        assert_eq!(
+            write_plan(10, &[4], 6),
+            (10, vec![('d', 4), ('r', 6)]),
+            "the rest once the ring is full"
+        );
+        assert_eq!(write_plan(10, &[], 10), (10, vec![('r', 10)]));
+        assert_eq!(
+            write_plan(10, &[4], 2),
+            (6, vec![('d', 4), ('r', 6)]),
+            "a short write of the rest (non-blocking)"
+        );
+        assert_eq!(
+            write_plan(10, &[4], -1),
+            (4, vec![('d', 4), ('r', 6)]),
+            "EAGAIN or EPIPE after direct bytes: what was written"
+        );
+        assert_eq!(write_plan(10, &[], -1), (-1, vec![('r', 10)]));
+        assert_eq!(
+            write_plan(10, &[0, 5], 10),
+            (10, vec![('d', 0), ('r', 10)]),
+            "a zero take ends the ring's turn"
+        );
     }
 
     #[test]
     fn on_unless_zero() {
-        assert_eq!(direct_read_from_value(None), Ok(true));
+        assert_eq!(switch_from_value(DIRECT_READ_ENV, None), Ok(true));
         assert_eq!(parse(""), Ok(true));
         assert_eq!(parse("1"), Ok(true));
         assert_eq!(parse(" 0 "), Ok(false));
@@ -137,6 +214,8 @@ mod tests {
         for bad in ["yes", "off", "2", "-1"] {
             let e = parse(bad).unwrap_err();
             assert!(e.contains(DIRECT_READ_ENV) && e.contains(bad), "{e}");
+            let e = switch_from_value(DIRECT_WRITE_ENV, Some(OsStr::new(bad))).unwrap_err();
+            assert!(e.contains(DIRECT_WRITE_ENV), "{e}");
         }
     }
 }

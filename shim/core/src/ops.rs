@@ -8,8 +8,10 @@
 //! see [`upgrade`]).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use libc::c_int;
+use rdma_streams_transport::engine::Writer;
 use rdma_streams_transport::reason::{Path, Reason, Role};
 use rdma_streams_transport::stats::Stats;
 
@@ -306,6 +308,24 @@ pub fn read_direct(fd: c_int, buf: &mut [u8]) -> Option<usize> {
     }
     let n = upgrade::read_direct(fd, buf)?;
     rdma_streams_transport::stats::Stats::global().add_rdma_bytes_direct(n as u64);
+    Some(n)
+}
+
+/// The direct writer of the upgraded `fd` ([`upgrade::writer`]); None for any other fd, or
+/// with direct writes off: the caller writes to the fd as usual.
+pub fn writer(fd: c_int) -> Option<Arc<Writer>> {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return None;
+    }
+    upgrade::writer(fd)
+}
+
+/// One direct write of the start of `chunk` into the send ring of the upgraded `fd` behind
+/// `writer` ([`Writer::write`]): the byte count, None when the ring takes none now (the caller
+/// writes the rest to the fd, in order behind these).
+pub fn write_direct(writer: &Writer, fd: c_int, chunk: &[u8]) -> Option<usize> {
+    let n = writer.write(fd, chunk)?;
+    Stats::global().add_rdma_bytes_direct_written(n as u64);
     Some(n)
 }
 

@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The hooks `libstreamshim.so` exports, and nothing else.
-pub const HOOKS: [&str; 19] = [
+pub const HOOKS: [&str; 22] = [
     "accept",
     "accept4",
     "close",
@@ -36,8 +36,11 @@ pub const HOOKS: [&str; 19] = [
     "read",
     "recv",
     "recvfrom",
+    "send",
+    "sendto",
     "setsockopt",
     "socket",
+    "write",
 ];
 
 fn profile_dir() -> PathBuf {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::direct::Receiver;
 use super::relay::{Ready, Relay, Step};
+use super::sender::{SendState, Sender, TAG_DATA};
 use super::shared::ConnShared;
 use super::{Attach, End, EngineConfig, Event, Handshake, SLOT, StreamPath};
 use crate::fd;
@@ -20,7 +21,6 @@ use crate::rdma::{
 use crate::wire::{Control, ControlKind, RingInfo};
 
 const TAG_SHIFT: u32 = 60;
-const TAG_DATA: u64 = 1 << TAG_SHIFT;
 const TAG_CONTROL: u64 = 2 << TAG_SHIFT;
 const TAG_PROBE: u64 = 3 << TAG_SHIFT;
 const TAG_MASK: u64 = (1 << TAG_SHIFT) - 1;
@@ -49,13 +49,15 @@ pub(super) struct Rdma {
     sq: u32,
     reserve: u64,
     max_chunk: u64,
-    send: Option<SendFlow>,
+    /// The send side and its accounting, shared with the app's direct writes
+    /// ([`super::sender`]).
+    sender: Arc<Sender>,
+    /// Direct writes are on (the engine's copy of [`SendState::direct`]).
+    writing: bool,
     /// The receive side, shared with the app's direct reads ([`super::direct`]).
     recv: Arc<Receiver>,
     /// Direct reads are on (the engine's copy of [`super::direct::RecvState::direct`]).
     direct: bool,
-    peer: RingInfo,
-    sq_used: u32,
     control_posted: u64,
     control_done: u64,
     fin_seq: Option<u64>,
@@ -150,6 +152,7 @@ impl Rdma {
                 Some(libc::ENOMEM) => SetupError::Memlock,
                 _ => SetupError::Local("rdma_create_qp", e),
             })?;
+        let sender = Arc::new(Sender::new(qp, Arc::clone(&region), ring, mr.lkey(), sq));
         let rdma = Rdma {
             qp,
             cq,
@@ -167,9 +170,8 @@ impl Rdma {
             sq,
             reserve: u64::from(rq / 4).max(1),
             max_chunk: config.max_chunk() as u64,
-            send: None,
-            peer: RingInfo::default(),
-            sq_used: 0,
+            sender,
+            writing: false,
             control_posted: 0,
             control_done: 0,
             fin_seq: None,
@@ -198,7 +200,7 @@ impl Rdma {
             let mut state = self.recv.lock();
             state.direct = false;
             !state.flow.claim_open()
-        };
+        } && !self.sender.copying();
         let Rdma {
             cq,
             mr,
@@ -242,8 +244,9 @@ impl Rdma {
 
     /// The peer's ring: sending may start once the QP is ready.
     pub(super) fn set_peer(&mut self, peer: RingInfo) {
-        self.peer = peer;
-        self.send = Some(SendFlow::new(
+        let mut state = self.sender.lock();
+        state.peer = peer;
+        state.flow = Some(SendFlow::new(
             peer.size(),
             self.ring as u64,
             u64::from(peer.receives),
@@ -315,7 +318,7 @@ impl Rdma {
                 self.recv.lock().flow.reposted();
                 let control = Control::decode(&bytes)
                     .ok_or_else(|| String::from("unknown control message"))?;
-                if let Some(send) = &mut self.send {
+                if let Some(send) = &mut self.sender.lock().flow {
                     send.credit(control.consumed, control.reposted)
                         .map_err(|e| e.to_string())?;
                 }
@@ -343,10 +346,11 @@ impl Rdma {
             }
             return Ok(());
         }
-        self.sq_used = self.sq_used.saturating_sub(1);
+        let mut state = self.sender.lock();
+        state.sq_used = state.sq_used.saturating_sub(1);
         match wc.wr_id & !TAG_MASK {
             TAG_DATA => {
-                if let Some(send) = &mut self.send {
+                if let Some(send) = &mut state.flow {
                     send.completed(wc.wr_id & TAG_MASK);
                 }
             }
@@ -367,13 +371,16 @@ impl Rdma {
     }
 
     fn flush_control(&mut self) {
-        while self.ready
-            && !self.quiet
-            && self.sq_used < self.sq
+        if !self.ready || self.quiet || self.pending_control.is_empty() {
+            return;
+        }
+        let sender = Arc::clone(&self.sender);
+        let mut state = sender.lock();
+        while state.has_room()
             && self.control_posted - self.control_done < u64::from(self.sq)
             && let Some(kind) = self.pending_control.front().copied()
         {
-            if self.post_control(kind).is_err() {
+            if self.post_control(&mut state, kind).is_err() {
                 // The QP is failing; its error completion reports it.
                 return;
             }
@@ -381,7 +388,8 @@ impl Rdma {
         }
     }
 
-    fn post_control(&mut self, kind: ControlKind) -> io::Result<()> {
+    /// Posts one control message; the caller holds the send lock (`state`).
+    fn post_control(&mut self, state: &mut SendState, kind: ControlKind) -> io::Result<()> {
         let (consumed, reposted) = self.recv.lock().flow.report();
         let bytes = Control {
             kind,
@@ -404,8 +412,8 @@ impl Rdma {
             self.fin_seq = Some(seq);
         }
         self.control_posted += 1;
-        self.sq_used += 1;
-        if let Some(send) = &mut self.send {
+        state.sq_used += 1;
+        if let Some(send) = &mut state.flow {
             send.posted_control();
         }
         Ok(())
@@ -429,31 +437,27 @@ impl Rdma {
         draining: bool,
     ) -> io::Result<(bool, u64)> {
         let mut moved = 0u64;
-        let Some(send) = &mut self.send else {
+        if !self.ready || self.quiet {
             return Ok((false, 0));
-        };
-        while self.ready && !self.quiet && ready.readable && self.sq_used < self.sq {
-            let w = send.window();
+        }
+        // Reading and posting under the send lock: a direct writer sees either none of these
+        // bytes read from the socketpair or all of them posted ([`super::sender`]).
+        let sender = Arc::clone(&self.sender);
+        let mut state = sender.lock();
+        while ready.readable && state.has_room() && Sender::engine_may_post(&mut state) {
+            let Some(w) = state.flow.as_ref().map(SendFlow::window) else {
+                break;
+            };
             if w.len == 0 {
                 break;
             }
-            let local_off = self.ring + w.local;
-            match self.region.read_from(local.as_raw_fd(), local_off, w.len) {
+            match self
+                .region
+                .read_from(local.as_raw_fd(), sender.ring_offset(&w), w.len)
+            {
                 Ok(0) => return Ok((true, moved)),
                 Ok(n) => {
-                    let end = send.posted_data(n);
-                    self.qp.write_imm(
-                        TAG_DATA | end,
-                        Local {
-                            addr: self.region.addr(local_off),
-                            len: n as u32,
-                            lkey: self.mr.lkey(),
-                        },
-                        self.peer.addr + w.remote as u64,
-                        self.peer.rkey,
-                        n as u32,
-                    )?;
-                    self.sq_used += 1;
+                    sender.post_data(&mut state, &w, n)?;
                     moved += n as u64;
                 }
                 Err(e) if fd::transient(&e) => {
@@ -499,6 +503,7 @@ impl Rdma {
             let state = self.recv.lock();
             (state.flow.arrived_total(), state.flow.has_pending())
         };
+        let sent = self.sender.lock().flow.as_ref().map_or(0, SendFlow::sent);
         format!(
             "peer FIN {}, our FIN {}{}, {} bytes arrived, {} sent, {} pending",
             if self.peer_fin { "in" } else { "not in" },
@@ -511,7 +516,7 @@ impl Rdma {
             },
             if self.claim_seen { ", CLAIM seen" } else { "" },
             arrived,
-            self.send.as_ref().map_or(0, SendFlow::sent),
+            sent,
             if pending { "bytes" } else { "nothing" },
         )
     }
@@ -522,6 +527,29 @@ impl Rdma {
             self.recv.lock().direct = on;
             self.direct = on;
         }
+    }
+
+    /// Turns direct writes on or off ([`super::sender`]).
+    pub(super) fn set_writing(&mut self, on: bool) {
+        if self.writing != on {
+            self.sender.lock().direct = on;
+            self.writing = on;
+        }
+    }
+
+    /// No direct writer posts from now on (before the QP is destroyed).
+    pub(super) fn stop_writers(&self) {
+        self.sender.lock().direct = false;
+    }
+
+    /// Bytes the app's direct writes posted since the last call.
+    fn take_written_bytes(&mut self) -> u64 {
+        std::mem::take(&mut self.sender.lock().direct_bytes)
+    }
+
+    /// The send side, for [`super::Writer`]s.
+    pub(super) fn sender(&self) -> &Arc<Sender> {
+        &self.sender
     }
 
     /// Bytes the app's direct reads took since the last call.
@@ -558,18 +586,21 @@ impl Rdma {
         if !self.ready
             || self.quiet
             || self.probe_outstanding
-            || self.sq_used >= self.sq
             || now.saturating_duration_since(self.last_rx) < keepalive
         {
             return;
         }
+        let mut state = self.sender.lock();
+        if !state.has_room() {
+            return;
+        }
         if self
             .qp
-            .write_probe(TAG_PROBE, self.peer.addr, self.peer.rkey)
+            .write_probe(TAG_PROBE, state.peer.addr, state.peer.rkey)
             .is_ok()
         {
             self.probe_outstanding = true;
-            self.sq_used += 1;
+            state.sq_used += 1;
         }
     }
 
@@ -891,6 +922,9 @@ impl StreamConn {
         if self.error.is_none() {
             self.error = Some(why.clone());
         }
+        if let Some(rdma) = &mut self.rdma {
+            rdma.set_writing(false);
+        }
         let app = std::mem::replace(&mut self.app, App::Done);
         match app {
             App::Stream(mut a) => {
@@ -1095,12 +1129,14 @@ fn pump(rdma: &mut Rdma, a: &mut Attached, draining: bool) -> io::Result<()> {
         a.local_shut = true;
     }
     rdma.credit_if_due();
-    let mut sent = 0;
+    let mut sent = rdma.take_written_bytes();
     if !a.local_eof {
         let (eof, moved) = rdma.send_from(&a.local, &mut a.local_ready, draining)?;
-        sent = moved;
+        sent += moved;
         a.local_eof = eof;
     }
+    // The app may write straight into the send ring until its side ended.
+    rdma.set_writing(rdma.ready && !rdma.quiet && !a.local_eof);
     a.sent += sent;
     a.received += received;
     if (sent > 0 || received > 0)

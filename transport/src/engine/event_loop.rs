@@ -566,7 +566,7 @@ impl Loop {
         };
         rdma.set_peer(request.ring);
         let shared = Arc::new(ConnShared::connecting(id.peer_addr()));
-        shared.set_receiver(rdma.receiver());
+        shared.set_sides(rdma.receiver(), rdma.sender());
         let mut conn = StreamConn::new(Arc::clone(&shared), Some(id), CmPhase::Accepted);
         conn.rdma = Some(rdma);
         self.conns.insert(token, conn);
@@ -648,7 +648,7 @@ impl Loop {
                             retry_count: RETRIES,
                             rnr_retry_count: RNR_RETRIES,
                         };
-                        conn.shared.set_receiver(rdma.receiver());
+                        conn.shared.set_sides(rdma.receiver(), rdma.sender());
                         conn.rdma = Some(rdma);
                         match id.connect(&settings) {
                             Ok(()) => conn.cm = CmPhase::Connecting,
@@ -897,7 +897,9 @@ impl Loop {
             return;
         };
         if let Some(id) = conn.id.take() {
-            if conn.rdma.is_some() {
+            if let Some(rdma) = &conn.rdma {
+                // No writer posts on the QP from now on.
+                rdma.stop_writers();
                 id.destroy_qp();
             }
             if let Some(rdma) = conn.rdma.take() {

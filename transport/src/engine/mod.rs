@@ -21,6 +21,7 @@ mod direct;
 mod event_loop;
 mod pool;
 mod relay;
+mod sender;
 mod shared;
 
 use std::collections::VecDeque;
@@ -35,6 +36,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 
 pub use budget::Budget;
 pub use direct::Reader;
+pub use sender::Writer;
 pub use shared::{ConnectError, RejectedBy, WaitError};
 
 use crate::rdma::{Lib, PortSpace};
@@ -594,6 +596,13 @@ impl Conn {
     pub fn reader(&self) -> Option<Reader> {
         let recv = self.shared.receiver()?;
         Some(Reader::new(&recv, Arc::clone(&self.inner), self.token))
+    }
+
+    /// A handle the app's threads write bytes to the peer through, straight into the send
+    /// ring ([`Writer`]); None before the connection has its verbs resources.
+    pub fn writer(&self) -> Option<Writer> {
+        let send = self.shared.sender()?;
+        Some(Writer::new(&send, Arc::clone(&self.inner), self.token))
     }
 
     /// Tears the connection down (a reset for an attached one).

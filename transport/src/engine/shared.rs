@@ -6,6 +6,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
 use super::direct::Receiver;
+use super::sender::Sender;
 use crate::wire::BadPrivateData;
 
 /// Who refused a connection.
@@ -93,6 +94,8 @@ struct State {
     peer: Option<SocketAddr>,
     /// The connection's receive side, once its verbs resources exist (for direct reads).
     receiver: Weak<Receiver>,
+    /// Its send side (for direct writes).
+    sender: Weak<Sender>,
 }
 
 /// See the module docs.
@@ -110,6 +113,7 @@ impl ConnShared {
                 claimed: false,
                 peer,
                 receiver: Weak::new(),
+                sender: Weak::new(),
             }),
             changed: Condvar::new(),
         }
@@ -156,12 +160,18 @@ impl ConnShared {
         self.update(|s| s.claimed = true);
     }
 
-    pub(super) fn set_receiver(&self, receiver: &Arc<Receiver>) {
-        self.lock().receiver = Arc::downgrade(receiver);
+    pub(super) fn set_sides(&self, receiver: &Arc<Receiver>, sender: &Arc<Sender>) {
+        let mut state = self.lock();
+        state.receiver = Arc::downgrade(receiver);
+        state.sender = Arc::downgrade(sender);
     }
 
     pub(super) fn receiver(&self) -> Option<Arc<Receiver>> {
         self.lock().receiver.upgrade()
+    }
+
+    pub(super) fn sender(&self) -> Option<Arc<Sender>> {
+        self.lock().sender.upgrade()
     }
 
     pub(super) fn set_peer(&self, peer: Option<SocketAddr>) {

@@ -457,6 +457,14 @@ pub struct Qp {
     ptr: *mut ibv_qp,
 }
 
+// SAFETY: a QP handle is a pointer to the provider's QP; libibverbs' post calls are
+// thread-safe (each provider serialises its queues), the stream posts sends under one lock
+// (`engine::sender`), and the QP is destroyed only by the engine thread after it stopped every
+// other poster under that lock.
+unsafe impl Send for Qp {}
+// SAFETY: as for Send.
+unsafe impl Sync for Qp {}
+
 /// One local buffer for a work request.
 #[derive(Debug, Clone, Copy)]
 pub struct Local {

@@ -163,7 +163,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
     }
     match swap(fd) {
         Ok(s) => {
-            super::set_reader(fd, conn.reader());
+            super::set_direct(fd, &conn);
             conn.attach(
                 s.local,
                 Attach {

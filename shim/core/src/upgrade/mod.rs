@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libc::c_int;
-use rdma_streams_transport::engine::Reader;
+use rdma_streams_transport::engine::{Conn, Reader, Writer};
 use rdma_streams_transport::handshake;
 use rdma_streams_transport::negative_cache::NegativeCache;
 use rdma_streams_transport::policy::canonical_ip;
@@ -57,6 +57,8 @@ struct SwappedFd {
     kept: Arc<OwnedFd>,
     /// Direct reads from the stream's receive ring ([`read_direct`]).
     reader: Option<Arc<Reader>>,
+    /// Direct writes into the stream's send ring ([`writer`]).
+    writer: Option<Arc<Writer>>,
 }
 
 /// Swapped app fds (and their copies) -> what the shim keeps of them.
@@ -71,10 +73,17 @@ static NEGATIVE: NegativeCache = NegativeCache::new(
 static FORKED: AtomicBool = AtomicBool::new(false);
 /// `STREAMSHIM_DIRECT_READ` (set at the decision; off until then).
 static DIRECT_READ: AtomicBool = AtomicBool::new(false);
+/// `STREAMSHIM_DIRECT_WRITE` (set at the decision; off until then).
+static DIRECT_WRITE: AtomicBool = AtomicBool::new(false);
 
 /// Whether upgraded fds may be read straight from their rings ([`read_direct`]).
 pub fn set_direct_read(on: bool) {
     DIRECT_READ.store(on, Ordering::Release);
+}
+
+/// Whether upgraded fds may be written straight into their rings ([`writer`]).
+pub fn set_direct_write(on: bool) {
+    DIRECT_WRITE.store(on, Ordering::Release);
 }
 
 /// `STREAMSHIM_NEGOTIATE_MS`, read once (an atomic, not a `OnceLock`: a fork child must never
@@ -102,14 +111,31 @@ pub fn kept(fd: c_int) -> Option<Arc<OwnedFd>> {
     SWAPPED_FDS.lock().get(&fd).map(|s| Arc::clone(&s.kept))
 }
 
-/// The stream behind the swapped `fd` may be read directly from now on.
-fn set_reader(fd: c_int, reader: Option<Reader>) {
-    if !DIRECT_READ.load(Ordering::Acquire) {
-        return;
-    }
+/// The stream `conn` behind the swapped `fd` may be read and written directly from now on, as
+/// far as the switches allow.
+fn set_direct(fd: c_int, conn: &Conn) {
+    let reader = DIRECT_READ
+        .load(Ordering::Acquire)
+        .then(|| conn.reader())
+        .flatten();
+    let writer = DIRECT_WRITE
+        .load(Ordering::Acquire)
+        .then(|| conn.writer())
+        .flatten();
     if let Some(s) = SWAPPED_FDS.lock().get_mut(&fd) {
         s.reader = reader.map(Arc::new);
+        s.writer = writer.map(Arc::new);
     }
+}
+
+/// The direct writer of the stream behind the swapped `fd` (`write`/`send` copy into its send
+/// ring, [`Writer::write`]); None: write to the fd as usual. Never in a fork child (the ring is
+/// not mapped there).
+pub fn writer(fd: c_int) -> Option<Arc<Writer>> {
+    if FORKED.load(Ordering::Acquire) {
+        return None;
+    }
+    SWAPPED_FDS.lock().get(&fd)?.writer.clone()
 }
 
 /// `read`/`recv` of a swapped fd: the stream's received bytes copied straight from its ring

@@ -231,7 +231,7 @@ pub fn claim_and_swap(fd: c_int, peer: SocketAddr) -> Claim {
     };
     match swap(fd) {
         Ok(s) => {
-            super::set_reader(fd, pending.conn.reader());
+            super::set_direct(fd, &pending.conn);
             pending.conn.attach(
                 s.local,
                 Attach {

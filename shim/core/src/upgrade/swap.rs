@@ -39,6 +39,7 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
         SwappedFd {
             kept: Arc::clone(&kept),
             reader: None,
+            writer: None,
         },
     );
     if let Err(e) = sys::dup3(a.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {

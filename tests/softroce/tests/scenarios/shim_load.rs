@@ -255,7 +255,8 @@ sys.exit(1 if errors else 0)
 "#;
 
 /// 64 echo connections at once from one threaded client to one threaded server (reading with
-/// MSG_WAITALL), 2 MiB each way each, sha256-checked; then 8 with the client's direct reads off.
+/// MSG_WAITALL), 2 MiB each way each, sha256-checked; then 8 with the client's direct reads and
+/// writes off.
 fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
     const N: u64 = 64;
     let a = ctx.addr_a;
@@ -277,20 +278,35 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
     ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
     expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", N)])?;
     expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", N)])?;
-    // 128 MiB each way over 64 streams read 64 KiB at a time (the server's with MSG_WAITALL):
-    // both sides' reads took part of it straight from the rings, and the sha256s above say in
-    // order.
+    // 128 MiB each way over 64 streams read 64 KiB at a time (the server's with MSG_WAITALL)
+    // and written with sendall: both sides' reads took part of it straight from the receive
+    // rings and their writes put part of it straight into the send rings, and the sha256s above
+    // say in order.
     let (cli, srv) = (direct_bytes(ctx, "cli")?, direct_bytes(ctx, "srv")?);
     ctx.report(format_args!(
-        "direct reads: client {cli} bytes, server {srv} bytes of {} each",
+        "direct reads: client {} bytes, server {} bytes; direct writes: client {} bytes, \
+         server {} bytes; of {} each",
+        cli.0,
+        srv.0,
+        cli.1,
+        srv.1,
         N * (2 << 20)
     ));
     ensure!(
-        cli > 0 && srv > 0,
-        "no direct read: client {cli}, server {srv} bytes"
+        cli.0 > 0 && srv.0 > 0,
+        "no direct read: client {}, server {} bytes",
+        cli.0,
+        srv.0
+    );
+    ensure!(
+        cli.1 > 0 && srv.1 > 0,
+        "no direct write: client {}, server {} bytes",
+        cli.1,
+        srv.1
     );
 
-    // The same with direct reads off on the client: every byte through its socketpairs.
+    // The same with direct reads and writes off on the client: every byte through its
+    // socketpairs.
     const OFF: u64 = 8;
     let srv = ctx.spawn(&format!(
         "{} {py} {} server {a} 9501 {OFF}",
@@ -303,7 +319,7 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
         shimmed(
             ctx,
             "clioff",
-            "STREAMSHIM_NEGOTIATE_MS=10000 STREAMSHIM_DIRECT_READ=0"
+            "STREAMSHIM_NEGOTIATE_MS=10000 STREAMSHIM_DIRECT_READ=0 STREAMSHIM_DIRECT_WRITE=0"
         )?,
         prog.display()
     ))?;
@@ -311,8 +327,11 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
     expect_counts(ctx, "clioff", "client", &[("rdma UPGRADED", OFF)])?;
     let off = direct_bytes(ctx, "clioff")?;
     ensure!(
-        off == 0,
-        "STREAMSHIM_DIRECT_READ=0, yet {off} bytes were read directly"
+        off == (0, 0),
+        "STREAMSHIM_DIRECT_READ=0 STREAMSHIM_DIRECT_WRITE=0, yet {} bytes were read and {} \
+         written directly",
+        off.0,
+        off.1
     );
     Ok(())
 }

@@ -132,13 +132,17 @@ pub fn rdma_bytes(ctx: &Ctx, tag: &str) -> anyhow::Result<(u64, u64)> {
     Ok((sent, received))
 }
 
-/// The summed `rdma_bytes.direct` (received bytes read straight from the rings) over the stats
-/// files of `tag`.
-pub fn direct_bytes(ctx: &Ctx, tag: &str) -> anyhow::Result<u64> {
-    Ok(stats(ctx, tag)?
-        .values()
-        .map(|v| v["rdma_bytes"]["direct"].as_u64().unwrap_or(0))
-        .sum())
+/// The summed `rdma_bytes.direct` and `rdma_bytes.direct_written` (bytes read straight from
+/// the receive rings, written straight into the send rings) over the stats files of `tag`.
+pub fn direct_bytes(ctx: &Ctx, tag: &str) -> anyhow::Result<(u64, u64)> {
+    let files = stats(ctx, tag)?;
+    let sum = |key: &str| {
+        files
+            .values()
+            .map(|v| v["rdma_bytes"][key].as_u64().unwrap_or(0))
+            .sum()
+    };
+    Ok((sum("direct"), sum("direct_written")))
 }
 
 /// `wait_port PORT`: a shell function that waits (20 s) for a TCP listener on PORT.
