@@ -10,7 +10,10 @@
 #   cargo run -p rdma-streams-softroce --example guest -- -- bash "$PWD/tests/softroce/benches/cpu_split.sh"
 # SHIM: the shim to use (default: target/release/libstreamshim.so of this checkout); REPS
 # (default 2); COUNT transfers of 1 MiB each way per pair (default 32); SHIM_ENV: more
-# variables for the shimmed runs (for example STREAMSHIM_DIRECT_READ=0).
+# variables for every shimmed run; KINDS: the runs of each rep, in turn (default
+# "shim rsocket"; `shim/VAR=VALUE` is a shimmed run with that variable too, for example
+# KINDS="shim shim/STREAMSHIM_DIRECT_WRITE=0 rsocket"). Shimmed runs also print the share of
+# the bytes read straight from the receive rings and written straight into the send rings.
 set -u
 A=198.18.0.1
 SHIM=${SHIM:-$(cd "$(dirname "$0")/../../.." && pwd)/target/release/libstreamshim.so}
@@ -64,16 +67,32 @@ for kind, (u, s, n) in sorted(kinds.items()):
 print('cpu-s/GB: ' + '; '.join(parts))
 EOF
 
-run4() { # KIND: shim or rsocket
-	local kind=$1 p port sps=() cps=() pre=""
-	[ "$kind" = shim ] && pre="env LD_PRELOAD=$SHIM ${SHIM_ENV:-}"
+# share: "direct reads R, writes W" over the stats files in $ST/stats.
+share() {
+	python3 -c "import json,glob,sys
+v=[json.load(open(f))['rdma_bytes'] for f in glob.glob(sys.argv[1]+'/*.json')]
+t=lambda k: sum(x.get(k,0) for x in v)
+print('direct reads %.3f, writes %.3f' % (t('direct')/max(1,t('received')), t('direct_written')/max(1,t('sent'))))" "$ST/stats"
+}
+
+run4() { # KIND: shim, shim/VAR=VALUE or rsocket
+	local kind=$1 p port sps=() cps=() pre="" shim=0
+	case $kind in
+	shim) shim=1 ;;
+	shim/*) shim=1 ;;
+	esac
+	rm -rf "$ST/stats" && mkdir -p "$ST/stats"
+	if [ $shim = 1 ]; then
+		pre="env LD_PRELOAD=$SHIM STREAMSHIM_STATS=$ST/stats/ ${SHIM_ENV:-}"
+		[ "$kind" != shim ] && pre="$pre ${kind#shim/}"
+	fi
 	local flags="-S 1048576 -C $COUNT -T b"
-	[ "$kind" = shim ] && flags="$flags -T s"
+	[ $shim = 1 ] && flags="$flags -T s"
 	for p in 1 2 3 4; do
 		port=$((base + p))
 		$pre rstream -p $port $flags >/dev/null 2>&1 &
 		sps+=($!)
-		if [ "$kind" = shim ]; then wait_port $port; else wait_cm $port; fi
+		if [ $shim = 1 ]; then wait_port $port; else wait_cm $port; fi
 	done
 	gb=$(python3 -c "print(4*2*$COUNT*1048576/1e9)")
 	python3 "$ST/sample.py" "$gb" >"$ST/cpu" &
@@ -88,13 +107,16 @@ run4() { # KIND: shim or rsocket
 	kill -TERM $sampler
 	wait $sampler
 	wait "${sps[@]}"
-	echo "$kind rep $rep: $(python3 -c "import sys;print('%.3f' % (float(sys.argv[3])*8/(float(sys.argv[2])-float(sys.argv[1]))))" "$t0" "$t1" "$gb") Gbit/s; $(cat "$ST/cpu")"
+	local shares=""
+	[ $shim = 1 ] && shares="; $(share)"
+	echo "$kind rep $rep: $(python3 -c "import sys;print('%.3f' % (float(sys.argv[3])*8/(float(sys.argv[2])-float(sys.argv[1]))))" "$t0" "$t1" "$gb") Gbit/s; $(cat "$ST/cpu")$shares"
 	base=$((base + 10))
 }
 
 base=5600
 for rep in $(seq 1 "$REPS"); do
-	run4 shim
-	run4 rsocket
+	for kind in ${KINDS:-shim rsocket}; do
+		run4 "$kind"
+	done
 done
 rm -rf "$ST"

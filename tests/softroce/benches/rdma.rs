@@ -221,21 +221,29 @@ fn shim_counts(dir: &Path, prefix: &str, role: &str) -> (BTreeMap<String, u64>, 
     (out, sent, received, files)
 }
 
-/// The share of the received bytes (`rdma_bytes`) that the shimmed processes of a run read
-/// straight from their receive rings (`rdma_bytes.direct`).
-fn direct_share(dir: &Path) -> Option<f64> {
-    let (mut direct, mut received) = (0u64, 0u64);
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
+/// The shares of the received and sent bytes (`rdma_bytes`) that the shimmed processes of a
+/// run read straight from their receive rings (`rdma_bytes.direct`) and wrote straight into
+/// their send rings (`rdma_bytes.direct_written`).
+fn direct_shares(dir: &Path) -> (Option<f64>, Option<f64>) {
+    let (mut direct, mut received, mut written, mut sent) = (0u64, 0u64, 0u64, 0u64);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (None, None);
+    };
+    for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if !name.ends_with(".json") {
             continue;
         }
         if let Ok(v) = serde_json::from_str::<Value>(&read(&e.path())) {
-            direct += v["rdma_bytes"]["direct"].as_u64().unwrap_or(0);
-            received += v["rdma_bytes"]["received"].as_u64().unwrap_or(0);
+            let count = |k: &str| v["rdma_bytes"][k].as_u64().unwrap_or(0);
+            direct += count("direct");
+            received += count("received");
+            written += count("direct_written");
+            sent += count("sent");
         }
     }
-    (received > 0).then(|| direct as f64 / received as f64)
+    let share = |part: u64, whole: u64| (whole > 0).then(|| part as f64 / whole as f64);
+    (share(direct, received), share(written, sent))
 }
 
 /// Fails unless the `prefix` processes' `role` counted exactly `n` connections `rdma
@@ -300,6 +308,8 @@ struct Sample {
     retries: usize,
     /// Shimmed runs: the share of the received bytes the apps read straight from the rings.
     direct_share: Option<f64>,
+    /// Shimmed runs: the share of the sent bytes the apps wrote straight into the rings.
+    written_share: Option<f64>,
     /// What went wrong without voiding the figure (a shimmed stream that lost its tail): the
     /// run counts for the rates, and fails the "every shimmed run" row.
     problems: Vec<String>,
@@ -513,7 +523,7 @@ fn measure(r: &RunDir, k: &Knobs) -> Result<Sample, String> {
                 s.pair_range = Some(min_max(&rates));
             }
             if v.starts_with("shim") {
-                s.direct_share = direct_share(&r.path);
+                (s.direct_share, s.written_share) = direct_shares(&r.path);
                 let n = r.pairs as u64;
                 let (_, c_received) = expect_upgraded(&r.path, "cli", "client", n)?;
                 let (_, s_received) = expect_upgraded(&r.path, "srv", "server", n)?;
@@ -829,6 +839,15 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
             .map_or_else(|| "n/a".to_owned(), |d| format!("{:.0} %", d * 100.0));
         t.row(
             format!("shim: received bytes read straight from the ring, {what}"),
+            text,
+            "reported",
+            "",
+        );
+        let text = t
+            .med(v, |s| s.written_share)
+            .map_or_else(|| "n/a".to_owned(), |d| format!("{:.0} %", d * 100.0));
+        t.row(
+            format!("shim: sent bytes written straight into the ring, {what}"),
             text,
             "reported",
             "",
