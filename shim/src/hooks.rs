@@ -412,9 +412,11 @@ fn write_upgraded(
 }
 
 /// The `send` flags a direct write honours: none changes where or how the bytes go
-/// (`MSG_NOSIGNAL` and `MSG_DONTWAIT` apply to the rest, which goes to the socketpair).
+/// (`MSG_NOSIGNAL` and `MSG_DONTWAIT` apply to the rest, which goes to the socketpair;
+/// `MSG_MORE` is a hint, and `MSG_WAITALL` means nothing to a send, as rstream's blocking mode
+/// passes it to TCP).
 fn plain_send_flags(flags: c_int) -> bool {
-    flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE) == 0
+    flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_WAITALL) == 0
 }
 
 /// `ssize_t write(int fd, const void *buf, size_t count)`: for an upgraded fd, the bytes
@@ -438,8 +440,8 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: usize) -> i
 }
 
 /// `ssize_t send(int fd, const void *buf, size_t len, int flags)`: as [`write`] when `flags`
-/// asks for nothing but `MSG_DONTWAIT`, `MSG_NOSIGNAL` and `MSG_MORE`; `MSG_OOB` and the rest
-/// go to libc.
+/// asks for nothing but `MSG_DONTWAIT`, `MSG_NOSIGNAL`, `MSG_MORE` and `MSG_WAITALL`
+/// ([`plain_send_flags`]); `MSG_OOB` and the rest go to libc.
 ///
 /// # Safety
 /// The C contract of `send(2)`.
