@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::direct::Receiver;
 use super::relay::{Ready, Relay, Step};
-use super::sender::{SendState, Sender, TAG_DATA};
+use super::sender::{SendState, Sender};
 use super::shared::ConnShared;
 use super::{Attach, End, EngineConfig, Event, Handshake, SLOT, StreamPath};
 use crate::fd;
@@ -152,7 +152,13 @@ impl Rdma {
                 Some(libc::ENOMEM) => SetupError::Memlock,
                 _ => SetupError::Local("rdma_create_qp", e),
             })?;
-        let sender = Arc::new(Sender::new(qp, Arc::clone(&region), ring, mr.lkey(), sq));
+        let sender = Arc::new(Sender::new(
+            qp,
+            Arc::clone(&region),
+            (ring, ring),
+            mr.lkey(),
+            sq,
+        ));
         let rdma = Rdma {
             qp,
             cq,
@@ -346,20 +352,14 @@ impl Rdma {
             }
             return Ok(());
         }
-        let mut state = self.sender.lock();
-        state.sq_used = state.sq_used.saturating_sub(1);
-        match wc.wr_id & !TAG_MASK {
-            TAG_DATA => {
-                if let Some(send) = &mut state.flow {
-                    send.completed(wc.wr_id & TAG_MASK);
-                }
-            }
-            TAG_CONTROL => self.control_done = (wc.wr_id & TAG_MASK) + 1,
-            TAG_PROBE => {
-                self.probe_outstanding = false;
-                self.last_rx = now;
-            }
-            _ => {}
+        // A signaled request (data, control or probe): it and every request before it are done
+        // ([`super::sender`]).
+        if let Some(controls) = self.sender.lock().signaled_done() {
+            self.control_done = self.control_done.max(controls);
+        }
+        if wc.wr_id & !TAG_MASK == TAG_PROBE {
+            self.probe_outstanding = false;
+            self.last_rx = now;
         }
         Ok(())
     }
@@ -400,6 +400,9 @@ impl Rdma {
         let seq = self.control_posted;
         let off = self.control_send_off() + (seq % u64::from(self.sq)) as usize * SLOT;
         self.region.store(off, &bytes)?;
+        let sent = state.flow.as_ref().map_or(0, SendFlow::sent);
+        // FIN's completion says every byte before it arrived; a credit's says nothing needed.
+        let signaled = state.signal_next(sent, seq + 1, kind == ControlKind::Fin);
         self.qp.send(
             TAG_CONTROL | seq,
             Local {
@@ -407,12 +410,14 @@ impl Rdma {
                 len: SLOT as u32,
                 lkey: self.mr.lkey(),
             },
+            signaled,
         )?;
         if kind == ControlKind::Fin {
             self.fin_seq = Some(seq);
         }
         self.control_posted += 1;
-        state.sq_used += 1;
+        state.controls = self.control_posted;
+        state.note_posted(signaled, sent, self.control_posted);
         if let Some(send) = &mut state.flow {
             send.posted_control();
         }
@@ -600,7 +605,9 @@ impl Rdma {
             .is_ok()
         {
             self.probe_outstanding = true;
-            state.sq_used += 1;
+            let sent = state.flow.as_ref().map_or(0, SendFlow::sent);
+            let controls = state.controls;
+            state.note_posted(true, sent, controls);
         }
     }
 

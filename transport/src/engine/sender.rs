@@ -25,7 +25,17 @@
 //! that finds it off after its copy posts nothing and says so: its caller writes the same bytes
 //! into the socketpair, as every other way of writing (`writev`, `sendmsg`, a child after
 //! `fork`) does.
+//!
+//! Not every send work request asks for a completion: each completion costs the device a CQ
+//! entry and the engine a wake-up. A request goes signaled when its completion matters (FIN, a
+//! probe), or when, without it, half the send queue, half the send ring or half the control
+//! slots would be held by requests no signaled one after them would report. Completions come in
+//! order, so a signaled request's completion reports every request before it
+//! ([`SendState::signaled_done`]); and once every signaled request completed, less than half of
+//! each resource is held, which leaves room for the next request: no window waits for a
+//! completion that never comes.
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -48,6 +58,17 @@ pub(super) struct Sender {
     state: Mutex<SendState>,
 }
 
+/// What the completion of a signaled work request reports: every request up to it is done.
+#[derive(Debug, Clone, Copy)]
+struct Signaled {
+    /// Requests it stands for (itself and the unsignaled ones before it).
+    weight: u32,
+    /// Data bytes posted up to it ([`SendFlow::sent`]).
+    sent: u64,
+    /// Control messages posted up to it.
+    controls: u64,
+}
+
 /// What the lock guards.
 pub(super) struct SendState {
     /// The flow, once the peer's ring is known.
@@ -64,9 +85,78 @@ pub(super) struct SendState {
     engine_waits: bool,
     /// Bytes writers posted that the engine has not counted yet.
     pub(super) direct_bytes: u64,
+    /// Control messages posted.
+    pub(super) controls: u64,
+    /// Signaled requests not completed yet, oldest first.
+    signaled: VecDeque<Signaled>,
+    /// Unsignaled requests posted since the last signaled one.
+    unsignaled: u32,
+    /// Data bytes and control messages posted up to the last signaled request.
+    mark_sent: u64,
+    mark_controls: u64,
+    /// Half the send ring.
+    half_ring: u64,
 }
 
 impl SendState {
+    fn new(sq: u32, ring: u64) -> SendState {
+        SendState {
+            flow: None,
+            peer: RingInfo::default(),
+            sq_used: 0,
+            sq,
+            direct: false,
+            claimed: false,
+            engine_waits: false,
+            direct_bytes: 0,
+            controls: 0,
+            signaled: VecDeque::new(),
+            unsignaled: 0,
+            mark_sent: 0,
+            mark_controls: 0,
+            half_ring: (ring / 2).max(1),
+        }
+    }
+
+    /// Whether the next request goes signaled (see the module docs): `must` when its own
+    /// completion matters; `sent` and `controls` as they will be once it is posted.
+    pub(super) fn signal_next(&self, sent: u64, controls: u64, must: bool) -> bool {
+        let half_sq = (self.sq / 2).max(1);
+        must || self.unsignaled + 1 >= half_sq
+            || sent - self.mark_sent >= self.half_ring
+            || controls - self.mark_controls >= u64::from(half_sq)
+    }
+
+    /// A request was posted, `signaled` or not, with `sent` data bytes and `controls` control
+    /// messages posted up to it.
+    pub(super) fn note_posted(&mut self, signaled: bool, sent: u64, controls: u64) {
+        self.sq_used += 1;
+        if !signaled {
+            self.unsignaled += 1;
+            return;
+        }
+        self.signaled.push_back(Signaled {
+            weight: self.unsignaled + 1,
+            sent,
+            controls,
+        });
+        self.unsignaled = 0;
+        self.mark_sent = sent;
+        self.mark_controls = controls;
+    }
+
+    /// The oldest signaled request completed, and with it every request before it: their send
+    /// queue entries and send ring bytes are free. The control messages completed so far (None
+    /// when no signaled request was outstanding).
+    pub(super) fn signaled_done(&mut self) -> Option<u64> {
+        let done = self.signaled.pop_front()?;
+        self.sq_used = self.sq_used.saturating_sub(done.weight);
+        if let Some(flow) = &mut self.flow {
+            flow.completed(done.sent);
+        }
+        Some(done.controls)
+    }
+
     /// Room for one more send work request.
     pub(super) fn has_room(&self) -> bool {
         self.sq_used < self.sq
@@ -74,22 +164,20 @@ impl SendState {
 }
 
 impl Sender {
-    pub(super) fn new(qp: Qp, region: Arc<Region>, ring_off: usize, lkey: u32, sq: u32) -> Sender {
+    /// The send ring is `ring` bytes at `ring_off` of `region`.
+    pub(super) fn new(
+        qp: Qp,
+        region: Arc<Region>,
+        (ring_off, ring): (usize, usize),
+        lkey: u32,
+        sq: u32,
+    ) -> Sender {
         Sender {
             qp,
             region,
             ring_off,
             lkey,
-            state: Mutex::new(SendState {
-                flow: None,
-                peer: RingInfo::default(),
-                sq_used: 0,
-                sq,
-                direct: false,
-                claimed: false,
-                engine_waits: false,
-                direct_bytes: 0,
-            }),
+            state: Mutex::new(SendState::new(sq, ring as u64)),
         }
     }
 
@@ -117,11 +205,12 @@ impl Sender {
             // Control messages took the room since the window was claimed.
             return Err(io::Error::from_raw_os_error(libc::ENOMEM));
         }
-        let Some(flow) = state.flow.as_mut() else {
+        let Some(sent) = state.flow.as_ref().map(SendFlow::sent) else {
             return Err(io::Error::other("no peer ring yet"));
         };
-        let end = flow.sent() + n as u64;
+        let end = sent + n as u64;
         let local = self.ring_off + w.local;
+        let signaled = state.signal_next(end, state.controls, false);
         self.qp.write_imm(
             TAG_DATA | end,
             Local {
@@ -132,9 +221,13 @@ impl Sender {
             state.peer.addr + w.remote as u64,
             state.peer.rkey,
             n as u32,
+            signaled,
         )?;
-        flow.posted_data(n);
-        state.sq_used += 1;
+        if let Some(flow) = state.flow.as_mut() {
+            flow.posted_data(n);
+        }
+        let controls = state.controls;
+        state.note_posted(signaled, end, controls);
         Ok(())
     }
 
@@ -215,16 +308,8 @@ mod tests {
 
     #[test]
     fn the_engine_waits_while_a_claim_is_open_and_is_told() {
-        let mut state = SendState {
-            flow: None,
-            peer: RingInfo::default(),
-            sq_used: 0,
-            sq: 4,
-            direct: true,
-            claimed: false,
-            engine_waits: false,
-            direct_bytes: 0,
-        };
+        let mut state = SendState::new(4, 4096);
+        state.direct = true;
         assert!(Sender::engine_may_post(&mut state));
         assert!(!state.engine_waits, "nothing to wait for");
         state.claimed = true;
@@ -232,5 +317,84 @@ mod tests {
         assert!(state.engine_waits, "the writer wakes it after posting");
         state.sq_used = 4;
         assert!(!state.has_room());
+    }
+
+    /// Posts data and control messages as the engine and writers do (every window the flow
+    /// allows, controls when the queue has room), completing only what the device would
+    /// report: whenever the flow blocks on local resources (send ring, send queue, control
+    /// slots) a signaled request is outstanding, so its completion comes and frees them.
+    #[test]
+    fn a_blocked_sender_always_has_a_signaled_completion_coming() {
+        for (ring, sq, chunk) in [
+            (4096u64, 4u32, 1024u64),
+            (1 << 20, 64, 1 << 18),
+            (8192, 16, 8192),
+        ] {
+            let mut state = SendState::new(sq, ring);
+            // The peer consumes and reposts at once: only local resources can block.
+            state.flow = Some(SendFlow::new(ring, ring, 1 << 20, 1, chunk));
+            let mut in_flight = 0u32;
+            for step in 0..10_000u64 {
+                let control = step % 7 == 3;
+                let w = state.flow.as_ref().unwrap().window();
+                let blocked = !state.has_room() || (!control && w.len == 0);
+                if blocked {
+                    assert!(
+                        !state.signaled.is_empty(),
+                        "ring {ring}, sq {sq}: blocked with nothing signaled in flight (step {step})"
+                    );
+                    // The device completes the oldest signaled request.
+                    state.signaled_done().unwrap();
+                    continue;
+                }
+                let flow = state.flow.as_mut().unwrap();
+                let (sent, controls) = if control {
+                    flow.posted_control();
+                    state.controls += 1;
+                    (flow.sent(), state.controls)
+                } else {
+                    let n = w.len.min(1000 + (step as usize * 37) % 3000);
+                    flow.posted_data(n);
+                    flow.credit(flow.sent(), 0).unwrap();
+                    (flow.sent(), state.controls)
+                };
+                let signaled = state.signal_next(sent, controls, false);
+                state.note_posted(signaled, sent, controls);
+                in_flight += 1;
+                assert!(state.sq_used <= sq);
+            }
+            assert!(in_flight > 0);
+            // Every signaled request reported: less than half of each resource stays held.
+            while state.signaled_done().is_some() {}
+            assert!(
+                state.sq_used < sq.max(2) / 2 + 1,
+                "sq_used {}",
+                state.sq_used
+            );
+            let w = state.flow.as_ref().unwrap().window();
+            assert!(w.len > 0, "room for the next write");
+        }
+    }
+
+    #[test]
+    fn a_signaled_completion_reports_everything_before_it() {
+        let mut state = SendState::new(64, 1 << 20);
+        state.flow = Some(SendFlow::new(1 << 20, 1 << 20, 64, 1, 1 << 18));
+        for i in 1..=3u64 {
+            state.flow.as_mut().unwrap().posted_data(1000);
+            state.note_posted(false, 1000 * i, 0);
+        }
+        state.controls = 1;
+        state.flow.as_mut().unwrap().posted_control();
+        assert!(
+            state.signal_next(3000, 1, true),
+            "a FIN or probe must be signaled"
+        );
+        state.note_posted(true, 3000, 1);
+        assert_eq!(state.sq_used, 4);
+        assert_eq!(state.signaled_done(), Some(1));
+        assert_eq!(state.sq_used, 0);
+        assert!(state.flow.as_ref().unwrap().all_completed());
+        assert_eq!(state.signaled_done(), None);
     }
 }

@@ -493,7 +493,13 @@ impl Qp {
         Ok(())
     }
 
-    fn send_wr(wr_id: u64, sge: &mut ibv_sge, opcode: u32, imm: Option<u32>) -> ibv_send_wr {
+    fn send_wr(
+        wr_id: u64,
+        sge: &mut ibv_sge,
+        opcode: u32,
+        imm: Option<u32>,
+        signaled: bool,
+    ) -> ibv_send_wr {
         // SAFETY: ibv_send_wr is plain data; all-zero is a valid starting value.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
@@ -501,7 +507,9 @@ impl Qp {
         wr.num_sge = i32::from(sge.length > 0);
         wr.sg_list = if sge.length > 0 { sge } else { ptr::null_mut() };
         wr.opcode = opcode;
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if signaled {
+            wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
         if let Some(imm) = imm {
             wr.imm_data_invalidated_rkey_union = imm_data_invalidated_rkey_union_t {
                 imm_data: imm.to_be(),
@@ -510,7 +518,9 @@ impl Qp {
         wr
     }
 
-    /// RDMA WRITE WITH IMMEDIATE of `local` to `remote_addr` (`rkey`), signalled.
+    /// RDMA WRITE WITH IMMEDIATE of `local` to `remote_addr` (`rkey`); a completion only when
+    /// `signaled` (or on an error), as for every send-side request here.
+    #[allow(clippy::too_many_arguments)]
     pub fn write_imm(
         &self,
         wr_id: u64,
@@ -518,6 +528,7 @@ impl Qp {
         remote_addr: u64,
         rkey: u32,
         imm: u32,
+        signaled: bool,
     ) -> io::Result<()> {
         let mut sge = ibv_sge {
             addr: local.addr,
@@ -529,6 +540,7 @@ impl Qp {
             &mut sge,
             ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
             Some(imm),
+            signaled,
         );
         wr.wr = wr_t {
             rdma: rdma_t { remote_addr, rkey },
@@ -536,28 +548,34 @@ impl Qp {
         self.post(&mut wr)
     }
 
-    /// A zero-length RDMA WRITE (no completion at the peer): a liveness probe.
+    /// A zero-length RDMA WRITE (no completion at the peer), signaled: a liveness probe.
     pub fn write_probe(&self, wr_id: u64, remote_addr: u64, rkey: u32) -> io::Result<()> {
         let mut sge = ibv_sge {
             addr: 0,
             length: 0,
             lkey: 0,
         };
-        let mut wr = Qp::send_wr(wr_id, &mut sge, ibv_wr_opcode::IBV_WR_RDMA_WRITE, None);
+        let mut wr = Qp::send_wr(
+            wr_id,
+            &mut sge,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            None,
+            true,
+        );
         wr.wr = wr_t {
             rdma: rdma_t { remote_addr, rkey },
         };
         self.post(&mut wr)
     }
 
-    /// SEND of `local`, signalled.
-    pub fn send(&self, wr_id: u64, local: Local) -> io::Result<()> {
+    /// SEND of `local`; a completion only when `signaled` (or on an error).
+    pub fn send(&self, wr_id: u64, local: Local, signaled: bool) -> io::Result<()> {
         let mut sge = ibv_sge {
             addr: local.addr,
             length: local.len,
             lkey: local.lkey,
         };
-        let mut wr = Qp::send_wr(wr_id, &mut sge, ibv_wr_opcode::IBV_WR_SEND, None);
+        let mut wr = Qp::send_wr(wr_id, &mut sge, ibv_wr_opcode::IBV_WR_SEND, None, signaled);
         self.post(&mut wr)
     }
 
