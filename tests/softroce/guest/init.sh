@@ -115,7 +115,14 @@ loop)
 				echo "net.ipv4.conf.$i.$k $(sysctl -n "net.ipv4.conf.$i.$k")" >>"$state"
 			done
 		done
+		echo "net.core.netdev_max_backlog $(sysctl -n net.core.netdev_max_backlog)" >>"$state"
 	fi
+	# A veth hands every frame to the peer's per-CPU backlog (1000 frames by default); rxe keeps
+	# up to 64 frames in flight per QP, so 64 streams sending at once overflow it. rxe in
+	# Debian 12's kernel (6.1) does not recover from such a transmit drop: the re-sent request
+	# draws "remote invalid request" and the connection fails (`rdma statistic` counts send_err
+	# in exactly the failing runs). Room for every frame rxe may have in flight, both ways.
+	step sysctl -qw net.core.netdev_max_backlog=32768
 	step ip link add va type veth peer name vb
 	if ! ip link set va mtu "$mtu" || ! ip link set vb mtu "$mtu"; then
 		echo "softroce-init: veth refused MTU $mtu; staying at $(cat /sys/class/net/va/mtu)"
