@@ -304,6 +304,41 @@ fn recv_upgraded(
     Some(n)
 }
 
+/// Whether the stream behind the upgraded `fd` failed unreported ([`ops::take_reset`]), under
+/// the guard, panics caught, errno kept. Any other fd costs one atomic load.
+fn reset_once(fd: c_int) -> bool {
+    if fdtable::get(fd) & fdtable::SWAPPED == 0 {
+        return false;
+    }
+    let Some(_guard) = Guard::enter() else {
+        return false;
+    };
+    let errno = sys::errno();
+    let reset = catch_unwind(|| ops::take_reset(fd)).unwrap_or(false);
+    sys::set_errno(errno);
+    reset
+}
+
+/// A read's result: the socketpair's EOF (0 for a non-empty buffer) of an upgraded fd whose
+/// stream failed is -1 with `ECONNRESET` instead, once, as a TCP socket reports a reset; an app
+/// never takes a broken stream's end for an orderly one.
+fn read_result(fd: c_int, len: usize, n: isize) -> isize {
+    if n == 0 && len > 0 && reset_once(fd) {
+        sys::set_errno(libc::ECONNRESET);
+        return -1;
+    }
+    n
+}
+
+/// A write's result: `EPIPE` on an upgraded fd whose stream failed is `ECONNRESET`, once
+/// ([`read_result`]).
+fn write_result(fd: c_int, n: isize) -> isize {
+    if n < 0 && sys::errno() == libc::EPIPE && reset_once(fd) {
+        sys::set_errno(libc::ECONNRESET);
+    }
+    n
+}
+
 /// `ssize_t read(int fd, void *buf, size_t count)`: for an upgraded fd, the stream's bytes
 /// straight from its receive ring when the engine has delivered none to the fd.
 ///
@@ -318,7 +353,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isiz
         return n;
     }
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { orig(fd, buf, count) }
+    read_result(fd, count, unsafe { orig(fd, buf, count) })
 }
 
 /// `ssize_t recv(int fd, void *buf, size_t len, int flags)`: as [`read`] when `flags` asks
@@ -335,10 +370,10 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_
     // SAFETY: the caller's fd, with parts of its buffer and its flags, as recv(2) allows.
     let mut call = |b: *mut c_void, l: usize, f: c_int| unsafe { orig(fd, b, l, f) };
     if let Some(n) = recv_upgraded(fd, buf, len, flags, &mut call) {
-        return n;
+        return read_result(fd, len, n);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { orig(fd, buf, len, flags) }
+    read_result(fd, len, unsafe { orig(fd, buf, len, flags) })
 }
 
 /// `ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *addr,
@@ -366,10 +401,10 @@ pub unsafe extern "C" fn recvfrom(
     if addr.is_null()
         && let Some(n) = recv_upgraded(fd, buf, len, flags, &mut call)
     {
-        return n;
+        return read_result(fd, len, n);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { orig(fd, buf, len, flags, addr, addrlen) }
+    read_result(fd, len, unsafe { orig(fd, buf, len, flags, addr, addrlen) })
 }
 
 /// `write`/`send`/`sendto` of an upgraded fd: the start of `buf` straight into the stream's
@@ -433,10 +468,10 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: usize) -> i
     // SAFETY: the caller's fd with the unwritten tail of its buffer, as write(2) allows.
     let mut call = |b: *const c_void, l: usize| unsafe { orig(fd, b, l) };
     if let Some(n) = write_upgraded(fd, buf, count, &mut call) {
-        return n;
+        return write_result(fd, n);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { orig(fd, buf, count) }
+    write_result(fd, unsafe { orig(fd, buf, count) })
 }
 
 /// `ssize_t send(int fd, const void *buf, size_t len, int flags)`: as [`write`] when `flags`
@@ -455,10 +490,10 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: usize, flags: 
     if plain_send_flags(flags)
         && let Some(n) = write_upgraded(fd, buf, len, &mut call)
     {
-        return n;
+        return write_result(fd, n);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { orig(fd, buf, len, flags) }
+    write_result(fd, unsafe { orig(fd, buf, len, flags) })
 }
 
 /// `ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr
@@ -486,10 +521,10 @@ pub unsafe extern "C" fn sendto(
         && plain_send_flags(flags)
         && let Some(n) = write_upgraded(fd, buf, len, &mut call)
     {
-        return n;
+        return write_result(fd, n);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { orig(fd, buf, len, flags, addr, addrlen) }
+    write_result(fd, unsafe { orig(fd, buf, len, flags, addr, addrlen) })
 }
 
 /// `int close(int fd)`. Safe in signal handlers and between fork and exec: an atomic store and

@@ -338,6 +338,15 @@ pub fn hold_stream(fd: c_int) -> Option<upgrade::Hold> {
     upgrade::hold(fd)
 }
 
+/// The stream behind the upgraded `fd` failed and the app was not told yet (once): the caller
+/// answers `ECONNRESET` where the socketpair answered EOF or `EPIPE` ([`upgrade::take_reset`]).
+pub fn take_reset(fd: c_int) -> bool {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return false;
+    }
+    upgrade::take_reset(fd)
+}
+
 /// At exit (atexit handler or the destructor fallback).
 pub fn at_exit() {
     upgrade::flush_at_exit();

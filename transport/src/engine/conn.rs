@@ -306,9 +306,10 @@ impl Rdma {
                 return Ok(());
             }
             return Err(format!(
-                "work completion failed: {} (status {})",
+                "work completion failed: {} (status {}) on {}",
                 status_name(wc.status),
-                wc.status
+                wc.status,
+                request_name(wc)
             ));
         }
         if wc.opcode & WC_RECV != 0 {
@@ -617,6 +618,19 @@ impl Rdma {
     }
 }
 
+/// Which work request a completion is for, in a few words (for error reports), from its id
+/// alone (an error completion's opcode is undefined).
+fn request_name(wc: &Wc) -> String {
+    let n = wc.wr_id & TAG_MASK;
+    match wc.wr_id & !TAG_MASK {
+        0 => format!("receive {n}"),
+        super::sender::TAG_DATA => format!("the data write ending at byte {n}"),
+        TAG_CONTROL => format!("control message {n}"),
+        TAG_PROBE => String::from("a probe"),
+        _ => format!("work request {:#x}", wc.wr_id),
+    }
+}
+
 /// A readable name for a work completion status.
 fn status_name(status: u32) -> &'static str {
     match status {
@@ -785,17 +799,17 @@ impl StreamConn {
                 }
                 (_, kept) => {
                     (attached.on_event)(Event::Decided(StreamPath::Broken));
-                    fd::shutdown_quietly(attached.local.as_fd(), Shutdown::Both);
-                    if let Some(k) = kept {
-                        fd::reset(k.as_fd());
-                        fds.closing.push(k);
-                    }
                     (attached.on_event)(Event::Ended(End {
                         path: StreamPath::Broken,
                         sent: 0,
                         received: 0,
                         error: Some(String::from("the connection ended before it was attached")),
                     }));
+                    fd::shutdown_quietly(attached.local.as_fd(), Shutdown::Both);
+                    if let Some(k) = kept {
+                        fd::reset(k.as_fd());
+                        fds.closing.push(k);
+                    }
                     fds.closing.push(Arc::new(attached.local));
                     self.app = App::Done;
                 }
@@ -894,8 +908,6 @@ impl StreamConn {
             }
             None => {
                 on_event(Event::Decided(StreamPath::Broken));
-                fd::shutdown_quietly(local.as_fd(), Shutdown::Both);
-                fds.closing.push(Arc::new(local));
                 on_event(Event::Ended(End {
                     path: StreamPath::Broken,
                     sent: 0,
@@ -904,6 +916,8 @@ impl StreamConn {
                         "no CONFIRM and no TCP connection to fall back on",
                     )),
                 }));
+                fd::shutdown_quietly(local.as_fd(), Shutdown::Both);
+                fds.closing.push(Arc::new(local));
             }
         }
         self.error
@@ -938,22 +952,24 @@ impl StreamConn {
                 if a.awaiting_confirm.is_some() {
                     (a.on_event)(Event::Decided(StreamPath::Broken));
                 }
-                fd::shutdown_quietly(a.local.as_fd(), Shutdown::Both);
-                if let Some(k) = a.kept.take() {
-                    fd::reset(k.as_fd());
-                    fds.closing.push(k);
-                }
                 let path = if a.awaiting_confirm.is_some() {
                     StreamPath::Broken
                 } else {
                     StreamPath::Rdma
                 };
+                // Reported before the local side ends, so the app's next read after the
+                // delivered bytes can tell a broken stream from an orderly end.
                 (a.on_event)(Event::Ended(End {
                     path,
                     sent: a.sent,
                     received: a.received,
                     error: Some(why),
                 }));
+                fd::shutdown_quietly(a.local.as_fd(), Shutdown::Both);
+                if let Some(k) = a.kept.take() {
+                    fd::reset(k.as_fd());
+                    fds.closing.push(k);
+                }
                 fds.closing.push(Arc::new(a.local));
             }
             other => self.app = other,
@@ -995,12 +1011,17 @@ impl StreamConn {
             Step::Failed(e) => Some(e.to_string()),
         };
         let (sent, received) = relay.moved();
+        let failed = error.is_some();
         on_event(Event::Ended(End {
             path: StreamPath::Tcp,
             sent,
             received,
             error,
         }));
+        if failed {
+            // After the report: the app's next read can tell the failure from an end.
+            fd::shutdown_quietly(relay.local.as_fd(), Shutdown::Both);
+        }
         if let App::Relay(relay, _) = std::mem::replace(&mut self.app, App::Done) {
             fds.closing.push(Arc::new(relay.local));
             fds.closing.push(relay.far);

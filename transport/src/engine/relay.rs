@@ -133,8 +133,9 @@ impl Relay {
         }
     }
 
+    /// The far side is reset at once; the local side is shut down by the caller, after it
+    /// reported the failure (`StreamConn::step_relay`).
     fn fail(&mut self, e: io::Error) -> Step {
-        fd::shutdown_quietly(self.local.as_fd(), Shutdown::Both);
         fd::reset(self.far.as_fd());
         fd::shutdown_quietly(self.far.as_fd(), Shutdown::Both);
         Step::Failed(e)

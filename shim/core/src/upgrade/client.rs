@@ -169,7 +169,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
                 Attach {
                     kept: Some(s.kept),
                     handshake: Handshake::Confirm,
-                    on_event: on_event(Role::Client, fd, Some(peer)),
+                    on_event: on_event(Role::Client, fd, Some(peer), s.broken),
                     on_bytes: Some(count_bytes),
                     give_back: None,
                 },

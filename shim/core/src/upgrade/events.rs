@@ -2,6 +2,8 @@
 //! both, from its thread).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use libc::c_int;
 use rdma_streams_transport::engine::{Event, StreamPath};
@@ -37,14 +39,23 @@ pub fn count_bytes(sent: u64, received: u64) {
     stats.add_rdma_bytes_received(received);
 }
 
-/// The engine's callback for one swapped connection.
-pub fn on_event(role: Role, fd: c_int, peer: Option<SocketAddr>) -> Box<dyn FnMut(Event) + Send> {
+/// The engine's callback for one swapped connection; `broken` is set when it ends in a failure
+/// (before the engine ends the app's side, so the app's reads tell it from an orderly end).
+pub fn on_event(
+    role: Role,
+    fd: c_int,
+    peer: Option<SocketAddr>,
+    broken: Arc<AtomicBool>,
+) -> Box<dyn FnMut(Event) + Send> {
     Box::new(move |event| match event {
         Event::Decided(path) => {
             let (path, reason) = decided(role, path);
             record(role, fd, peer, path, reason);
         }
         Event::Ended(end) => {
+            if end.error.is_some() {
+                broken.store(true, Ordering::Release);
+            }
             if end.path == StreamPath::Rdma {
                 Stats::global().record_rdma_close(end.error.is_some());
             }

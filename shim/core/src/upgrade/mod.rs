@@ -59,6 +59,8 @@ struct SwappedFd {
     reader: Option<Arc<Reader>>,
     /// Direct writes into the stream's send ring ([`writer`]).
     writer: Option<Arc<Writer>>,
+    /// The stream failed and the app was not told yet ([`take_reset`]).
+    broken: Arc<AtomicBool>,
 }
 
 /// Swapped app fds (and their copies) -> what the shim keeps of them.
@@ -109,6 +111,17 @@ fn key(addr: SocketAddr) -> SocketAddr {
 /// The kept TCP socket behind a swapped app fd.
 pub fn kept(fd: c_int) -> Option<Arc<OwnedFd>> {
     SWAPPED_FDS.lock().get(&fd).map(|s| Arc::clone(&s.kept))
+}
+
+/// The stream behind the swapped `fd` failed and the app was not told yet: true once (the
+/// caller reports `ECONNRESET` where the socketpair says EOF or `EPIPE`, as a TCP socket reports
+/// a reset once), false from then on and for any other fd.
+pub fn take_reset(fd: c_int) -> bool {
+    let broken = match SWAPPED_FDS.lock().get(&fd) {
+        Some(s) => Arc::clone(&s.broken),
+        None => return false,
+    };
+    broken.swap(false, Ordering::AcqRel)
 }
 
 /// The stream `conn` behind the swapped `fd` may be read and written directly from now on, as

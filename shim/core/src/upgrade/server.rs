@@ -237,7 +237,7 @@ pub fn claim_and_swap(fd: c_int, peer: SocketAddr) -> Claim {
                 Attach {
                     kept: Some(s.kept),
                     handshake: Handshake::Claim,
-                    on_event: on_event(Role::Server, fd, Some(peer)),
+                    on_event: on_event(Role::Server, fd, Some(peer), s.broken),
                     on_bytes: Some(count_bytes),
                     give_back: None,
                 },

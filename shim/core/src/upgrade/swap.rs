@@ -5,6 +5,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use libc::c_int;
 
@@ -18,6 +19,8 @@ pub struct Swapped {
     pub local: OwnedFd,
     /// The kernel TCP socket, shared with the fd table (getpeername, TCP options).
     pub kept: Arc<OwnedFd>,
+    /// Set when the stream fails ([`super::take_reset`]; the engine's end report sets it).
+    pub broken: Arc<AtomicBool>,
 }
 
 /// Moves the kernel TCP socket behind the app's `fd` to a kept fd number and puts one end of a
@@ -34,12 +37,14 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
     sys::set_nonblocking(b.as_fd())?;
     let kept = Arc::new(sys::dup_cloexec(fd)?);
     fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
+    let broken = Arc::new(AtomicBool::new(false));
     SWAPPED_FDS.lock().insert(
         fd,
         SwappedFd {
             kept: Arc::clone(&kept),
             reader: None,
             writer: None,
+            broken: Arc::clone(&broken),
         },
     );
     if let Err(e) = sys::dup3(a.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {
@@ -48,7 +53,11 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
     }
     drop(a);
     fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);
-    Ok(Swapped { local: b, kept })
+    Ok(Swapped {
+        local: b,
+        kept,
+        broken,
+    })
 }
 
 /// The peer's TCP connection gets an RST (a failed swap after CONFIRM or CLAIM).

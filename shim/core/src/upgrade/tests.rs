@@ -39,3 +39,38 @@ fn a_fork_child_never_waits_for_a_lock_a_parent_thread_held() {
         "the fork child hung on a shim lock"
     );
 }
+
+/// A stream that fails is reported to the app once, as a reset, through every copy of its fd;
+/// one that ends in order never is.
+#[test]
+fn a_failed_stream_reads_as_one_reset_and_an_orderly_end_as_none() {
+    use rdma_streams_transport::engine::{End, Event, StreamPath};
+    use rdma_streams_transport::reason::Role;
+    use std::os::fd::AsRawFd;
+
+    let end = |error: Option<&str>| {
+        Event::Ended(End {
+            path: StreamPath::Rdma,
+            sent: 1,
+            received: 2,
+            error: error.map(String::from),
+        })
+    };
+    for failed in [true, false] {
+        let (app, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = app.as_raw_fd();
+        let s = swap::swap(fd).unwrap();
+        let copy = sys::dup_cloexec(fd).unwrap();
+        assert!(copy_swapped(fd, copy.as_raw_fd()));
+        assert!(!take_reset(fd), "nothing failed yet");
+        let mut on = events::on_event(Role::Client, fd, None, Arc::clone(&s.broken));
+        on(end(failed.then_some("work completion failed")));
+        assert_eq!(take_reset(copy.as_raw_fd()), failed, "failed: {failed}");
+        assert!(!take_reset(fd), "told once, through any copy");
+        assert!(!take_reset(copy.as_raw_fd()));
+        forget_swapped(fd);
+        forget_swapped(copy.as_raw_fd());
+        assert!(!take_reset(fd), "not a swapped fd any more");
+        crate::fdtable::set(fd, 0);
+    }
+}

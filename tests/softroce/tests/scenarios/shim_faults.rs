@@ -1,7 +1,7 @@
 //! What goes wrong, on a real RDMA stack: a peer killed mid-stream, a peer whose node is gone,
 //! a one-sided shim, no device, a memlock limit too low for one connection or for the next, a
 //! server that stalls before accepting, a pre-fork server, and an RDMA program on the same
-//! port. Each ends with its stated reason (or a reader that sees EOF or a reset within a bound),
+//! port. Each ends with its stated reason (or a reader that sees a reset within a bound),
 //! never a hang, and the bytes that were delivered are the right ones.
 
 use std::thread;
@@ -146,8 +146,9 @@ fn now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// kill -9 of the writing peer, both ways round: the reader sees EOF or a reset within 5 s
-/// (the dying process's kernel disconnects its RDMA connections at once).
+/// kill -9 of the writing peer, both ways round: the reader sees a reset within 5 s (the dying
+/// process's kernel disconnects its RDMA connections at once; what the dead writer had not
+/// posted is lost, so the end is never an orderly EOF).
 fn peer_killed(ctx: &Ctx) -> anyhow::Result<()> {
     let a = ctx.addr_a;
     let py = python();
@@ -200,6 +201,10 @@ fn peer_killed(ctx: &Ctx) -> anyhow::Result<()> {
             "the reader saw the end {:.1} s after the kill",
             ended - killed
         );
+        ensure!(
+            text.contains("ConnectionResetError"),
+            "{reader}: a broken stream must read as a reset, not as `{text}`"
+        );
         drop((srv, cli));
     }
     Ok(())
@@ -207,8 +212,8 @@ fn peer_killed(ctx: &Ctx) -> anyhow::Result<()> {
 
 /// The writing peer stopped (SIGSTOP) and every RoCE packet to and from its side dropped: no
 /// disconnect ever comes. The reader's engine probes after 5 s of silence; the probe's
-/// retries run out (7 tries of ~0.27 s) and the stream ends: the reader sees EOF within 15 s
-/// of the cut.
+/// retries run out (7 tries of ~0.27 s) and the stream fails: the reader sees a reset within
+/// 15 s of the cut.
 fn node_gone(ctx: &Ctx) -> anyhow::Result<()> {
     let a = ctx.addr_a;
     let py = python();
@@ -254,6 +259,10 @@ fn node_gone(ctx: &Ctx) -> anyhow::Result<()> {
         ended - cut < 15.0,
         "the reader saw the end {:.1} s after the cut",
         ended - cut
+    );
+    ensure!(
+        text.contains("ConnectionResetError"),
+        "a broken stream must read as a reset, not as `{text}`"
     );
     Ok(())
 }
