@@ -165,6 +165,12 @@ impl Loop {
             }
             if !self.draining && self.inner.draining.load(Ordering::Acquire) {
                 self.draining = true;
+                // Every local side is read once more: a socketpair the engine emptied earlier
+                // (or one the app's direct writes bypassed) raises no event, and "nothing to
+                // read" is its EOF now.
+                for conn in self.conns.values_mut() {
+                    conn.local_event(true, false);
+                }
                 self.dirty.extend(self.conns.keys().copied());
             }
             self.timers_due();

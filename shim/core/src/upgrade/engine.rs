@@ -3,7 +3,7 @@
 //! starts no thread.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -79,13 +79,18 @@ pub fn engine() -> Option<&'static Engine> {
 /// for a TCP socket after the process is gone: as long as bytes move, at most [`EXIT_FLUSH`]
 /// in all, and at most [`EXIT_STALL`] without progress.
 pub fn flush_at_exit() {
-    if FORKED.load(Ordering::Acquire) {
+    // The atexit handler and the destructor fallback may both call (the second one catches
+    // what an earlier-registered atexit handler wrote); after a flush that stalled, no second
+    // wait.
+    static STALLED: AtomicBool = AtomicBool::new(false);
+    if FORKED.load(Ordering::Acquire) || STALLED.load(Ordering::Acquire) {
         return;
     }
     let Some(Some(engine)) = ENGINE.get() else {
         return;
     };
     if !engine.flush(EXIT_STALL, Instant::now() + EXIT_FLUSH) {
+        STALLED.store(true, Ordering::Release);
         log_at!(
             Level::Info,
             "exit: some upgraded connections could not deliver everything (no progress for \
