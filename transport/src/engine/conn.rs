@@ -58,7 +58,7 @@ pub(super) struct Rdma {
     recv: Arc<Receiver>,
     /// Direct reads are on (the engine's copy of [`super::direct::RecvState::direct`]).
     direct: bool,
-    control_posted: u64,
+    /// Control messages completed (of [`SendState::controls`] posted).
     control_done: u64,
     fin_seq: Option<u64>,
     pending_control: VecDeque<ControlKind>,
@@ -178,7 +178,6 @@ impl Rdma {
             max_chunk: config.max_chunk() as u64,
             sender,
             writing: false,
-            control_posted: 0,
             control_done: 0,
             fin_seq: None,
             pending_control: VecDeque::new(),
@@ -378,7 +377,7 @@ impl Rdma {
         let sender = Arc::clone(&self.sender);
         let mut state = sender.lock();
         while state.has_room()
-            && self.control_posted - self.control_done < u64::from(self.sq)
+            && state.controls - self.control_done < u64::from(self.sq)
             && let Some(kind) = self.pending_control.front().copied()
         {
             if self.post_control(&mut state, kind).is_err() {
@@ -398,7 +397,7 @@ impl Rdma {
             reposted,
         }
         .encode();
-        let seq = self.control_posted;
+        let seq = state.controls;
         let off = self.control_send_off() + (seq % u64::from(self.sq)) as usize * SLOT;
         self.region.store(off, &bytes)?;
         let sent = state.flow.as_ref().map_or(0, SendFlow::sent);
@@ -416,9 +415,9 @@ impl Rdma {
         if kind == ControlKind::Fin {
             self.fin_seq = Some(seq);
         }
-        self.control_posted += 1;
-        state.controls = self.control_posted;
-        state.note_posted(signaled, sent, self.control_posted);
+        state.controls += 1;
+        let controls = state.controls;
+        state.note_posted(signaled, sent, controls);
         if let Some(send) = &mut state.flow {
             send.posted_control();
         }
@@ -450,7 +449,7 @@ impl Rdma {
         // bytes read from the socketpair or all of them posted ([`super::sender`]).
         let sender = Arc::clone(&self.sender);
         let mut state = sender.lock();
-        while ready.readable && state.has_room() && Sender::engine_may_post(&mut state) {
+        while ready.readable && state.has_room() && state.engine_may_post() {
             let Some(w) = state.flow.as_ref().map(SendFlow::window) else {
                 break;
             };

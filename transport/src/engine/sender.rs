@@ -157,6 +157,15 @@ impl SendState {
         Some(done.controls)
     }
 
+    /// The engine may post data from the socketpair now: no writer has a window claimed. If
+    /// one has, the writer wakes the engine once it posted.
+    pub(super) fn engine_may_post(&mut self) -> bool {
+        if self.claimed {
+            self.engine_waits = true;
+        }
+        !self.claimed
+    }
+
     /// Room for one more send work request.
     pub(super) fn has_room(&self) -> bool {
         self.sq_used < self.sq
@@ -183,15 +192,6 @@ impl Sender {
 
     pub(super) fn lock(&self) -> MutexGuard<'_, SendState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The engine may post data from the socketpair now: no writer has a window claimed. If
-    /// one has, the writer wakes the engine once it posted.
-    pub(super) fn engine_may_post(state: &mut SendState) -> bool {
-        if state.claimed {
-            state.engine_waits = true;
-        }
-        !state.claimed
     }
 
     /// Where the engine reads socketpair bytes for window `w` into.
@@ -310,10 +310,10 @@ mod tests {
     fn the_engine_waits_while_a_claim_is_open_and_is_told() {
         let mut state = SendState::new(4, 4096);
         state.direct = true;
-        assert!(Sender::engine_may_post(&mut state));
+        assert!(state.engine_may_post());
         assert!(!state.engine_waits, "nothing to wait for");
         state.claimed = true;
-        assert!(!Sender::engine_may_post(&mut state));
+        assert!(!state.engine_may_post());
         assert!(state.engine_waits, "the writer wakes it after posting");
         state.sq_used = 4;
         assert!(!state.has_room());
