@@ -13,7 +13,8 @@
 # variables for every shimmed run; KINDS: the runs of each rep, in turn (default
 # "shim rsocket"; `shim/VAR=VALUE` is a shimmed run with that variable too, for example
 # KINDS="shim shim/STREAMSHIM_DIRECT_WRITE=0 rsocket"). Shimmed runs also print the share of
-# the bytes read straight from the receive rings and written straight into the send rings.
+# the bytes read straight from the receive rings and written straight into the send rings. Every
+# run prints what rxe's retry and error counters (`rdma statistic`) moved during it.
 set -u
 A=198.18.0.1
 SHIM=${SHIM:-$(cd "$(dirname "$0")/../../.." && pwd)/target/release/libstreamshim.so}
@@ -75,6 +76,17 @@ t=lambda k: sum(x.get(k,0) for x in v)
 print('direct reads %.3f, writes %.3f' % (t('direct')/max(1,t('received')), t('direct_written')/max(1,t('sent'))))" "$ST/stats"
 }
 
+# rxe's error and retry counters, summed over every link: "name value" lines.
+counters() {
+	rdma statistic show 2>/dev/null | tr ' ' '\n' | paste - - |
+		awk '$1 ~ /^(duplicate_request|out_of_seq_request|rcvd_seq_err|completer_retry_err|retry_exceeded_err|rcvd_rnr_err|send_err)$/ { n[$1] += $2 } END { for (k in n) print k, n[k] }' | sort
+}
+
+# What the counters moved since $1 (a file of `counters` output): the nonzero ones.
+moved() {
+	counters | join -a 1 - "$1" | awk '{ d = $2 - ($3 == "" ? 0 : $3); if (d) printf "%s%s %d", (c++ ? ", " : ""), $1, d } END { if (!c) printf "none" }'
+}
+
 run4() { # KIND: shim, shim/VAR=VALUE or rsocket
 	local kind=$1 p port sps=() cps=() pre="" shim=0
 	case $kind in
@@ -95,6 +107,7 @@ run4() { # KIND: shim, shim/VAR=VALUE or rsocket
 		if [ $shim = 1 ]; then wait_port $port; else wait_cm $port; fi
 	done
 	gb=$(python3 -c "print(4*2*$COUNT*1048576/1e9)")
+	counters >"$ST/counters"
 	python3 "$ST/sample.py" "$gb" >"$ST/cpu" &
 	local sampler=$!
 	t0=$(date +%s.%N)
@@ -109,7 +122,7 @@ run4() { # KIND: shim, shim/VAR=VALUE or rsocket
 	wait "${sps[@]}"
 	local shares=""
 	[ $shim = 1 ] && shares="; $(share)"
-	echo "$kind rep $rep: $(python3 -c "import sys;print('%.3f' % (float(sys.argv[3])*8/(float(sys.argv[2])-float(sys.argv[1]))))" "$t0" "$t1" "$gb") Gbit/s; $(cat "$ST/cpu")$shares"
+	echo "$kind rep $rep: $(python3 -c "import sys;print('%.3f' % (float(sys.argv[3])*8/(float(sys.argv[2])-float(sys.argv[1]))))" "$t0" "$t1" "$gb") Gbit/s; $(cat "$ST/cpu")$shares; rxe counters moved: $(moved "$ST/counters")"
 	base=$((base + 10))
 }
 
