@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::direct::Receiver;
 use super::relay::{Ready, Relay, Step};
-use super::sender::{SendState, Sender};
+use super::sender::{Request, SendState, Sender};
 use super::shared::ConnShared;
 use super::{Attach, End, EngineConfig, Event, Handshake, SLOT, StreamPath};
 use crate::fd;
@@ -400,9 +400,8 @@ impl Rdma {
         let seq = state.controls;
         let off = self.control_send_off() + (seq % u64::from(self.sq)) as usize * SLOT;
         self.region.store(off, &bytes)?;
-        let sent = state.flow.as_ref().map_or(0, SendFlow::sent);
         // FIN's completion says every byte before it arrived; a credit's says nothing needed.
-        let signaled = state.signal_next(sent, seq + 1, kind == ControlKind::Fin);
+        let signaled = state.signal_next(Request::Control, kind == ControlKind::Fin);
         self.qp.send(
             TAG_CONTROL | seq,
             Local {
@@ -415,12 +414,7 @@ impl Rdma {
         if kind == ControlKind::Fin {
             self.fin_seq = Some(seq);
         }
-        state.controls += 1;
-        let controls = state.controls;
-        state.note_posted(signaled, sent, controls);
-        if let Some(send) = &mut state.flow {
-            send.posted_control();
-        }
+        state.note_posted(signaled, Request::Control);
         Ok(())
     }
 
@@ -605,9 +599,7 @@ impl Rdma {
             .is_ok()
         {
             self.probe_outstanding = true;
-            let sent = state.flow.as_ref().map_or(0, SendFlow::sent);
-            let controls = state.controls;
-            state.note_posted(true, sent, controls);
+            state.note_posted(true, Request::Probe);
         }
     }
 

@@ -69,6 +69,17 @@ struct Signaled {
     controls: u64,
 }
 
+/// A send work request, for the accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Request {
+    /// A data write of this many bytes.
+    Data(usize),
+    /// A control message (it uses one of the peer's receives).
+    Control,
+    /// A liveness probe.
+    Probe,
+}
+
 /// What the lock guards.
 pub(super) struct SendState {
     /// The flow, once the peer's ring is known.
@@ -118,18 +129,44 @@ impl SendState {
         }
     }
 
-    /// Whether the next request goes signaled (see the module docs): `must` when its own
-    /// completion matters; `sent` and `controls` as they will be once it is posted.
-    pub(super) fn signal_next(&self, sent: u64, controls: u64, must: bool) -> bool {
+    /// Data bytes posted so far.
+    fn sent(&self) -> u64 {
+        self.flow.as_ref().map_or(0, SendFlow::sent)
+    }
+
+    /// Data bytes and control messages posted once `request` is.
+    fn after(&self, request: Request) -> (u64, u64) {
+        match request {
+            Request::Data(n) => (self.sent() + n as u64, self.controls),
+            Request::Control => (self.sent(), self.controls + 1),
+            Request::Probe => (self.sent(), self.controls),
+        }
+    }
+
+    /// Whether `request`, posted next, goes signaled (see the module docs): `must` when its
+    /// own completion matters.
+    pub(super) fn signal_next(&self, request: Request, must: bool) -> bool {
         let half_sq = (self.sq / 2).max(1);
+        let (sent, controls) = self.after(request);
         must || self.unsignaled + 1 >= half_sq
             || sent - self.mark_sent >= self.half_ring
             || controls - self.mark_controls >= u64::from(half_sq)
     }
 
-    /// A request was posted, `signaled` or not, with `sent` data bytes and `controls` control
-    /// messages posted up to it.
-    pub(super) fn note_posted(&mut self, signaled: bool, sent: u64, controls: u64) {
+    /// `request` was posted, `signaled` or not: the flow, the counts and the send queue take
+    /// it.
+    pub(super) fn note_posted(&mut self, signaled: bool, request: Request) {
+        let (sent, controls) = self.after(request);
+        if let Some(flow) = &mut self.flow {
+            match request {
+                Request::Data(n) => {
+                    flow.posted_data(n);
+                }
+                Request::Control => flow.posted_control(),
+                Request::Probe => {}
+            }
+        }
+        self.controls = controls;
         self.sq_used += 1;
         if !signaled {
             self.unsignaled += 1;
@@ -205,12 +242,12 @@ impl Sender {
             // Control messages took the room since the window was claimed.
             return Err(io::Error::from_raw_os_error(libc::ENOMEM));
         }
-        let Some(sent) = state.flow.as_ref().map(SendFlow::sent) else {
+        if state.flow.is_none() {
             return Err(io::Error::other("no peer ring yet"));
-        };
-        let end = sent + n as u64;
+        }
+        let end = state.sent() + n as u64;
         let local = self.ring_off + w.local;
-        let signaled = state.signal_next(end, state.controls, false);
+        let signaled = state.signal_next(Request::Data(n), false);
         self.qp.write_imm(
             TAG_DATA | end,
             Local {
@@ -223,11 +260,7 @@ impl Sender {
             n as u32,
             signaled,
         )?;
-        if let Some(flow) = state.flow.as_mut() {
-            flow.posted_data(n);
-        }
-        let controls = state.controls;
-        state.note_posted(signaled, end, controls);
+        state.note_posted(signaled, Request::Data(n));
         Ok(())
     }
 
@@ -347,19 +380,17 @@ mod tests {
                     state.signaled_done().unwrap();
                     continue;
                 }
-                let flow = state.flow.as_mut().unwrap();
-                let (sent, controls) = if control {
-                    flow.posted_control();
-                    state.controls += 1;
-                    (flow.sent(), state.controls)
+                let request = if control {
+                    Request::Control
                 } else {
-                    let n = w.len.min(1000 + (step as usize * 37) % 3000);
-                    flow.posted_data(n);
-                    flow.credit(flow.sent(), 0).unwrap();
-                    (flow.sent(), state.controls)
+                    Request::Data(w.len.min(1000 + (step as usize * 37) % 3000))
                 };
-                let signaled = state.signal_next(sent, controls, false);
-                state.note_posted(signaled, sent, controls);
+                let signaled = state.signal_next(request, false);
+                state.note_posted(signaled, request);
+                if !control {
+                    let flow = state.flow.as_mut().unwrap();
+                    flow.credit(flow.sent(), 0).unwrap();
+                }
                 in_flight += 1;
                 assert!(state.sq_used <= sq);
             }
@@ -380,17 +411,14 @@ mod tests {
     fn a_signaled_completion_reports_everything_before_it() {
         let mut state = SendState::new(64, 1 << 20);
         state.flow = Some(SendFlow::new(1 << 20, 1 << 20, 64, 1, 1 << 18));
-        for i in 1..=3u64 {
-            state.flow.as_mut().unwrap().posted_data(1000);
-            state.note_posted(false, 1000 * i, 0);
+        for _ in 1..=3 {
+            state.note_posted(false, Request::Data(1000));
         }
-        state.controls = 1;
-        state.flow.as_mut().unwrap().posted_control();
         assert!(
-            state.signal_next(3000, 1, true),
+            state.signal_next(Request::Control, true),
             "a FIN or probe must be signaled"
         );
-        state.note_posted(true, 3000, 1);
+        state.note_posted(true, Request::Control);
         assert_eq!(state.sq_used, 4);
         assert_eq!(state.signaled_done(), Some(1));
         assert_eq!(state.sq_used, 0);

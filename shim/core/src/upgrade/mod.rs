@@ -117,11 +117,10 @@ pub fn kept(fd: c_int) -> Option<Arc<OwnedFd>> {
 /// caller reports `ECONNRESET` where the socketpair says EOF or `EPIPE`, as a TCP socket reports
 /// a reset once), false from then on and for any other fd.
 pub fn take_reset(fd: c_int) -> bool {
-    let broken = match SWAPPED_FDS.lock().get(&fd) {
-        Some(s) => Arc::clone(&s.broken),
-        None => return false,
-    };
-    broken.swap(false, Ordering::AcqRel)
+    SWAPPED_FDS
+        .lock()
+        .get(&fd)
+        .is_some_and(|s| s.broken.swap(false, Ordering::AcqRel))
 }
 
 /// The stream `conn` behind the swapped `fd` may be read and written directly from now on, as
