@@ -416,6 +416,7 @@ fn write_upgraded(
     fd: c_int,
     buf: *const c_void,
     len: usize,
+    dontwait: bool,
     orig: &mut dyn FnMut(*const c_void, usize) -> isize,
 ) -> Option<isize> {
     if buf.is_null() || len == 0 || fdtable::get(fd) & fdtable::SWAPPED == 0 {
@@ -430,12 +431,17 @@ fn write_upgraded(
     };
     // SAFETY: write(2)'s contract: `buf` holds `len` readable bytes for the call.
     let whole = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+    // Until when this call may wait for room in the ring: looked up once, when first needed.
+    let mut until = None;
+    let mut wait_until = || *until.get_or_insert_with(|| ops::write_wait_until(fd, dontwait));
     let mut direct = |chunk: &[u8]| {
         let _guard = Guard::enter()?;
         let errno = sys::errno();
-        let n = catch_unwind(AssertUnwindSafe(|| ops::write_direct(&writer, fd, chunk)))
-            .ok()
-            .flatten();
+        let n = catch_unwind(AssertUnwindSafe(|| {
+            ops::write_direct(&writer, fd, chunk, &mut wait_until)
+        }))
+        .ok()
+        .flatten();
         sys::set_errno(errno);
         n
     };
@@ -467,7 +473,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: usize) -> i
     };
     // SAFETY: the caller's fd with the unwritten tail of its buffer, as write(2) allows.
     let mut call = |b: *const c_void, l: usize| unsafe { orig(fd, b, l) };
-    if let Some(n) = write_upgraded(fd, buf, count, &mut call) {
+    if let Some(n) = write_upgraded(fd, buf, count, false, &mut call) {
         return write_result(fd, n);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
@@ -488,7 +494,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: usize, flags: 
     // SAFETY: the caller's fd with the unwritten tail of its buffer and its flags.
     let mut call = |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags) };
     if plain_send_flags(flags)
-        && let Some(n) = write_upgraded(fd, buf, len, &mut call)
+        && let Some(n) = write_upgraded(fd, buf, len, flags & libc::MSG_DONTWAIT != 0, &mut call)
     {
         return write_result(fd, n);
     }
@@ -519,7 +525,7 @@ pub unsafe extern "C" fn sendto(
         |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags, std::ptr::null(), 0) };
     if addr.is_null()
         && plain_send_flags(flags)
-        && let Some(n) = write_upgraded(fd, buf, len, &mut call)
+        && let Some(n) = write_upgraded(fd, buf, len, flags & libc::MSG_DONTWAIT != 0, &mut call)
     {
         return write_result(fd, n);
     }

@@ -9,6 +9,14 @@
 //! socketpair for bytes a direct read could take from the ring meanwhile.
 
 use std::ffi::OsStr;
+use std::time::Duration;
+
+/// How long a blocking `write`/`send` of an upgraded fd waits for room in the stream's send
+/// ring (for the peer to consume) before it queues the rest in the socketpair, as it did
+/// before direct writes: the socketpair's buffer then adds to the ring's, so a program that
+/// relies on the kernel buffering some bytes before its peer reads (both ends writing first)
+/// is never held by the ring's smaller size for longer than this.
+pub const WRITE_WAIT: Duration = Duration::from_millis(250);
 
 /// The read switch's variable.
 pub const DIRECT_READ_ENV: &str = "STREAMSHIM_DIRECT_READ";

@@ -9,6 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use libc::c_int;
 use rdma_streams_transport::engine::Writer;
@@ -20,7 +21,7 @@ use crate::fdtable::{
     self, COUNTED, INET_STREAM, LISTENING, POLLED, SHIM_OWNED, SIDE, SWAPPED, TCP,
 };
 use crate::log::{Level, log_at};
-use crate::{sys, upgrade};
+use crate::{direct, sys, upgrade};
 
 /// The socket type without SOCK_NONBLOCK / SOCK_CLOEXEC.
 fn base_type(ty: c_int) -> c_int {
@@ -322,11 +323,25 @@ pub fn writer(fd: c_int) -> Option<Arc<Writer>> {
 
 /// One direct write of the start of `chunk` into the send ring of the upgraded `fd` behind
 /// `writer` ([`Writer::write`]): the byte count, None when the ring takes none now (the caller
-/// writes the rest to the fd, in order behind these).
-pub fn write_direct(writer: &Writer, fd: c_int, chunk: &[u8]) -> Option<usize> {
-    let n = writer.write(fd, chunk)?;
+/// writes the rest to the fd, in order behind these). `wait_until`: until when the write may
+/// wait for room in the ring ([`write_wait_until`]), asked only when there is none.
+pub fn write_direct(
+    writer: &Writer,
+    fd: c_int,
+    chunk: &[u8],
+    wait_until: &mut dyn FnMut() -> Option<Instant>,
+) -> Option<usize> {
+    let n = writer.write(fd, chunk, wait_until)?;
     Stats::global().add_rdma_bytes_direct_written(n as u64);
     Some(n)
+}
+
+/// Until when a write of `fd` (the app's end of an upgraded stream) may wait for room in the
+/// send ring: [`direct::WRITE_WAIT`] from now for a blocking send without a send timeout; None
+/// for `MSG_DONTWAIT` (`dontwait`), a non-blocking fd or one with `SO_SNDTIMEO` (those queue
+/// the rest in the socketpair at once, which then blocks or not as they asked).
+pub fn write_wait_until(fd: c_int, dontwait: bool) -> Option<Instant> {
+    (!dontwait && sys::send_blocks(fd)).then(|| Instant::now() + direct::WRITE_WAIT)
 }
 
 /// A hold on the stream behind the upgraded `fd` for a run of direct reads

@@ -1,15 +1,16 @@
 //! `STREAMSHIM_RING_KIB`: how many bytes each upgraded connection's ring holds per direction,
 //! the one memory/throughput knob of the shim. A connection pins both rings (plus its control
-//! slots and the provider's queues), so the default trades about 2 MiB of locked memory per
-//! connection for a 1 MiB transfer in flight; a process that holds many connections under a
-//! small `RLIMIT_MEMLOCK` and no `CAP_IPC_LOCK` may want less.
+//! slots and the provider's queues), so the default trades about 4 MiB of locked memory per
+//! connection for a 2 MiB transfer in flight (measured against 1 MiB in `docs/benchmarks.md`);
+//! a process that holds many connections under a small `RLIMIT_MEMLOCK` and no `CAP_IPC_LOCK`
+//! may want less.
 
 use std::ffi::OsStr;
 
 /// The variable.
 pub const RING_ENV: &str = "STREAMSHIM_RING_KIB";
-/// The ring when the variable is unset: 1 MiB each way.
-pub const DEFAULT_RING_KIB: usize = 1024;
+/// The ring when the variable is unset: 2 MiB each way.
+pub const DEFAULT_RING_KIB: usize = 2048;
 /// The smallest ring the variable may ask for (KiB).
 pub const MIN_RING_KIB: usize = 16;
 /// The largest (KiB): the wire's largest ring, 16 MiB.
@@ -46,9 +47,9 @@ mod tests {
 
     #[test]
     fn unset_and_empty_give_the_default() {
-        assert_eq!(ring_bytes_from_value(None), Ok(1024 * 1024));
-        assert_eq!(parse(""), Ok(1024 * 1024));
-        assert_eq!(parse("  "), Ok(1024 * 1024));
+        assert_eq!(ring_bytes_from_value(None), Ok(2048 * 1024));
+        assert_eq!(parse(""), Ok(2048 * 1024));
+        assert_eq!(parse("  "), Ok(2048 * 1024));
     }
 
     #[test]

@@ -170,6 +170,34 @@ pub fn fd_flags(fd: c_int) -> std::io::Result<(c_int, c_int)> {
     Ok((fl, fdfl))
 }
 
+/// True when a send on the socket `fd` may block without bound: no `O_NONBLOCK`, and no send
+/// timeout (`SO_SNDTIMEO`). False on any error.
+pub fn send_blocks(fd: c_int) -> bool {
+    // SAFETY: fcntl with F_GETFL takes no pointer argument.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 || fl & libc::O_NONBLOCK != 0 {
+        return false;
+    }
+    let mut tv = MaybeUninit::<libc::timeval>::zeroed();
+    let mut len = size_of::<libc::timeval>() as socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `tv`, which holds that many.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            tv.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return false;
+    }
+    // SAFETY: zero-initialised, and getsockopt filled it on success.
+    let tv = unsafe { tv.assume_init() };
+    tv.tv_sec == 0 && tv.tv_usec == 0
+}
+
 /// Adds O_NONBLOCK to the fd's status flags.
 pub fn set_nonblocking(fd: BorrowedFd<'_>) -> std::io::Result<()> {
     let raw = fd.as_raw_fd();

@@ -10,7 +10,7 @@
 //!
 //! | group | variants |
 //! | --- | --- |
-//! | 1 stream | `rstream -T s -T b` (kernel TCP) · the same with both ends under `libstreamshim.so` (upgraded), with its default 1 MiB rings and with `STREAMSHIM_RING_KIB=256` · `rstream -T b` (librdmacm's rsocket) · `ib_write_bw -R` (verbs, RDMA WRITE) |
+//! | 1 stream | `rstream -T s -T b` (kernel TCP) · the same with both ends under `libstreamshim.so` (upgraded), with its default 2 MiB rings and with `STREAMSHIM_RING_KIB=256` · `rstream -T b` (librdmacm's rsocket) · `ib_write_bw -R` (verbs, RDMA WRITE) |
 //! | 4 streams | 4 concurrent rstream pairs of each kind (one port each) · `ib_write_bw -R -q 4` (one process per side: four busy-polling perftest processes starve each other on 2 vCPUs) · `iperf3 -P 4` plain and shimmed |
 //! | connect | N sequential `socket()+connect()+close()` (`rdma_tool connlat`) to an accept-and-close server: TCP · both ends shimmed (upgraded; both ring sizes) · both ends under librspreload (rsocket) |
 //! | migration | a QEMU live migration of 128 MiB (`tests/tools/qemu_migrate.py`), plain and both QEMUs shimmed (the first `RDMA_BENCH_MIGRATIONS` repetitions) |

@@ -324,10 +324,13 @@ impl Rdma {
                 self.recv.lock().flow.reposted();
                 let control = Control::decode(&bytes)
                     .ok_or_else(|| String::from("unknown control message"))?;
-                if let Some(send) = &mut self.sender.lock().flow {
+                let mut state = self.sender.lock();
+                if let Some(send) = &mut state.flow {
                     send.credit(control.consumed, control.reposted)
                         .map_err(|e| e.to_string())?;
                 }
+                self.sender.room_changed(&state);
+                drop(state);
                 match control.kind {
                     ControlKind::Credit => {}
                     ControlKind::Fin => {
@@ -354,9 +357,12 @@ impl Rdma {
         }
         // A signaled request (data, control or probe): it and every request before it are done
         // ([`super::sender`]).
-        if let Some(controls) = self.sender.lock().signaled_done() {
+        let mut state = self.sender.lock();
+        if let Some(controls) = state.signaled_done() {
             self.control_done = self.control_done.max(controls);
+            self.sender.room_changed(&state);
         }
+        drop(state);
         if wc.wr_id & !TAG_MASK == TAG_PROBE {
             self.probe_outstanding = false;
             self.last_rx = now;
@@ -531,14 +537,20 @@ impl Rdma {
     /// Turns direct writes on or off ([`super::sender`]).
     pub(super) fn set_writing(&mut self, on: bool) {
         if self.writing != on {
-            self.sender.lock().direct = on;
+            let mut state = self.sender.lock();
+            state.direct = on;
+            self.sender.room_changed(&state);
+            drop(state);
             self.writing = on;
         }
     }
 
-    /// No direct writer posts from now on (before the QP is destroyed).
+    /// No direct writer posts from now on (before the QP is destroyed); a waiting one stops
+    /// waiting.
     pub(super) fn stop_writers(&self) {
-        self.sender.lock().direct = false;
+        let mut state = self.sender.lock();
+        state.direct = false;
+        self.sender.room_changed(&state);
     }
 
     /// Bytes the app's direct writes posted since the last call.

@@ -38,7 +38,8 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Instant;
 
 use super::{Command, Inner};
 use crate::flow::{SendFlow, Window};
@@ -56,6 +57,8 @@ pub(super) struct Sender {
     ring_off: usize,
     lkey: u32,
     state: Mutex<SendState>,
+    /// Told when the window may have grown or direct writes ended, while writers wait.
+    room: Condvar,
 }
 
 /// What the completion of a signaled work request reports: every request up to it is done.
@@ -94,6 +97,8 @@ pub(super) struct SendState {
     claimed: bool,
     /// The engine left the socketpair unread while a claim was open.
     engine_waits: bool,
+    /// Writers waiting for room in the window ([`Writer::write`]).
+    waiting: u32,
     /// Bytes writers posted that the engine has not counted yet.
     pub(super) direct_bytes: u64,
     /// Control messages posted.
@@ -119,6 +124,7 @@ impl SendState {
             direct: false,
             claimed: false,
             engine_waits: false,
+            waiting: 0,
             direct_bytes: 0,
             controls: 0,
             signaled: VecDeque::new(),
@@ -224,11 +230,18 @@ impl Sender {
             ring_off,
             lkey,
             state: Mutex::new(SendState::new(sq, ring as u64)),
+            room: Condvar::new(),
         }
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, SendState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The window may have grown (a credit, a signaled completion) or direct writes ended:
+    /// wakes the writers waiting for room, if any. The caller changed `state` under the lock.
+    pub(super) fn room_changed(&self, state: &SendState) {
+        tell_waiting(&self.room, state);
     }
 
     /// Where the engine reads socketpair bytes for window `w` into.
@@ -298,22 +311,45 @@ impl Writer {
     /// the stream's socketpair) holds nothing the engine has not read, the app may still send
     /// on it, and the window and send queue have room; the byte count (at most one window).
     /// None: write to `app` as usual.
-    pub fn write(&self, app: RawFd, buf: &[u8]) -> Option<usize> {
+    ///
+    /// When the window or the send queue has no room, `wait_until` is asked (once per call)
+    /// until when a blocking write may wait for room: the writer then waits for the engine to
+    /// report a credit or a completion ([`Sender::room_changed`]), or for direct writes to end,
+    /// at most until then. None: it does not wait (a non-blocking write, or one with a send
+    /// timeout), and the caller writes the rest to the socketpair.
+    pub fn write(
+        &self,
+        app: RawFd,
+        buf: &[u8],
+        wait_until: &mut dyn FnMut() -> Option<Instant>,
+    ) -> Option<usize> {
         if buf.is_empty() {
             return None;
         }
         let send = self.send.upgrade()?;
+        let mut deadline: Option<Option<Instant>> = None;
         let w = {
             let mut state = send.lock();
-            if !state.direct || state.claimed || !state.has_room() {
-                return None;
+            loop {
+                if !state.direct || state.claimed {
+                    return None;
+                }
+                let w = state.flow.as_ref()?.window();
+                if w.len > 0 && state.has_room() {
+                    if unread_by_peer(app).ok() != Some(0) || !crate::fd::may_send(app) {
+                        return None;
+                    }
+                    state.claimed = true;
+                    break w;
+                }
+                // No room: a blocking write waits for it, unless the socketpair holds bytes
+                // the engine must send first or the app may not send at all.
+                let until = (*deadline.get_or_insert_with(&mut *wait_until))?;
+                if unread_by_peer(app).ok() != Some(0) || !crate::fd::may_send(app) {
+                    return None;
+                }
+                state = wait_for_room(&send.room, state, until)?;
             }
-            let w = state.flow.as_ref()?.window();
-            if w.len == 0 || unread_by_peer(app).ok() != Some(0) || !crate::fd::may_send(app) {
-                return None;
-            }
-            state.claimed = true;
-            w
         };
         let n = w.len.min(buf.len());
         // Outside the lock: the claimed range is this writer's (the engine posts no data until
@@ -333,6 +369,32 @@ impl Writer {
         }
         posted.then_some(n)
     }
+}
+
+/// Wakes the writers waiting on `room`, if `state` counts any.
+fn tell_waiting(room: &Condvar, state: &SendState) {
+    if state.waiting > 0 {
+        room.notify_all();
+    }
+}
+
+/// Waits on `room` until it is told or `until` passes; the lock again, None once `until` has
+/// passed (the caller stops waiting). Counted in `waiting` meanwhile, so the engine tells it.
+fn wait_for_room<'a>(
+    room: &Condvar,
+    mut state: MutexGuard<'a, SendState>,
+    until: Instant,
+) -> Option<MutexGuard<'a, SendState>> {
+    let left = until.checked_duration_since(Instant::now())?;
+    if left.is_zero() {
+        return None;
+    }
+    state.waiting += 1;
+    let (mut state, _) = room
+        .wait_timeout(state, left)
+        .unwrap_or_else(PoisonError::into_inner);
+    state.waiting -= 1;
+    Some(state)
 }
 
 #[cfg(test)]
@@ -405,6 +467,66 @@ mod tests {
             let w = state.flow.as_ref().unwrap().window();
             assert!(w.len > 0, "room for the next write");
         }
+    }
+
+    /// A writer waiting for room wakes when the engine reports a credit, long before its
+    /// deadline, and one that nobody tells gives up at its deadline; neither stays counted.
+    #[test]
+    fn a_waiting_writer_wakes_on_a_credit_and_gives_up_at_its_deadline() {
+        use std::time::Duration;
+        let shared = Arc::new((Mutex::new(SendState::new(64, 4096)), Condvar::new()));
+        {
+            let mut state = shared.0.lock().unwrap();
+            state.flow = Some(SendFlow::new(4096, 4096, 64, 1, 1024));
+            for _ in 0..4 {
+                state.note_posted(false, Request::Data(1024));
+            }
+            state.note_posted(true, Request::Control);
+            state.signaled_done().unwrap();
+            assert_eq!(
+                state.flow.as_ref().unwrap().window().len,
+                0,
+                "the peer's ring is full"
+            );
+        }
+        let writer = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                let until = started + Duration::from_secs(30);
+                let mut state = shared.0.lock().unwrap();
+                while state.flow.as_ref().unwrap().window().len == 0 {
+                    state = wait_for_room(&shared.1, state, until).expect("woken before 30 s");
+                }
+                started.elapsed()
+            })
+        };
+        // The engine reports the credit once the writer waits (as it would at any time).
+        loop {
+            let mut state = shared.0.lock().unwrap();
+            if state.waiting == 1 {
+                state.flow.as_mut().unwrap().credit(2048, 4).unwrap();
+                tell_waiting(&shared.1, &state);
+                break;
+            }
+            drop(state);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let waited = writer.join().unwrap();
+        assert!(
+            waited < Duration::from_secs(20),
+            "woken by the credit, not the deadline: {waited:?}"
+        );
+        let state = shared.0.lock().unwrap();
+        assert_eq!(state.waiting, 0);
+        assert_eq!(state.flow.as_ref().unwrap().window().len, 1024);
+        let until = Instant::now() + Duration::from_millis(20);
+        let mut state = Some(state);
+        while let Some(s) = state.take() {
+            state = wait_for_room(&shared.1, s, until);
+        }
+        assert!(Instant::now() >= until, "gave up only at the deadline");
+        assert_eq!(shared.0.lock().unwrap().waiting, 0);
     }
 
     #[test]

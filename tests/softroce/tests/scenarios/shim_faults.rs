@@ -458,7 +458,7 @@ fn memlock(ctx: &Ctx) -> anyhow::Result<()> {
 
     // Three connections held open at once under a limit that fits two: the client asks for
     // 256 KiB rings (`STREAMSHIM_RING_KIB`), so a connection pins about 580 KiB (two rings,
-    // control slots and the queue allowance) where the default 1 MiB rings would pin 2.1 MiB and
+    // control slots and the queue allowance) where the default 2 MiB rings would pin 4.1 MiB and
     // not fit one. The server keeps the default: the two ends' rings differ in size.
     let three = file(
         ctx,
