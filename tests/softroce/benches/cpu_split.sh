@@ -11,10 +11,12 @@
 # SHIM: the shim to use (default: target/release/libstreamshim.so of this checkout); REPS
 # (default 2); COUNT transfers of 1 MiB each way per pair (default 32); SHIM_ENV: more
 # variables for every shimmed run; KINDS: the runs of each rep, in turn (default
-# "shim rsocket"; `shim/VAR=VALUE` is a shimmed run with that variable too, for example
-# KINDS="shim shim/STREAMSHIM_DIRECT_WRITE=0 rsocket"). Shimmed runs also print the share of
-# the bytes read straight from the receive rings and written straight into the send rings. Every
-# run prints what rxe's retry and error counters (`rdma statistic`) moved during it.
+# "shim rsocket"; `shim/VAR=VALUE[,VAR=VALUE]` is a shimmed run with those variables too, for
+# example KINDS="shim shim/STREAMSHIM_DIRECT_WRITE=0 rsocket"; `shim@PATH` a shimmed run with
+# the library at PATH, for example another build's). Shimmed runs also print the share of the
+# bytes read straight from the receive rings and written straight into the send rings. Every run
+# prints what rxe's retry and error counters (`rdma statistic`) moved during it, and the other
+# threads that took the most CPU per GB meanwhile (`ksoftirqd/N`: rxe's deferred work).
 set -u
 A=198.18.0.1
 SHIM=${SHIM:-$(cd "$(dirname "$0")/../../.." && pwd)/target/release/libstreamshim.so}
@@ -27,12 +29,13 @@ wait_cm() { for _ in $(seq 1 100); do rdma resource show cm_id 2>/dev/null | gre
 # The sampler: every 0.2 s the CPU ticks of every thread of every rstream process, the last
 # reading of each thread kept; on SIGTERM the sums per thread kind, and /proc/stat's deltas.
 cat >"$ST/sample.py" <<'EOF'
-import os, signal, sys, time
+import os, re, signal, sys, time
 def stat():
     f = open('/proc/stat').readline().split()[1:]
     return [int(x) for x in f]
 s0 = stat()
 last = {}
+other = {}
 stop = False
 def term(*_):
     global stop
@@ -53,6 +56,19 @@ while not stop:
                 last[(pid, tid)] = (kind, int(f[11]), int(f[12]))
         except (OSError, ValueError):
             pass
+    for pid in os.listdir('/proc'):
+        if not pid.isdigit():
+            continue
+        try:
+            if open(f'/proc/{pid}/comm').read().strip() == 'rstream':
+                continue
+            for tid in os.listdir(f'/proc/{pid}/task'):
+                t = open(f'/proc/{pid}/task/{tid}/stat').read()
+                f = t[t.rindex(')') + 2:].split()
+                v = (t[t.index('(') + 1:t.rindex(')')], int(f[11]) + int(f[12]))
+                other.setdefault((pid, tid), [v, v])[1] = v
+        except (OSError, ValueError):
+            pass
     time.sleep(0.2)
 s1 = stat()
 d = [b - a for a, b in zip(s0, s1)]
@@ -65,6 +81,12 @@ for kind, u, s in last.values():
 parts = [f'guest user {d[0]/hz/gb:.2f} sys {d[2]/hz/gb:.2f} irq {d[5]/hz/gb:.2f} softirq {d[6]/hz/gb:.2f} idle {d[3]/hz/gb:.2f}']
 for kind, (u, s, n) in sorted(kinds.items()):
     parts.append(f'{kind} x{n} user {u/hz/gb:.2f} sys {s/hz/gb:.2f}')
+others = {}
+for (name, t0), (_, t1) in other.values():
+    name = re.sub('[0-9]+', 'N', name)
+    others[name] = others.get(name, 0) + t1 - t0
+top = sorted(others.items(), key=lambda kv: -kv[1])[:3]
+parts.append('others ' + ', '.join(f'{n} {t/hz/gb:.2f}' for n, t in top))
 print('cpu-s/GB: ' + '; '.join(parts))
 EOF
 
@@ -87,16 +109,18 @@ moved() {
 	counters | join -a 1 - "$1" | awk '{ d = $2 - ($3 == "" ? 0 : $3); if (d) printf "%s%s %d", (c++ ? ", " : ""), $1, d } END { if (!c) printf "none" }'
 }
 
-run4() { # KIND: shim, shim/VAR=VALUE or rsocket
+run4() { # KIND: shim, shim/VAR=VALUE[,VAR=VALUE], shim@PATH or rsocket
 	local kind=$1 p port sps=() cps=() pre="" shim=0
 	case $kind in
 	shim) shim=1 ;;
-	shim/*) shim=1 ;;
+	shim/* | shim@*) shim=1 ;;
 	esac
 	rm -rf "$ST/stats" && mkdir -p "$ST/stats"
 	if [ $shim = 1 ]; then
-		pre="env LD_PRELOAD=$SHIM STREAMSHIM_STATS=$ST/stats/ ${SHIM_ENV:-}"
-		[ "$kind" != shim ] && pre="$pre ${kind#shim/}"
+		local so=$SHIM
+		case $kind in shim@*) so=${kind#shim@} ;; esac
+		pre="env LD_PRELOAD=$so STREAMSHIM_STATS=$ST/stats/ ${SHIM_ENV:-}"
+		case $kind in shim/*) pre="$pre $(echo "${kind#shim/}" | tr , ' ')" ;; esac
 	fi
 	local flags="-S 1048576 -C $COUNT -T b"
 	[ $shim = 1 ] && flags="$flags -T s"
