@@ -148,6 +148,11 @@ impl SendFlow {
         self.sent
     }
 
+    /// The smaller of the two rings: the most this stream can have in flight.
+    pub fn in_flight_limit(&self) -> u64 {
+        self.ring.min(self.local_ring)
+    }
+
     /// True when every posted write completed locally.
     pub fn all_completed(&self) -> bool {
         self.completed == self.sent

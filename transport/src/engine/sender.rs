@@ -49,6 +49,13 @@ use crate::wire::RingInfo;
 /// The wr_id tag of data writes (the rest of the id is the position after the write).
 pub(super) const TAG_DATA: u64 = 1 << 60;
 
+/// The smallest in-flight limit (the smaller ring) at which a writer waits for room instead of
+/// writing the rest into the socketpair. With smaller rings the socketpair's buffer is a large
+/// part of what the stream can hold, and waiting on the ring alone measured slower on
+/// Soft-RoCE (four pairs with 256 KiB rings: about half the rate); with 2 MiB rings waiting
+/// measured faster (`docs/benchmarks.md`).
+pub const WAIT_MIN_RING: u64 = 2 << 20;
+
 /// The send side of one connection, shared by the engine and its [`Writer`]s.
 pub(super) struct Sender {
     qp: Qp,
@@ -342,8 +349,12 @@ impl Writer {
                     state.claimed = true;
                     break w;
                 }
-                // No room: a blocking write waits for it, unless the socketpair holds bytes
-                // the engine must send first or the app may not send at all.
+                // No room: a blocking write waits for it, unless the rings are small (the
+                // socketpair then adds buffering that matters), the socketpair holds bytes the
+                // engine must send first, or the app may not send at all.
+                if state.flow.as_ref()?.in_flight_limit() < WAIT_MIN_RING {
+                    return None;
+                }
                 let until = (*deadline.get_or_insert_with(&mut *wait_until))?;
                 if unread_by_peer(app).ok() != Some(0) || !crate::fd::may_send(app) {
                     return None;
