@@ -26,6 +26,14 @@
 //! into the socketpair, as every other way of writing (`writev`, `sendmsg`, a child after
 //! `fork`) does.
 //!
+//! A blocking write that finds no room (the peer's ring or our send ring full, or the send queue)
+//! *waits* for it, when the rings are large enough ([`WAIT_MIN_RING`]): it counts itself in
+//! [`SendState`] and sleeps on a condition variable of the send lock, which the engine signals,
+//! under the lock, after every credit and signaled completion and when it turns direct writes
+//! off; so a wake-up cannot fall between the writer's look and its sleep, and a writer never
+//! waits on a stream that ended. The wait is bounded by the caller's deadline; after it the
+//! caller writes the rest into the socketpair, as a write that may not wait does at once.
+//!
 //! Not every send work request asks for a completion: each completion costs the device a CQ
 //! entry and the engine a wake-up. A request goes signaled when its completion matters (FIN, a
 //! probe), or when, without it, half the send queue, half the send ring or half the control
@@ -52,8 +60,8 @@ pub(super) const TAG_DATA: u64 = 1 << 60;
 /// The smallest in-flight limit (the smaller ring) at which a writer waits for room instead of
 /// writing the rest into the socketpair. With smaller rings the socketpair's buffer is a large
 /// part of what the stream can hold, and waiting on the ring alone measured slower on
-/// Soft-RoCE (four pairs with 256 KiB rings: about half the rate); with 2 MiB rings waiting
-/// measured faster (`docs/benchmarks.md`).
+/// Soft-RoCE (four pairs with 256 KiB rings: 0.59 of rsocket's rate, 0.64-0.69 when spilling);
+/// with 2 MiB rings waiting measured faster (`docs/benchmarks.md`).
 pub const WAIT_MIN_RING: u64 = 2 << 20;
 
 /// The send side of one connection, shared by the engine and its [`Writer`]s.
@@ -321,7 +329,7 @@ impl Writer {
     ///
     /// When the window or the send queue has no room, `wait_until` is asked (once per call)
     /// until when a blocking write may wait for room: the writer then waits for the engine to
-    /// report a credit or a completion ([`Sender::room_changed`]), or for direct writes to end,
+    /// report a credit or a completion (`Sender::room_changed`), or for direct writes to end,
     /// at most until then. None: it does not wait (a non-blocking write, or one with a send
     /// timeout), and the caller writes the rest to the socketpair.
     pub fn write(
