@@ -95,7 +95,9 @@ pub struct Metrics {
     pub migrations_ended: Family<EndLabels, Counter>,
     /// Migrations in progress.
     pub migrations_active: Gauge,
-    /// Connections carried, by role and path.
+    /// Connections carried, by role and path: over RDMA once the stream took the connection (a
+    /// stream that ended before it took it counts nothing; the source relays that connection
+    /// over TCP and counts it there).
     pub connections: Family<PathLabels, Counter>,
     /// Connections open now.
     pub connections_active: Gauge,
@@ -182,6 +184,17 @@ impl Metrics {
                 path: path.as_str().into(),
             })
             .inc();
+    }
+
+    /// Connections counted for `role` on `path` so far.
+    #[cfg(test)]
+    pub fn connections_of(&self, role: &str, path: PathKind) -> u64 {
+        self.connections
+            .get_or_create(&PathLabels {
+                role: role.into(),
+                path: path.as_str().into(),
+            })
+            .get()
     }
 
     pub fn fallback(&self, reason: Fallback) {

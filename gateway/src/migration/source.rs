@@ -87,13 +87,16 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
     };
     match attempt {
         Ok(conn) => {
-            shared.metrics.connection("source", PathKind::Rdma);
             info!(
                 path = "rdma",
                 open_ms = millis(opening),
                 "connection carried over an RDMA stream"
             );
-            let end = match stream::carry(&conn, client, &handles.cancel).await {
+            // Counted once the stream takes the connection: one that comes back goes over TCP
+            // and is counted there, once.
+            let counted = shared.clone();
+            let taken = move || counted.metrics.connection("source", PathKind::Rdma);
+            let end = match stream::carry(&conn, client, &handles.cancel, taken).await {
                 stream::Carried::Ended(end) => end,
                 stream::Carried::Returned(client) => {
                     // The stream died between its establishment and the attach: nothing was

@@ -105,11 +105,14 @@ pub async fn serve<C: StreamConn>(shared: Arc<Shared>, conn: C, open: Open) {
         return;
     }
     conn.accept(Answer::Ok.encode());
-    shared.metrics.connection("target", PathKind::Rdma);
     shared.metrics.connections_active.inc();
     let _open = OpenGuard(shared.clone());
     info!(uid = %handles.migration.uid, "stream connected to its destination");
-    let end = match stream::carry(&conn, tcp, &handles.cancel).await {
+    // Counted once the stream takes the destination's connection: a source that gave up after
+    // the accept leaves nothing counted as carried.
+    let counted = shared.clone();
+    let taken = move || counted.metrics.connection("target", PathKind::Rdma);
+    let end = match stream::carry(&conn, tcp, &handles.cancel, taken).await {
         stream::Carried::Ended(end) => end,
         stream::Carried::Returned(tcp) => {
             // The source's stream died before the attach: the destination saw no byte.
@@ -272,6 +275,7 @@ mod tests {
                     .unwrap()
             };
             assert_eq!(echo, b"ping");
+            assert_eq!(shared.metrics.connections_of("target", PathKind::Rdma), 1);
             let mut back = [0u8; 4];
             server.read_exact(&mut back).await.unwrap();
             // The migration is aborted: its stream is reset, the destination sees the end.
@@ -285,6 +289,32 @@ mod tests {
             assert_eq!(conn.calls().last(), Some(&Call::Abort));
             let mut rest = Vec::new();
             assert_eq!(server.read_to_end(&mut rest).await.unwrap_or(0), 0);
+            assert_eq!(shared.metrics.connections_active.get(), 0);
+        });
+    }
+
+    #[test]
+    fn a_stream_gone_before_it_took_the_destination_connection_is_not_counted() {
+        within(Duration::from_secs(20), || async {
+            let core = core(Duration::from_secs(5));
+            let shared = core.shared().clone();
+            let destination = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let dst = destination.local_addr().unwrap();
+            core.handle(started(dst)).await;
+            let conn = FakeConn::default();
+            let serving = tokio::spawn(serve(shared.clone(), conn.clone(), Open::new(dst, "u1")));
+            let (mut server, _) = destination.accept().await.unwrap();
+            while conn.calls().len() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            // The source aborted right after the accept: the engine finds the stream gone at
+            // the attach and gives the destination's connection back.
+            conn.give_back();
+            serving.await.unwrap();
+            let mut rest = Vec::new();
+            let read = server.read_to_end(&mut rest).await;
+            assert!(rest.is_empty(), "the destination got bytes: {read:?}");
+            assert_eq!(shared.metrics.connections_of("target", PathKind::Rdma), 0);
             assert_eq!(shared.metrics.connections_active.get(), 0);
         });
     }

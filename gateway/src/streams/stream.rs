@@ -37,6 +37,10 @@ pub enum Finish {
 /// Called once with how the engine finished, on the engine thread (must not block).
 pub type OnEnd = Box<dyn FnOnce(Finish) + Send>;
 
+/// Called once when the stream takes the handed-over socket (not at all when the socket comes
+/// back), on the engine thread (must not block).
+pub type OnTaken = Box<dyn FnOnce() + Send>;
+
 /// What [`carry`] ends with.
 #[derive(Debug)]
 pub enum Carried {
@@ -54,9 +58,10 @@ pub trait StreamConn: Send + Sync + 'static {
     fn accept(&self, payload: Vec<u8>);
     /// Rejects a deferred connect request with `payload`.
     fn reject(&self, payload: Vec<u8>);
-    /// Hands `local` (non-blocking) over: pumped both ways until the stream ends, then closed;
-    /// or, when the connection is already gone, given back untouched.
-    fn attach(&self, local: OwnedFd, on_end: OnEnd);
+    /// Hands `local` (non-blocking) over: pumped both ways until the stream ends, then closed
+    /// (`on_taken` is called when the stream takes it); or, when the connection is already
+    /// gone, given back untouched.
+    fn attach(&self, local: OwnedFd, on_taken: OnTaken, on_end: OnEnd);
     /// Resets the stream (and shuts the attached socket down).
     fn abort(&self);
     /// False once the connection failed or closed (for a deferred request: the peer gave up).
@@ -72,7 +77,8 @@ impl StreamConn for Conn {
         Conn::reject(self, payload);
     }
 
-    fn attach(&self, local: OwnedFd, on_end: OnEnd) {
+    fn attach(&self, local: OwnedFd, on_taken: OnTaken, on_end: OnEnd) {
+        let mut on_taken = Some(on_taken);
         // One report, from whichever of the two the engine calls.
         let report = Arc::new(Mutex::new(Some(on_end)));
         let take =
@@ -90,12 +96,18 @@ impl StreamConn for Conn {
                         report(Finish::Returned(fd));
                     }
                 })),
-                on_event: Box::new(move |event| {
-                    if let Event::Ended(end) = event
-                        && let Some(report) = take(&report)
-                    {
-                        report(Finish::Ended(end));
+                on_event: Box::new(move |event| match event {
+                    Event::Decided(StreamPath::Rdma) => {
+                        if let Some(taken) = on_taken.take() {
+                            taken();
+                        }
                     }
+                    Event::Ended(end) => {
+                        if let Some(report) = take(&report) {
+                            report(Finish::Ended(end));
+                        }
+                    }
+                    Event::Decided(_) => {}
                 }),
             },
         );
@@ -149,11 +161,13 @@ fn finished(finish: Result<Finish, oneshot::error::RecvError>) -> Carried {
 
 /// Carries `socket` over the established `conn` until the stream ends, or aborts it when
 /// `cancel` fires first; returns the end (`sent`: bytes from `socket` to the peer), or the
-/// socket itself when the stream was gone before it took it.
+/// socket itself when the stream was gone before it took it. `taken` runs (on the engine
+/// thread) when the stream takes the socket: what counts a connection as carried.
 pub async fn carry<C: StreamConn + ?Sized>(
     conn: &C,
     socket: TcpStream,
     cancel: &CancellationToken,
+    taken: impl FnOnce() + Send + 'static,
 ) -> Carried {
     let fd = match handover(socket) {
         Ok(fd) => fd,
@@ -166,6 +180,7 @@ pub async fn carry<C: StreamConn + ?Sized>(
     let (tx, mut rx) = oneshot::channel();
     conn.attach(
         fd,
+        Box::new(taken),
         Box::new(move |finish| {
             let _ = tx.send(finish);
         }),
@@ -211,7 +226,18 @@ pub mod double {
         dead: bool,
         calls: Vec<Call>,
         attached: Option<std::net::TcpStream>,
+        /// Called when the stream is seen to have taken the socket (it moved a byte, ended
+        /// or was aborted); dropped uncalled when the socket is given back.
+        on_taken: Option<OnTaken>,
         on_end: Option<OnEnd>,
+    }
+
+    impl State {
+        fn taken(&mut self) {
+            if let Some(taken) = self.on_taken.take() {
+                taken();
+            }
+        }
     }
 
     /// See the module docs.
@@ -240,7 +266,11 @@ pub mod double {
 
         /// Ends the stream as the engine would after its peer finished: reports `end`.
         pub fn end(&self, end: End) {
-            let report = self.lock().on_end.take();
+            let report = {
+                let mut s = self.lock();
+                s.taken();
+                s.on_end.take()
+            };
             if let Some(report) = report {
                 report(Finish::Ended(end));
             }
@@ -250,6 +280,7 @@ pub mod double {
         pub fn give_back(&self) {
             let (socket, report) = {
                 let mut s = self.lock();
+                s.on_taken = None;
                 (s.attached.take(), s.on_end.take())
             };
             if let (Some(socket), Some(report)) = (socket, report) {
@@ -259,12 +290,16 @@ pub mod double {
 
         /// Echoes one message on the attached socket: reads `n` bytes, writes them back.
         pub fn echo(&self, n: usize) -> std::io::Result<Vec<u8>> {
-            let mut socket = self
-                .lock()
-                .attached
-                .as_ref()
-                .ok_or_else(|| std::io::Error::other("nothing attached"))?
-                .try_clone()?;
+            let mut socket = {
+                let mut s = self.lock();
+                let socket = s
+                    .attached
+                    .as_ref()
+                    .ok_or_else(|| std::io::Error::other("nothing attached"))?
+                    .try_clone()?;
+                s.taken();
+                socket
+            };
             socket.set_nonblocking(false)?;
             let mut buf = vec![0u8; n];
             socket.read_exact(&mut buf)?;
@@ -282,10 +317,11 @@ pub mod double {
             self.record(Call::Reject(payload));
         }
 
-        fn attach(&self, local: OwnedFd, on_end: OnEnd) {
+        fn attach(&self, local: OwnedFd, on_taken: OnTaken, on_end: OnEnd) {
             let mut s = self.lock();
             s.calls.push(Call::Attach);
             s.attached = Some(std::net::TcpStream::from(local));
+            s.on_taken = Some(on_taken);
             s.on_end = Some(on_end);
         }
 
@@ -293,6 +329,7 @@ pub mod double {
             self.record(Call::Abort);
             let (socket, report) = {
                 let mut s = self.lock();
+                s.taken();
                 (s.attached.take(), s.on_end.take())
             };
             if let Some(socket) = socket {
@@ -334,7 +371,9 @@ mod tests {
             let (mut app, handed) = pair().await;
             let carrying = {
                 let conn = conn.clone();
-                tokio::spawn(async move { carry(&conn, handed, &CancellationToken::new()).await })
+                tokio::spawn(
+                    async move { carry(&conn, handed, &CancellationToken::new(), || {}).await },
+                )
             };
             while conn.calls().is_empty() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -374,7 +413,7 @@ mod tests {
             let carrying = {
                 let conn = conn.clone();
                 let cancel = cancel.clone();
-                tokio::spawn(async move { carry(&conn, handed, &cancel).await })
+                tokio::spawn(async move { carry(&conn, handed, &cancel, || {}).await })
             };
             app.write_all(b"hello").await.unwrap();
             let echoed = {
@@ -412,7 +451,7 @@ mod tests {
             let carrying = {
                 let conn = conn.clone();
                 let cancel = cancel.clone();
-                tokio::spawn(async move { carry(&conn, handed, &cancel).await })
+                tokio::spawn(async move { carry(&conn, handed, &cancel, || {}).await })
             };
             while conn.calls().is_empty() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -432,7 +471,7 @@ mod tests {
         impl StreamConn for Dropping {
             fn accept(&self, _: Vec<u8>) {}
             fn reject(&self, _: Vec<u8>) {}
-            fn attach(&self, _local: OwnedFd, on_end: OnEnd) {
+            fn attach(&self, _local: OwnedFd, _on_taken: OnTaken, on_end: OnEnd) {
                 drop(on_end);
             }
             fn abort(&self) {}
@@ -442,7 +481,7 @@ mod tests {
         }
         crate::testing::within(Duration::from_secs(10), || async {
             let (_app, handed) = pair().await;
-            let end = ended(carry(&Dropping, handed, &CancellationToken::new()).await);
+            let end = ended(carry(&Dropping, handed, &CancellationToken::new(), || {}).await);
             assert_eq!(end.path, StreamPath::Broken);
             assert_eq!(end.error.as_deref(), Some("the engine stopped"));
         });
