@@ -9,7 +9,9 @@
 //!
 //! - **Bytes.** The sender may have at most `ring` bytes that the peer has not consumed
 //!   (`sent - peer_consumed <= ring`): the peer's ring can never be overwritten. A send-ring
-//!   range is reused only after its write completed locally (the device is done with it).
+//!   range is reused only after its write completed locally (the device is done with it), and
+//!   at most `max_unacked` bytes are posted and not completed (unacknowledged by the peer's
+//!   device) at any time.
 //! - **Messages.** Every message (data or control) uses one of the peer's posted receives, which
 //!   the peer reposts as soon as it polls the completion. Data messages keep
 //!   `msgs_sent - peer_reposted <= rq - reserve`; control messages may use the reserve (and the
@@ -29,6 +31,8 @@ pub struct SendFlow {
     /// Our send ring.
     local_ring: u64,
     max_chunk: u64,
+    /// The most bytes posted and not completed locally.
+    max_unacked: u64,
     peer_rq: u64,
     reserve: u64,
     /// Bytes posted to the peer's ring.
@@ -69,12 +73,21 @@ pub struct Window {
 
 impl SendFlow {
     /// `ring`: the peer's ring size, `local_ring`: ours, `peer_rq`: the peer's posted receives,
-    /// `reserve`: receives kept for control messages, `max_chunk`: the largest single write.
-    pub fn new(ring: u64, local_ring: u64, peer_rq: u64, reserve: u64, max_chunk: u64) -> SendFlow {
+    /// `reserve`: receives kept for control messages, `max_chunk`: the largest single write,
+    /// `max_unacked`: the most bytes posted and not completed (at most `local_ring`).
+    pub fn new(
+        ring: u64,
+        local_ring: u64,
+        peer_rq: u64,
+        reserve: u64,
+        (max_chunk, max_unacked): (u64, u64),
+    ) -> SendFlow {
+        let local_ring = local_ring.max(1);
         SendFlow {
             ring: ring.max(1),
-            local_ring: local_ring.max(1),
+            local_ring,
             max_chunk: max_chunk.max(1),
+            max_unacked: max_unacked.clamp(1, local_ring),
             peer_rq,
             reserve: reserve.min(peer_rq.saturating_sub(1)),
             sent: 0,
@@ -98,7 +111,7 @@ impl SendFlow {
             return blocked;
         }
         let remote_free = self.ring - (self.sent - self.peer_consumed);
-        let local_free = self.local_ring - (self.sent - self.completed);
+        let local_free = self.max_unacked - (self.sent - self.completed);
         let len = remote_free
             .min(local_free)
             .min(self.ring - remote)
@@ -298,7 +311,7 @@ mod tests {
 
     #[test]
     fn the_window_stops_at_the_ring_ends_and_at_free_space() {
-        let mut s = SendFlow::new(1024, 1024, 16, 4, 4096);
+        let mut s = SendFlow::new(1024, 1024, 16, 4, (4096, u64::MAX));
         assert_eq!(s.window(), w(0, 0, 1024));
         let end = s.posted_data(1000);
         assert_eq!(s.window(), w(1000, 1000, 24), "to the ring's end");
@@ -319,7 +332,7 @@ mod tests {
 
     #[test]
     fn rings_of_different_sizes_keep_both_offsets() {
-        let mut s = SendFlow::new(4096, 1024, 16, 4, 1 << 20);
+        let mut s = SendFlow::new(4096, 1024, 16, 4, (1 << 20, u64::MAX));
         assert_eq!(s.window(), w(0, 0, 1024), "our smaller send ring");
         let end = s.posted_data(1000);
         assert_eq!(s.window(), w(1000, 1000, 24));
@@ -331,7 +344,7 @@ mod tests {
 
     #[test]
     fn data_messages_leave_the_reserve_for_control() {
-        let mut s = SendFlow::new(1 << 20, 1 << 20, 8, 2, 1);
+        let mut s = SendFlow::new(1 << 20, 1 << 20, 8, 2, (1, u64::MAX));
         for _ in 0..6 {
             assert_eq!(s.window().len, 1);
             s.posted_data(1);
@@ -343,8 +356,36 @@ mod tests {
     }
 
     #[test]
+    fn no_more_than_max_unacked_bytes_wait_for_their_completion() {
+        // A 4 KiB ring with at most 1 KiB posted and not completed.
+        let mut s = SendFlow::new(4096, 4096, 16, 4, (4096, 1024));
+        assert_eq!(s.window(), w(0, 0, 1024));
+        s.posted_data(600);
+        assert_eq!(s.window(), w(600, 600, 424));
+        let end = s.posted_data(424);
+        assert_eq!(
+            s.window().len,
+            0,
+            "1 KiB in flight: blocked though both rings have room"
+        );
+        s.completed(end);
+        assert_eq!(s.window(), w(1024, 1024, 1024), "completed: the next KiB");
+        // The peer's ring still binds: nothing consumed there yet.
+        for _ in 0..3 {
+            let end = s.posted_data(s.window().len);
+            s.completed(end);
+        }
+        assert_eq!(s.window().len, 0, "the peer's ring is full");
+        s.credit(4096, 5).unwrap();
+        assert_eq!(s.window(), w(0, 0, 1024));
+        // A cap above the send ring is the send ring.
+        let s = SendFlow::new(4096, 2048, 16, 4, (4096, 1 << 20));
+        assert_eq!(s.window(), w(0, 0, 2048));
+    }
+
+    #[test]
     fn impossible_credits_are_refused() {
-        let mut s = SendFlow::new(1024, 1024, 16, 4, 4096);
+        let mut s = SendFlow::new(1024, 1024, 16, 4, (4096, u64::MAX));
         s.posted_data(10);
         assert!(s.credit(11, 0).is_err());
         assert!(s.credit(10, 2).is_err());
@@ -411,10 +452,11 @@ mod tests {
             writes in proptest::collection::vec(1usize..5000, 1..60),
             reads in proptest::collection::vec(1usize..3000, 1..60),
             ring_log in 10u32..14,
+            unacked_log in 8u32..15,
         ) {
             let ring = 1u64 << ring_log;
             let rq = 8u64;
-            let mut s = SendFlow::new(ring, ring, rq, 2, 1500);
+            let mut s = SendFlow::new(ring, ring, rq, 2, (1500, 1 << unacked_log));
             let mut r = RecvFlow::new(ring, rq);
             let total: usize = writes.iter().sum();
             let mut offered = 0usize;
@@ -433,6 +475,7 @@ mod tests {
                     let end = s.posted_data(n);
                     in_flight.push((end, n as u32));
                     offered += n;
+                    prop_assert!(s.sent - s.completed <= 1 << unacked_log, "unacked over the cap");
                 }
                 // Deliver one message: arrival, repost, local completion.
                 if let Some((end, n)) = (!in_flight.is_empty()).then(|| in_flight.remove(0)) {

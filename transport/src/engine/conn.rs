@@ -49,6 +49,7 @@ pub(super) struct Rdma {
     sq: u32,
     reserve: u64,
     max_chunk: u64,
+    max_unacked: u64,
     /// The send side and its accounting, shared with the app's direct writes
     /// ([`super::sender`]).
     sender: Arc<Sender>,
@@ -158,6 +159,7 @@ impl Rdma {
             (ring, ring),
             mr.lkey(),
             sq,
+            config.max_unacked() as u64,
         ));
         let rdma = Rdma {
             qp,
@@ -176,6 +178,7 @@ impl Rdma {
             sq,
             reserve: u64::from(rq / 4).max(1),
             max_chunk: config.max_chunk() as u64,
+            max_unacked: config.max_unacked() as u64,
             sender,
             writing: false,
             control_done: 0,
@@ -256,7 +259,7 @@ impl Rdma {
             self.ring as u64,
             u64::from(peer.receives),
             self.reserve,
-            self.max_chunk,
+            (self.max_chunk, self.max_unacked),
         ));
     }
 

@@ -36,7 +36,8 @@
 //!
 //! Not every send work request asks for a completion: each completion costs the device a CQ
 //! entry and the engine a wake-up. A request goes signaled when its completion matters (FIN, a
-//! probe), or when, without it, half the send queue, half the send ring or half the control
+//! probe), or when, without it, half the send queue, half of what may be in flight (the send
+//! ring, at most [`super::MAX_UNACKED`]) or half the control
 //! slots would be held by requests no signaled one after them would report. Completions come in
 //! order, so a signaled request's completion reports every request before it
 //! ([`SendState::signaled_done`]); and once every signaled request completed, less than half of
@@ -125,12 +126,12 @@ pub(super) struct SendState {
     /// Data bytes and control messages posted up to the last signaled request.
     mark_sent: u64,
     mark_controls: u64,
-    /// Half the send ring.
-    half_ring: u64,
+    /// Half of what may be in flight (the send ring, at most `max_unacked`).
+    half_in_flight: u64,
 }
 
 impl SendState {
-    fn new(sq: u32, ring: u64) -> SendState {
+    fn new(sq: u32, in_flight: u64) -> SendState {
         SendState {
             flow: None,
             peer: RingInfo::default(),
@@ -146,7 +147,7 @@ impl SendState {
             unsignaled: 0,
             mark_sent: 0,
             mark_controls: 0,
-            half_ring: (ring / 2).max(1),
+            half_in_flight: (in_flight / 2).max(1),
         }
     }
 
@@ -170,7 +171,7 @@ impl SendState {
         let half_sq = (self.sq / 2).max(1);
         let (sent, controls) = self.after(request);
         must || self.unsignaled + 1 >= half_sq
-            || sent - self.mark_sent >= self.half_ring
+            || sent - self.mark_sent >= self.half_in_flight
             || controls - self.mark_controls >= u64::from(half_sq)
     }
 
@@ -231,20 +232,22 @@ impl SendState {
 }
 
 impl Sender {
-    /// The send ring is `ring` bytes at `ring_off` of `region`.
+    /// The send ring is `ring` bytes at `ring_off` of `region`, of which at most `max_unacked`
+    /// are posted and not completed.
     pub(super) fn new(
         qp: Qp,
         region: Arc<Region>,
         (ring_off, ring): (usize, usize),
         lkey: u32,
         sq: u32,
+        max_unacked: u64,
     ) -> Sender {
         Sender {
             qp,
             region,
             ring_off,
             lkey,
-            state: Mutex::new(SendState::new(sq, ring as u64)),
+            state: Mutex::new(SendState::new(sq, (ring as u64).min(max_unacked))),
             room: Condvar::new(),
         }
     }
@@ -439,14 +442,16 @@ mod tests {
     /// slots) a signaled request is outstanding, so its completion comes and frees them.
     #[test]
     fn a_blocked_sender_always_has_a_signaled_completion_coming() {
-        for (ring, sq, chunk) in [
-            (4096u64, 4u32, 1024u64),
-            (1 << 20, 64, 1 << 18),
-            (8192, 16, 8192),
+        for (ring, sq, chunk, unacked) in [
+            (4096u64, 4u32, 1024u64, 4096u64),
+            (1 << 20, 64, 1 << 18, 1 << 20),
+            (8192, 16, 8192, 8192),
+            (2 << 20, 64, 1 << 19, 1 << 20),
+            (1 << 16, 16, 1 << 14, 5000),
         ] {
-            let mut state = SendState::new(sq, ring);
+            let mut state = SendState::new(sq, ring.min(unacked));
             // The peer consumes and reposts at once: only local resources can block.
-            state.flow = Some(SendFlow::new(ring, ring, 1 << 20, 1, chunk));
+            state.flow = Some(SendFlow::new(ring, ring, 1 << 20, 1, (chunk, unacked)));
             let mut in_flight = 0u32;
             for step in 0..10_000u64 {
                 let control = step % 7 == 3;
@@ -496,7 +501,7 @@ mod tests {
         let shared = Arc::new((Mutex::new(SendState::new(64, 4096)), Condvar::new()));
         {
             let mut state = shared.0.lock().unwrap();
-            state.flow = Some(SendFlow::new(4096, 4096, 64, 1, 1024));
+            state.flow = Some(SendFlow::new(4096, 4096, 64, 1, (1024, 4096)));
             for _ in 0..4 {
                 state.note_posted(false, Request::Data(1024));
             }
@@ -551,7 +556,7 @@ mod tests {
     #[test]
     fn a_signaled_completion_reports_everything_before_it() {
         let mut state = SendState::new(64, 1 << 20);
-        state.flow = Some(SendFlow::new(1 << 20, 1 << 20, 64, 1, 1 << 18));
+        state.flow = Some(SendFlow::new(1 << 20, 1 << 20, 64, 1, (1 << 18, 1 << 20)));
         for _ in 1..=3 {
             state.note_posted(false, Request::Data(1000));
         }
