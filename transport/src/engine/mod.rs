@@ -51,7 +51,10 @@ pub struct EngineConfig {
     pub send_queue: u32,
     /// Posted receives.
     pub recv_queue: u32,
-    /// The QP's local ACK timeout exponent (4.096 us * 2^n per try; 7 tries).
+    /// The QP's local ACK timeout exponent on the connecting side (4.096 us * 2^n per try; 7
+    /// tries). 18 (1.07 s): with 16 (0.27 s) a loaded host's Soft-RoCE retransmitted spuriously
+    /// and rxe 6.1 broke streams on those retries ([`MAX_UNACKED`]); a dead peer node is found
+    /// within the keepalive plus 7 tries.
     pub ack_timeout: u8,
     /// Silence after which a liveness probe is sent.
     pub keepalive: Duration,
@@ -97,13 +100,14 @@ impl std::fmt::Debug for EngineConfig {
 /// Default ring size: 256 KiB each way.
 pub const DEFAULT_RING: usize = 256 * 1024;
 /// The most bytes a stream keeps posted and not completed (unacknowledged by the peer's device),
-/// whatever its ring: the ring beyond it holds what the peer's app has not read yet. Above the
-/// bandwidth-delay product of an RDMA fabric (100 Gbit/s over a 10 us round trip is 125 KB), so
-/// it costs no rate there, and on Soft-RoCE it measured no slower (`docs/benchmarks.md`). With
-/// 2 MiB rings and all of it in flight, Debian 12's rxe (Linux 6.1) failed streams under load
-/// with "remote invalid request" or delivered a write twice: 64 streams failed in 19 of 40 runs
-/// with 2 MiB in flight, 1 of 6 with 1 MiB, none of 36 with 512 KiB.
-pub const MAX_UNACKED: usize = 512 << 10;
+/// whatever its ring: the ring beyond it holds what the peer's app has not read yet. The
+/// default 2 MiB rings are in flight whole; larger rings stay within what was measured. The
+/// more of a stream is unacknowledged, the more an ACK timeout re-sends, and Debian 12's rxe
+/// (Linux 6.1) can break on such a retry ("remote invalid request", or a write delivered
+/// twice): with the ACK timeout at 2^16 x 4.096 us, 64 streams failed in 19 of 40 runs with
+/// 2 MiB in flight and none of 36 with 512 KiB, and with 2^18 ([`EngineConfig::ack_timeout`])
+/// none of 22 with 2 MiB (`docs/benchmarks.md`).
+pub const MAX_UNACKED: usize = 2 << 20;
 /// Bytes of one control slot.
 const SLOT: usize = crate::wire::CONTROL_LEN;
 /// Queue pair and completion queue memory a provider may pin per connection, beyond the
@@ -116,7 +120,7 @@ impl Default for EngineConfig {
             ring_bytes: DEFAULT_RING,
             send_queue: 64,
             recv_queue: 64,
-            ack_timeout: 16,
+            ack_timeout: 18,
             keepalive: Duration::from_secs(5),
             unattached_timeout: Duration::from_secs(10),
             claim_timeout: Duration::from_secs(10),
@@ -665,9 +669,11 @@ mod tests {
         assert_eq!(chunk(16 * 1024), 4096);
         // Rounded up to a power of two first.
         assert_eq!(chunk(300 * 1024), 128 * 1024);
-        // Large rings: in flight stays at MAX_UNACKED, two writes of it.
-        assert_eq!(config(2 << 20).max_unacked(), MAX_UNACKED);
-        assert_eq!(chunk(2 << 20), MAX_UNACKED / 2);
+        // The default 2 MiB ring is in flight whole; larger rings stay at MAX_UNACKED, two
+        // writes of it.
+        assert_eq!(config(2 << 20).max_unacked(), 2 << 20);
+        assert_eq!(chunk(2 << 20), 512 * 1024);
+        assert_eq!(config(16 << 20).max_unacked(), MAX_UNACKED);
         assert_eq!(chunk(16 << 20), MAX_UNACKED / 2);
         assert_eq!(config(256 * 1024).max_unacked(), 256 * 1024);
     }
