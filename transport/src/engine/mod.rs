@@ -106,7 +106,7 @@ pub const DEFAULT_RING: usize = 256 * 1024;
 /// (Linux 6.1) can break on such a retry ("remote invalid request", or a write delivered
 /// twice): with the ACK timeout at 2^16 x 4.096 us, 64 streams failed in 19 of 40 runs with
 /// 2 MiB in flight and none of 36 with 512 KiB, and with 2^18 ([`EngineConfig::ack_timeout`])
-/// none of 22 with 2 MiB (`docs/benchmarks.md`).
+/// none of 18 with 2 MiB (`docs/benchmarks.md`).
 pub const MAX_UNACKED: usize = 2 << 20;
 /// Bytes of one control slot.
 const SLOT: usize = crate::wire::CONTROL_LEN;
