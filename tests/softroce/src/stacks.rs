@@ -101,10 +101,14 @@ mod tests {
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
-        // Until the shell's child has exec'd python (a fresh fork is still called sh).
+        // Until the shell's child has exec'd python (a fresh fork is still called sh) and its
+        // arguments are in place (exec names the process before it sets up its command line,
+        // which reads empty meanwhile).
         let started = || {
             descendants(shell.id()).iter().any(|p| {
                 fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "python3")
+                    && fs::read(format!("/proc/{p}/cmdline"))
+                        .is_ok_and(|c| c.windows(11).any(|w| w == b"import time"))
             })
         };
         while !started() && Instant::now() < deadline {
