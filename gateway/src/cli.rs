@@ -19,6 +19,7 @@ use rdma_streams_common::{
 };
 use rdma_streams_transport::{
     Engine, EngineConfig, Unusable,
+    engine::PinLimits,
     probe::probe_with,
     rdma::{Lib, PortSpace},
 };
@@ -457,15 +458,19 @@ fn start_engine(provider: &str, settings: &Settings) -> RdmaState {
             });
         }
     };
+    // Pinned memory is bounded like the shim's: RLIMIT_MEMLOCK where it binds, and a share of
+    // the memory the gateway may use in any case (a stream past it goes over TCP).
+    let pin_budget = PinLimits::of_this_process().budget();
     let config = EngineConfig {
         ring_bytes: settings.ring_bytes,
         port_space: PortSpace::Ib,
         thread_name: String::from("gw-streams"),
+        memlock_limit: Some(pin_budget),
         ..EngineConfig::default()
     };
     match Engine::start(usable.lib, config) {
         Ok(engine) => {
-            info!(provider, devices = ?usable.devices, ring_bytes = engine.config().ring(), "RDMA stream engine started");
+            info!(provider, devices = ?usable.devices, ring_bytes = engine.config().ring(), pin_budget, "RDMA stream engine started");
             Ok(engine)
         }
         Err(error) => {

@@ -135,6 +135,7 @@ fn client(addr: SocketAddr, mib: usize, streams: usize) {
                     .and_then(|s| s.parse().ok()),
                 payload: b"hi".to_vec(),
                 resolve_timeout: Duration::from_secs(5),
+                handshake: Handshake::Open,
             });
             let answer = conn
                 .wait_established(Instant::now() + Duration::from_secs(20))

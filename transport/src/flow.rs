@@ -192,13 +192,39 @@ pub struct RecvFlow {
     reposted_reported: u64,
 }
 
-/// The peer wrote more than the ring holds (a broken or hostile peer).
+/// A data write the receiver refuses (a broken or hostile peer, or a device that re-sent a
+/// write): nothing of it reaches the app, and the stream fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("ring overrun: {len} more bytes with {held} of {ring} held")]
-pub struct Overrun {
-    len: u64,
-    held: u64,
-    ring: u64,
+#[non_exhaustive]
+pub enum BadWrite {
+    /// No bytes: an empty write cannot move the stream (one with a large immediate would
+    /// announce bytes that are not there).
+    #[error("an empty data write (immediate {imm:#x})")]
+    Empty {
+        /// Its immediate.
+        imm: u32,
+    },
+    /// More than the ring's free space.
+    #[error("ring overrun: {len} more bytes with {held} of {ring} held")]
+    Overrun {
+        /// The write's length.
+        len: u64,
+        /// Bytes held in the ring.
+        held: u64,
+        /// The ring.
+        ring: u64,
+    },
+    /// The immediate is not the stream position after this write: a write repeated, lost or
+    /// out of place.
+    #[error("a write of {len} bytes says the stream ends at {imm:#x}, not {expected:#x}")]
+    Position {
+        /// The write's length.
+        len: u64,
+        /// Its immediate.
+        imm: u32,
+        /// The low 32 bits of the position it should end at.
+        expected: u32,
+    },
 }
 
 impl RecvFlow {
@@ -217,16 +243,26 @@ impl RecvFlow {
         }
     }
 
-    /// A data message of `len` bytes arrived.
-    pub fn arrived(&mut self, len: u32) -> Result<(), Overrun> {
+    /// A data write of `len` bytes (as the device counted them) arrived with immediate `imm`
+    /// ([`crate::wire::data_imm`] of the position after it). Refused, without moving anything:
+    /// an empty write, one past the ring's free space, or one whose immediate is not the next
+    /// position.
+    pub fn arrived(&mut self, len: u32, imm: u32) -> Result<(), BadWrite> {
         let len = u64::from(len);
+        if len == 0 {
+            return Err(BadWrite::Empty { imm });
+        }
         let held = self.arrived - self.consumed;
         if held + len > self.ring {
-            return Err(Overrun {
+            return Err(BadWrite::Overrun {
                 len,
                 held,
                 ring: self.ring,
             });
+        }
+        let expected = crate::wire::data_imm(self.arrived + len);
+        if imm != expected {
+            return Err(BadWrite::Position { len, imm, expected });
         }
         self.arrived += len;
         Ok(())
@@ -396,11 +432,43 @@ mod tests {
         assert_eq!(s.window(), w(10, 10, 1014));
     }
 
+    /// `len` bytes arriving as the next write of `r`, with the right immediate.
+    fn next(r: &mut RecvFlow, len: u32) -> Result<(), BadWrite> {
+        let imm = crate::wire::data_imm(r.arrived_total() + u64::from(len));
+        r.arrived(len, imm)
+    }
+
+    #[test]
+    fn the_receiver_refuses_empty_repeated_and_misplaced_writes() {
+        let mut r = RecvFlow::new(1024, 16);
+        assert_eq!(r.arrived(0, 500), Err(BadWrite::Empty { imm: 500 }));
+        next(&mut r, 100).unwrap();
+        // The same write again (what Debian 12's rxe re-sent after an ACK timeout retry, as an
+        // empty write or a whole one): refused, nothing counted.
+        assert!(matches!(
+            r.arrived(100, 100),
+            Err(BadWrite::Position { .. })
+        ));
+        assert!(matches!(r.arrived(0, 100), Err(BadWrite::Empty { .. })));
+        // A write that claims more than it carries.
+        assert!(matches!(r.arrived(10, 900), Err(BadWrite::Position { .. })));
+        assert_eq!(r.arrived_total(), 100);
+        assert_eq!(r.pending(), (0, 100));
+        r.arrived(24, 124).unwrap();
+        // The position wraps at 2^32 like the immediate.
+        let mut far = RecvFlow::new(1 << 20, 16);
+        far.arrived = (1 << 32) - 8;
+        far.consumed = far.arrived;
+        far.taken = far.arrived;
+        far.arrived(16, 8).unwrap();
+        assert_eq!(far.arrived_total(), (1 << 32) + 8);
+    }
+
     #[test]
     fn the_receiver_refuses_an_overrun_and_owes_credits_by_quarters() {
         let mut r = RecvFlow::new(1024, 16);
-        r.arrived(1000).unwrap();
-        assert!(r.arrived(25).is_err());
+        next(&mut r, 1000).unwrap();
+        assert!(matches!(next(&mut r, 25), Err(BadWrite::Overrun { .. })));
         assert_eq!(r.pending(), (0, 1000));
         r.delivered(255);
         assert!(!r.credit_due());
@@ -412,7 +480,7 @@ mod tests {
             r.reposted();
         }
         assert!(r.credit_due(), "a quarter of the receives");
-        r.arrived(280).unwrap();
+        next(&mut r, 280).unwrap();
         r.delivered(744);
         assert_eq!(r.pending(), (1000, 24), "to the ring's end");
         r.delivered(24);
@@ -422,7 +490,7 @@ mod tests {
     #[test]
     fn a_claimed_range_keeps_its_space_until_copied_while_later_bytes_go_on() {
         let mut r = RecvFlow::new(1024, 16);
-        r.arrived(300).unwrap();
+        next(&mut r, 300).unwrap();
         assert_eq!(r.pending(), (0, 300));
         assert!(r.claim(100));
         assert!(!r.claim(10), "one claim at a time");
@@ -434,14 +502,14 @@ mod tests {
         r.delivered(200);
         assert!(!r.has_pending());
         assert_eq!(r.report().0, 0, "nothing freed while the claim is copied");
-        r.arrived(724).unwrap();
+        next(&mut r, 724).unwrap();
         assert!(
-            r.arrived(1).is_err(),
+            next(&mut r, 1).is_err(),
             "the claimed range still holds its space"
         );
         r.copied();
         assert_eq!(r.report().0, 300, "the claim and what followed it");
-        r.arrived(300).unwrap();
+        next(&mut r, 300).unwrap();
     }
 
     proptest! {
@@ -479,7 +547,8 @@ mod tests {
                 }
                 // Deliver one message: arrival, repost, local completion.
                 if let Some((end, n)) = (!in_flight.is_empty()).then(|| in_flight.remove(0)) {
-                    r.arrived(n).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    r.arrived(n, crate::wire::data_imm(end))
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     r.reposted();
                     s.completed(end);
                 }

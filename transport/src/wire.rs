@@ -5,13 +5,13 @@
 //!
 //! ```text
 //! 0..2   magic "RS"
-//! 2      version (1)
+//! 2      version (2)
 //! 3      kind: 1 connect, 2 accept, 3 reject
 //! 4..12  receive ring address (0 in a reject)
 //! 12..16 receive ring rkey
 //! 16     log2 of the ring size (12..=24)
 //! 17..19 posted receives (u16)
-//! 19     app payload length (connect: at most 37 bytes, the request's 56 minus this header)
+//! 19     app payload length (connect: at most 36 bytes, the request's 56 minus this header)
 //! 20..   app payload (the shim's HELLO, the gateway's destination, a refusal)
 //! ```
 //!
@@ -19,22 +19,27 @@
 //! carried explicitly and bytes after it are ignored.
 //!
 //! **Data** travels as RDMA WRITE WITH IMMEDIATE into the peer's ring; the immediate is the
-//! byte count. **Control messages** are 32-byte SENDs:
+//! stream position after the write (its low 32 bits) and the write's length is the one the
+//! receiving device reports, so a write that is empty, larger than the ring or not the next in
+//! the stream is refused ([`crate::flow::RecvFlow::arrived`]). **Control messages** are 48-byte
+//! SENDs:
 //!
 //! ```text
 //! 0      type: 1 CREDIT, 2 FIN, 3 CLAIM, 4 CONFIRM
 //! 1..8   zero
 //! 8..16  bytes of the sender's receive ring consumed so far (u64)
 //! 16..24 receives the sender reposted so far (u64)
-//! 24..32 zero
+//! 24..40 CLAIM: the binding secret (16 random bytes); zero otherwise
+//! 40..48 zero
 //! ```
 
 use crate::rdma::MAX_CONNECT_PRIVATE_DATA;
 
 /// First bytes of every private-data message.
 pub const MAGIC: [u8; 2] = *b"RS";
-/// The version this code speaks.
-pub const VERSION: u8 = 1;
+/// The version this code speaks (2: control messages of 48 bytes with CLAIM's secret, the
+/// immediate is the stream position).
+pub const VERSION: u8 = 2;
 /// Header bytes before the app payload.
 pub const HEADER_LEN: usize = 20;
 /// Largest app payload of a connect request.
@@ -46,7 +51,9 @@ pub const MIN_RING_LOG: u8 = 12;
 /// See [`MIN_RING_LOG`].
 pub const MAX_RING_LOG: u8 = 24;
 /// Bytes of a control message.
-pub const CONTROL_LEN: usize = 32;
+pub const CONTROL_LEN: usize = 48;
+/// Bytes of the binding secret CLAIM carries.
+pub const SECRET_LEN: usize = 16;
 
 /// Which CM message the private data belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,6 +205,9 @@ pub enum TransportReject {
     Timeout = 4,
     /// Nothing listens for us there any more.
     NoListener = 5,
+    /// Too many connections from the requester (or in all) wait for their app: the request
+    /// is refused before anything is allocated for it.
+    Busy = 6,
 }
 
 impl TransportReject {
@@ -214,6 +224,7 @@ impl TransportReject {
             3 => TransportReject::BadRequest,
             4 => TransportReject::Timeout,
             5 => TransportReject::NoListener,
+            6 => TransportReject::Busy,
             _ => return None,
         })
     }
@@ -231,6 +242,33 @@ impl TransportReject {
     }
 }
 
+/// The secret the accepting side sends in CLAIM: the connecting side proves it holds it by
+/// writing it as the first bytes of its TCP connection, which binds the stream to that
+/// connection (docs/shim-protocol.md, "Binding"). Its `Debug` does not show it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Secret(pub [u8; SECRET_LEN]);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl Secret {
+    /// A fresh secret from the kernel's random source (`getrandom`); None when it cannot give
+    /// one (the caller does not bind, and the connection stays TCP).
+    pub fn random() -> Option<Secret> {
+        let mut b = [0u8; SECRET_LEN];
+        getrandom::fill(&mut b).ok()?;
+        Some(Secret(b))
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8; SECRET_LEN] {
+        &self.0
+    }
+}
+
 /// A control message's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControlKind {
@@ -238,8 +276,9 @@ pub enum ControlKind {
     Credit,
     /// The sender will send no more data (half-close).
     Fin,
-    /// The accepting process claimed the connection (the shim's server side).
-    Claim,
+    /// The accepting process claimed the connection (the shim's server side), with the secret
+    /// the connecting side must show on the TCP connection.
+    Claim(Secret),
     /// The connecting side moves its bytes to the stream (the shim's client side).
     Confirm,
 }
@@ -256,40 +295,56 @@ pub struct Control {
 }
 
 impl Control {
-    /// The 32 bytes.
+    /// The 48 bytes.
     pub fn encode(&self) -> [u8; CONTROL_LEN] {
         let mut b = [0u8; CONTROL_LEN];
         b[0] = match self.kind {
             ControlKind::Credit => 1,
             ControlKind::Fin => 2,
-            ControlKind::Claim => 3,
+            ControlKind::Claim(_) => 3,
             ControlKind::Confirm => 4,
         };
         b[8..16].copy_from_slice(&self.consumed.to_be_bytes());
         b[16..24].copy_from_slice(&self.reposted.to_be_bytes());
+        if let ControlKind::Claim(secret) = self.kind {
+            b[24..24 + SECRET_LEN].copy_from_slice(secret.bytes());
+        }
         b
     }
 
-    /// Decodes 32 bytes; None for an unknown type.
-    pub fn decode(b: &[u8; CONTROL_LEN]) -> Option<Control> {
+    /// Decodes a received control message; None for an unknown type or a length that is not
+    /// [`CONTROL_LEN`].
+    pub fn decode(b: &[u8]) -> Option<Control> {
+        let b: &[u8; CONTROL_LEN] = b.try_into().ok()?;
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[at..at + 8]);
+            u64::from_be_bytes(w)
+        };
         let kind = match b[0] {
             1 => ControlKind::Credit,
             2 => ControlKind::Fin,
-            3 => ControlKind::Claim,
+            3 => {
+                let mut secret = [0u8; SECRET_LEN];
+                secret.copy_from_slice(&b[24..24 + SECRET_LEN]);
+                ControlKind::Claim(Secret(secret))
+            }
             4 => ControlKind::Confirm,
             _ => return None,
         };
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&b[8..16]);
-        let consumed = u64::from_be_bytes(w);
-        w.copy_from_slice(&b[16..24]);
-        let reposted = u64::from_be_bytes(w);
         Some(Control {
             kind,
-            consumed,
-            reposted,
+            consumed: word(8),
+            reposted: word(16),
         })
     }
+}
+
+/// The immediate of a data write that ends the stream at `end` (its position after the write):
+/// the low 32 bits, which the receiver checks against its own count.
+pub fn data_imm(end: u64) -> u32 {
+    // The low bits only, by design: a write is at most a ring (2^24 bytes), far below 2^32.
+    (end & u64::from(u32::MAX)) as u32
 }
 
 #[cfg(test)]
@@ -333,11 +388,13 @@ mod tests {
             PrivateData::decode(&other, Kind::Accept),
             Err(BadPrivateData::Magic)
         );
-        let mut v2 = good.clone();
-        v2[2] = 2;
+        // A peer of the first version (32-byte control messages, the byte count as the
+        // immediate, no binding): refused, so it stays on TCP.
+        let mut v1 = good.clone();
+        v1[2] = 1;
         assert_eq!(
-            PrivateData::decode(&v2, Kind::Accept),
-            Err(BadPrivateData::Version(2))
+            PrivateData::decode(&v1, Kind::Accept),
+            Err(BadPrivateData::Version(1))
         );
         let mut huge = good.clone();
         huge[16] = 40;
@@ -369,7 +426,7 @@ mod tests {
         for kind in [
             ControlKind::Credit,
             ControlKind::Fin,
-            ControlKind::Claim,
+            ControlKind::Claim(Secret([7; SECRET_LEN])),
             ControlKind::Confirm,
         ] {
             let c = Control {
@@ -380,5 +437,138 @@ mod tests {
             assert_eq!(Control::decode(&c.encode()), Some(c));
         }
         assert_eq!(Control::decode(&[9; CONTROL_LEN]), None);
+        let claim = Control {
+            kind: ControlKind::Claim(Secret([1; SECRET_LEN])),
+            consumed: 0,
+            reposted: 0,
+        }
+        .encode();
+        assert_eq!(Control::decode(&claim[..CONTROL_LEN - 1]), None, "short");
+        let mut long = claim.to_vec();
+        long.push(0);
+        assert_eq!(Control::decode(&long), None, "long");
+    }
+
+    #[test]
+    fn a_secret_is_random_and_never_printed() {
+        let a = Secret::random().expect("getrandom");
+        let b = Secret::random().expect("getrandom");
+        assert_ne!(a, b);
+        assert_eq!(format!("{a:?}"), "Secret(..)");
+    }
+
+    #[test]
+    fn the_immediate_is_the_low_half_of_the_position() {
+        assert_eq!(data_imm(5), 5);
+        assert_eq!(data_imm((7 << 32) + 9), 9);
+        assert_eq!(data_imm(u64::MAX), u32::MAX);
+    }
+
+    mod fuzz {
+        //! Every decoder of bytes a peer sends (private data of each kind, control messages):
+        //! arbitrary bytes and mutated valid messages never panic, decode to a bounded result,
+        //! and valid messages round-trip.
+        use super::*;
+        use proptest::prelude::*;
+
+        fn kind() -> impl Strategy<Value = Kind> {
+            prop_oneof![Just(Kind::Connect), Just(Kind::Accept), Just(Kind::Reject)]
+        }
+
+        fn ring_info() -> impl Strategy<Value = RingInfo> {
+            (
+                any::<u64>(),
+                any::<u32>(),
+                MIN_RING_LOG..=MAX_RING_LOG,
+                2u16..,
+            )
+                .prop_map(|(addr, rkey, size_log, receives)| RingInfo {
+                    addr,
+                    rkey,
+                    size_log,
+                    receives,
+                })
+        }
+
+        fn control_kind() -> impl Strategy<Value = ControlKind> {
+            prop_oneof![
+                Just(ControlKind::Credit),
+                Just(ControlKind::Fin),
+                any::<[u8; SECRET_LEN]>().prop_map(|s| ControlKind::Claim(Secret(s))),
+                Just(ControlKind::Confirm),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 2048,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn arbitrary_private_data_decodes_or_is_refused(
+                bytes in proptest::collection::vec(any::<u8>(), 0..256),
+                k in kind(),
+            ) {
+                if let Ok(d) = PrivateData::decode(&bytes, k) {
+                    prop_assert_eq!(d.kind, k);
+                    prop_assert!(d.payload.len() <= bytes.len() - HEADER_LEN);
+                    if k != Kind::Reject {
+                        prop_assert!((MIN_RING_LOG..=MAX_RING_LOG).contains(&d.ring.size_log));
+                        prop_assert!(d.ring.receives >= 2);
+                    }
+                }
+            }
+
+            #[test]
+            fn valid_private_data_round_trips_and_mutations_never_panic(
+                k in kind(),
+                ring in ring_info(),
+                payload in proptest::collection::vec(any::<u8>(), 0..=MAX_PAYLOAD),
+                flip in any::<(usize, u8)>(),
+                cut in any::<usize>(),
+            ) {
+                let ring = if k == Kind::Reject { RingInfo::default() } else { ring };
+                let bytes = PrivateData::encode(k, ring, &payload);
+                let d = PrivateData::decode(&bytes, k).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(d, PrivateData { kind: k, ring, payload: payload.clone() });
+                // IB CMs pad with zeros: still the same message.
+                let mut padded = bytes.clone();
+                padded.resize(bytes.len() + 36, 0);
+                prop_assert!(PrivateData::decode(&padded, k).is_ok());
+                let mut flipped = bytes.clone();
+                let at = flip.0 % flipped.len();
+                flipped[at] ^= flip.1 | 1;
+                let _ = PrivateData::decode(&flipped, k);
+                let _ = PrivateData::decode(&bytes[..cut % (bytes.len() + 1)], k);
+            }
+
+            #[test]
+            fn arbitrary_control_messages_decode_or_are_refused(
+                bytes in proptest::collection::vec(any::<u8>(), 0..96),
+            ) {
+                let decoded = Control::decode(&bytes);
+                prop_assert!(decoded.is_none() || bytes.len() == CONTROL_LEN);
+                if let Some(c) = decoded {
+                    prop_assert_eq!(Control::decode(&c.encode()), Some(c));
+                }
+            }
+
+            #[test]
+            fn valid_control_messages_round_trip(
+                kind in control_kind(),
+                consumed in any::<u64>(),
+                reposted in any::<u64>(),
+                flip in any::<(usize, u8)>(),
+            ) {
+                let c = Control { kind, consumed, reposted };
+                let bytes = c.encode();
+                prop_assert_eq!(Control::decode(&bytes), Some(c));
+                let mut flipped = bytes;
+                flipped[flip.0 % CONTROL_LEN] ^= flip.1;
+                let _ = Control::decode(&flipped);
+            }
+        }
     }
 }

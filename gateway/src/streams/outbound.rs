@@ -12,7 +12,7 @@ use std::{
 };
 
 use rdma_streams_common::report::Report;
-use rdma_streams_transport::{Conn, ConnectError, ConnectRequest, Engine, RejectedBy};
+use rdma_streams_transport::{Conn, ConnectError, ConnectRequest, Engine, Handshake, RejectedBy};
 use tracing::debug;
 
 use super::{
@@ -37,6 +37,7 @@ pub fn open_stream(
             .map(|ip| SocketAddr::new(ip, 0)),
         payload: open.encode(),
         resolve_timeout: timeout,
+        handshake: Handshake::Open,
     });
     let answer = conn.wait_established(deadline).map_err(|error| {
         // A connect still under way (the timeout) must not go on; any other error already

@@ -20,8 +20,10 @@
 //! 7. librdmacm sees no device -> `NO_DEVICE`; only iWARP devices -> `IWARP` (their rdma_cm
 //!    ports are the kernel's TCP ports); registered memory not fork-safe (no copy-on-fork in the
 //!    kernel and `ibv_fork_init` failed) -> `FORK_UNSAFE`;
-//! 8. RLIMIT_MEMLOCK below one connection's pinned memory without CAP_IPC_LOCK -> `MEMLOCK`
-//!    (later connections past the budget fall back one by one, also `MEMLOCK`);
+//! 8. the pinned-memory budget below one connection's pinned memory -> `MEMLOCK` (the budget:
+//!    RLIMIT_MEMLOCK without CAP_IPC_LOCK, and in any case a quarter of the memory the process
+//!    may use, [`PinLimits`]; later connections past the budget fall back one by one, also
+//!    `MEMLOCK`);
 //! 9. otherwise the process is *capable*: connections are decided one by one (policy per peer,
 //!    and the negotiation with the peer).
 //!
@@ -37,20 +39,19 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use rdma_streams_transport::Unusable;
+use rdma_streams_transport::engine::{MEMORY_SHARE, PinLimits};
 use rdma_streams_transport::policy::{Policy, current_program_names};
 use rdma_streams_transport::reason::Reason;
 use rdma_streams_transport::stats::{Stats, StatsSink};
 
 use crate::fdtable::{self, SHIM_OWNED};
 use crate::log::{self, Level, log_at};
-use crate::{direct, ring, sys, upgrade};
+use crate::{direct, ring, upgrade};
 
 /// Env var: the kill switch.
 pub const DISABLE_ENV: &str = "STREAMSHIM_DISABLE";
 /// Env var: the data mode (`proxy`, the default; `direct` is reserved for a later version).
 pub const MODE_ENV: &str = "STREAMSHIM_MODE";
-/// Bit of CAP_IPC_LOCK in the capability sets.
-const CAP_IPC_LOCK: u32 = 14;
 
 const UNDECIDED: u8 = 0;
 const DECIDING: u8 = 1;
@@ -232,20 +233,20 @@ fn evaluate() -> State {
     upgrade::set_direct_read(switch(direct::DIRECT_READ_ENV, "reads"));
     upgrade::set_direct_write(switch(direct::DIRECT_WRITE_ENV, "writes"));
     let per_connection = upgrade::engine_config(None, ring_bytes).pinned_per_connection();
-    let budget = if has_cap_ipc_lock() {
-        None
-    } else {
-        match sys::memlock_limit().unwrap_or(u64::MAX) {
-            u64::MAX => None,
-            limit => Some(limit.saturating_sub(sys::pinned_bytes().unwrap_or(0))),
+    let limits = PinLimits::of_this_process();
+    let budget = limits.budget();
+    if budget < per_connection {
+        if limits.memlock_binds() {
+            log_at!(
+                Level::Info,
+                "RLIMIT_MEMLOCK leaves {budget} bytes, one connection pins {per_connection}, no CAP_IPC_LOCK: passing through (MEMLOCK)"
+            );
+        } else {
+            log_at!(
+                Level::Info,
+                "1/{MEMORY_SHARE} of the memory this process may use leaves {budget} bytes to pin, one connection pins {per_connection}: passing through (MEMLOCK)"
+            );
         }
-    };
-    if budget.is_some_and(|b| b < per_connection) {
-        log_at!(
-            Level::Info,
-            "RLIMIT_MEMLOCK leaves {} bytes, one connection pins {per_connection}, no CAP_IPC_LOCK: passing through (MEMLOCK)",
-            budget.unwrap_or(0)
-        );
         return State::PassThrough(Reason::Memlock);
     }
     log_at!(
@@ -255,7 +256,7 @@ fn evaluate() -> State {
         usable.lib.name()
     );
     let _ = POLICY.set(policy);
-    upgrade::configure(usable.lib, budget, ring_bytes);
+    upgrade::configure(usable.lib, Some(budget), ring_bytes);
     State::Capable
 }
 
@@ -287,18 +288,6 @@ fn is_set(name: &str) -> bool {
             "1" | "true" | "yes" | "on"
         )
     })
-}
-
-/// CAP_IPC_LOCK in the effective set (`CapEff` of /proc/self/status). Unknown: false.
-fn has_cap_ipc_lock() -> bool {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
 /// Writes the stats file once (at exit; the destructor is a fallback). Only a process that

@@ -1,7 +1,7 @@
 //! The syscalls on raw fd numbers the shim's logic needs, each behind a safe function: the
 //! core's only `unsafe` code (its FFI edge; the hooks' C boundary is in the cdylib).
 
-// `unsafe` here: errno access, write(2), getrlimit, fcntl/dup3/socketpair/shutdown/setsockopt
+// `unsafe` here: errno access, write(2), fcntl/dup3/socketpair/shutdown/setsockopt
 // on the app's fd numbers, getsockname/getpeername into local buffers, reading a caller's
 // `struct sockaddr`, and registering exit/fork callbacks.
 #![allow(unsafe_code)]
@@ -42,37 +42,6 @@ pub fn write_stderr(mut bytes: &[u8]) {
         }
     }
     set_errno(saved);
-}
-
-/// The soft RLIMIT_MEMLOCK in bytes (`u64::MAX` for unlimited), or None if unknown.
-pub fn memlock_limit() -> Option<u64> {
-    let mut lim = MaybeUninit::<libc::rlimit>::uninit();
-    // SAFETY: getrlimit writes a whole `rlimit` to the pointer on success.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, lim.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: initialised by the successful call.
-    let lim = unsafe { lim.assume_init() };
-    Some(if lim.rlim_cur == libc::RLIM_INFINITY {
-        u64::MAX
-    } else {
-        lim.rlim_cur
-    })
-}
-
-/// Bytes this process has pinned for RDMA (`VmPin` of /proc/self/status), if known.
-pub fn pinned_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmPin:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse::<u64>()
-        .ok()?;
-    Some(kb * 1024)
 }
 
 /// Reads an INET socket address from a caller's buffer; None for other families, a null
@@ -259,6 +228,34 @@ pub fn dup3(src: BorrowedFd<'_>, dst: c_int, cloexec: bool) -> std::io::Result<(
     }
 }
 
+/// Sends all of `bytes` on the connected socket `fd` at once, never blocking and never raising
+/// SIGPIPE (`MSG_DONTWAIT | MSG_NOSIGNAL`): a few bytes on a connection whose send buffer is
+/// empty. Part of them sent, or none, is an error.
+pub fn send_all_now(fd: c_int, bytes: &[u8]) -> std::io::Result<()> {
+    loop {
+        // SAFETY: `bytes` is readable for its length; the kernel copies it.
+        let n = unsafe {
+            libc::send(
+                fd,
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        match usize::try_from(n) {
+            Ok(n) if n == bytes.len() => return Ok(()),
+            Ok(n) => {
+                return Err(std::io::Error::other(format!(
+                    "sent {n} of {} bytes",
+                    bytes.len()
+                )));
+            }
+            Err(_) if errno() == libc::EINTR => {}
+            Err(_) => return Err(last_error()),
+        }
+    }
+}
+
 /// `shutdown(fd, SHUT_RDWR)`, errors ignored.
 pub fn shutdown_both(fd: c_int) {
     // SAFETY: plain integer arguments.
@@ -353,11 +350,6 @@ mod tests {
         // SAFETY: points to a whole sockaddr_un of `ulen` bytes.
         let u = unsafe { sockaddr_from_raw(std::ptr::addr_of!(un).cast(), ulen) };
         assert_eq!(u, None, "not INET");
-    }
-
-    #[test]
-    fn memlock_limit_is_known() {
-        assert!(memlock_limit().is_some());
     }
 }
 

@@ -56,6 +56,7 @@ fn main() -> ExitCode {
         .chain(scenarios::shim_faults::SCENARIOS)
         .chain(scenarios::shim_wire::SCENARIOS)
         .chain(scenarios::gateway::SCENARIOS)
+        .chain(scenarios::attacks::SCENARIOS)
         .copied()
         .collect();
     runner::main(&all)

@@ -8,7 +8,9 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::binding::Binding;
 use super::direct::Receiver;
+use super::proof::{self, Look};
 use super::relay::{Ready, Relay, Step};
 use super::sender::{Request, SendState, Sender};
 use super::shared::ConnShared;
@@ -16,30 +18,44 @@ use super::{Attach, End, EngineConfig, Event, Handshake, SLOT, StreamPath};
 use crate::fd;
 use crate::flow::{RecvFlow, SendFlow};
 use crate::rdma::{
-    CmId, Cq, Device, Local, Mr, Qp, Region, WC_RECV, WC_SUCCESS, Wc, unread_by_peer,
+    Access, CmId, Cq, Device, Local, Mr, Pd, Qp, Region, WC_RECV, WC_SUCCESS, Wc, unread_by_peer,
 };
-use crate::wire::{Control, ControlKind, RingInfo};
+use crate::wire::{CONTROL_LEN, Control, ControlKind, RingInfo, Secret};
+
+/// How long a relay that gave up on a proof holds TCP bytes that are the secret's start, for the
+/// rest ([`Relay::guarded`]).
+const GUARD_WAIT: Duration = Duration::from_secs(2);
 
 const TAG_SHIFT: u32 = 60;
 const TAG_CONTROL: u64 = 2 << TAG_SHIFT;
 const TAG_PROBE: u64 = 3 << TAG_SHIFT;
 const TAG_MASK: u64 = (1 << TAG_SHIFT) - 1;
 
-/// A connection's registered region: kept for the next connection when this one ends
-/// ([`super::pool`]).
+/// A connection's region, its protection domain and the registration of everything in it but
+/// the receive ring: kept for the next connection when this one ends ([`super::pool`]). The
+/// receive ring, the one range the peer may write, is registered anew for each connection (a
+/// fresh remote key) after it was zeroed (none of the last peer's bytes).
 pub(super) struct Buffers {
-    // Drop order: the MR before the memory it registers.
+    // Drop order: the MR, then its PD, then the memory it registers.
     mr: Mr,
+    pd: Pd,
     region: Arc<Region>,
 }
 
 /// A connection's verbs resources and stream accounting.
 pub(super) struct Rdma {
     qp: Qp,
-    // Drop order matters: the QP (the id's) is destroyed first by `release`, then the CQ, the
-    // MR and the memory, in this field order.
+    // Drop order matters: the QP (the id's) is destroyed first by the loop, then the CQ, the
+    // MRs, the PD and the memory, in this field order.
     cq: Cq,
+    /// The receive ring's registration, the only remotely writable one (its rkey is the
+    /// peer's).
+    recv_mr: Mr,
+    /// The send ring's and the control slots' registration (local access only).
     mr: Mr,
+    /// This connection's own protection domain: no other connection's queue pair can use its
+    /// keys.
+    pd: Pd,
     region: Arc<Region>,
     pub(super) pinned: u64,
     /// The device's index in the engine (the pool's key).
@@ -71,8 +87,8 @@ pub(super) struct Rdma {
     quiet: bool,
     pub(super) last_rx: Instant,
     pub(super) peer_fin: bool,
-    pub(super) claim_seen: bool,
-    pub(super) confirm_seen: bool,
+    /// What the peer may send, by the handshake ([`super::binding`]).
+    pub(super) binding: Binding,
 }
 
 /// Why setting a connection up failed.
@@ -82,10 +98,19 @@ pub(super) enum SetupError {
     Local(&'static str, io::Error),
 }
 
+/// A failed `ibv_reg_mr`: over the memlock limit, or another error.
+fn reg_error(e: io::Error) -> SetupError {
+    match e.raw_os_error() {
+        Some(libc::ENOMEM | libc::EPERM) => SetupError::Memlock,
+        _ => SetupError::Local("ibv_reg_mr", e),
+    }
+}
+
 impl Rdma {
     /// The buffers, CQ and QP for `id` on `device` (index `index`), with every receive posted.
     /// `kept`: a region a finished connection left on this device, with its budget share;
     /// otherwise the budget is asked and a region registered.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         config: &EngineConfig,
         budget: &super::Budget,
@@ -94,6 +119,7 @@ impl Rdma {
         id: CmId,
         token: u64,
         now: Instant,
+        handshake: super::Handshake,
     ) -> Result<Rdma, SetupError> {
         let (buffers, pinned) = match kept {
             Some((buffers, pinned)) => (Some(buffers), pinned),
@@ -105,26 +131,32 @@ impl Rdma {
                 (None, pinned)
             }
         };
-        let made = Rdma::make(config, (device, index), buffers, id, token, now, pinned);
+        let made =
+            Rdma::make(config, (device, index), buffers, id, token, now, pinned).map(|mut rdma| {
+                rdma.binding = Binding::new(handshake);
+                rdma
+            });
         if made.is_err() {
             budget.release(pinned);
         }
         made
     }
 
-    /// A new region, registered on `device`.
+    /// A new region in a protection domain of its own, everything but the receive ring
+    /// registered (locally) on `device`.
     fn register(config: &EngineConfig, device: &Device) -> Result<Buffers, SetupError> {
+        let ring = config.ring();
         let region = Arc::new(
             Region::new(config.region_bytes())
                 .map_err(|e| SetupError::Local("mmap of the buffers", e))?,
         );
-        let mr = device
-            .register(&region)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::ENOMEM | libc::EPERM) => SetupError::Memlock,
-                _ => SetupError::Local("ibv_reg_mr", e),
-            })?;
-        Ok(Buffers { mr, region })
+        let pd = device
+            .alloc_pd()
+            .map_err(|e| SetupError::Local("ibv_alloc_pd", e))?;
+        let mr = pd
+            .register(&region, ring, config.region_bytes() - ring, Access::Local)
+            .map_err(reg_error)?;
+        Ok(Buffers { mr, pd, region })
     }
 
     fn make(
@@ -138,17 +170,28 @@ impl Rdma {
     ) -> Result<Rdma, SetupError> {
         let ring = config.ring();
         let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
-        let Buffers { mr, region } = match buffers {
-            Some(b) => b,
+        let Buffers { mr, pd, region } = match buffers {
+            Some(b) => {
+                // The last peer's bytes go before the next peer can be told where the ring is.
+                b.region
+                    .zero(0, ring)
+                    .map_err(|e| SetupError::Local("clearing a kept ring", e))?;
+                b
+            }
             None => Rdma::register(config, device)?,
         };
+        // The receive ring gets a registration (and so a remote key) of its own for every
+        // connection: a key an earlier peer learned reaches nothing.
+        let recv_mr = pd
+            .register(&region, 0, ring, Access::RemoteWrite)
+            .map_err(reg_error)?;
         let cq = device
             .create_cq(i32::try_from(rq + sq).unwrap_or(i32::MAX), token)
             .map_err(|e| SetupError::Local("ibv_create_cq", e))?;
         cq.arm()
             .map_err(|e| SetupError::Local("ibv_req_notify_cq", e))?;
         let qp = id
-            .create_qp(device, &cq, sq, rq)
+            .create_qp(&pd, &cq, sq, rq)
             .map_err(|e| match e.raw_os_error() {
                 Some(libc::ENOMEM) => SetupError::Memlock,
                 _ => SetupError::Local("rdma_create_qp", e),
@@ -164,7 +207,9 @@ impl Rdma {
         let rdma = Rdma {
             qp,
             cq,
+            recv_mr,
             mr,
+            pd,
             recv: Receiver::new(
                 Arc::clone(&region),
                 RecvFlow::new(ring as u64, u64::from(rq)),
@@ -189,8 +234,7 @@ impl Rdma {
             quiet: false,
             last_rx: now,
             peer_fin: false,
-            claim_seen: false,
-            confirm_seen: false,
+            binding: Binding::new(super::Handshake::Open),
         };
         for slot in 0..rq {
             rdma.post_recv(u64::from(slot))
@@ -200,9 +244,10 @@ impl Rdma {
     }
 
     /// What outlives the connection once its QP is destroyed (the caller destroyed it): the
-    /// registered region, and its budget share. The CQ goes. None for the region while an app
-    /// thread still copies from it (a direct read): it is not reused, and unmapped when that
-    /// thread lets go.
+    /// region with its PD and local registration, and its budget share. The CQ and the receive
+    /// ring's registration go. None for the region while an app thread still copies from or
+    /// into it (a direct read or write): it is not reused, and unmapped when that thread lets
+    /// go.
     pub(super) fn into_buffers(self) -> (Option<Buffers>, u64) {
         let reusable = {
             let mut state = self.recv.lock();
@@ -211,13 +256,16 @@ impl Rdma {
         } && !self.sender.copying();
         let Rdma {
             cq,
+            recv_mr,
             mr,
+            pd,
             region,
             pinned,
             ..
         } = self;
         drop(cq);
-        (reusable.then_some(Buffers { mr, region }), pinned)
+        drop(recv_mr);
+        (reusable.then_some(Buffers { mr, pd, region }), pinned)
     }
 
     fn control_recv_off(&self) -> usize {
@@ -244,7 +292,7 @@ impl Rdma {
     pub(super) fn ring_info(&self) -> RingInfo {
         RingInfo {
             addr: self.region.addr(0),
-            rkey: self.mr.rkey(),
+            rkey: self.recv_mr.rkey(),
             size_log: self.ring.trailing_zeros() as u8,
             receives: u16::try_from(self.rq).unwrap_or(u16::MAX),
         }
@@ -317,44 +365,9 @@ impl Rdma {
         if wc.opcode & WC_RECV != 0 {
             self.last_rx = now;
             if wc.opcode == WC_RECV {
-                let mut bytes = [0u8; SLOT];
-                let off = self.control_recv_off() + wc.wr_id as usize * SLOT;
-                self.region
-                    .load(off, &mut bytes)
-                    .map_err(|e| format!("control slot {}: {e}", wc.wr_id))?;
-                self.post_recv(wc.wr_id)
-                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
-                self.recv.lock().flow.reposted();
-                let control = Control::decode(&bytes)
-                    .ok_or_else(|| String::from("unknown control message"))?;
-                let mut state = self.sender.lock();
-                if let Some(send) = &mut state.flow {
-                    send.credit(control.consumed, control.reposted)
-                        .map_err(|e| e.to_string())?;
-                }
-                self.sender.room_changed(&state);
-                drop(state);
-                match control.kind {
-                    ControlKind::Credit => {}
-                    ControlKind::Fin => {
-                        self.peer_fin = true;
-                        self.recv.lock().peer_fin = true;
-                    }
-                    ControlKind::Claim => self.claim_seen = true,
-                    ControlKind::Confirm => self.confirm_seen = true,
-                }
+                self.control_arrived(wc)?;
             } else {
-                if !wc.has_imm || self.peer_fin {
-                    return Err(String::from("data without length, or after FIN"));
-                }
-                self.recv
-                    .lock()
-                    .flow
-                    .arrived(wc.imm)
-                    .map_err(|e| e.to_string())?;
-                self.post_recv(wc.wr_id)
-                    .map_err(|e| format!("ibv_post_recv: {e}"))?;
-                self.recv.lock().flow.reposted();
+                self.data_arrived(wc)?;
             }
             return Ok(());
         }
@@ -371,6 +384,72 @@ impl Rdma {
             self.last_rx = now;
         }
         Ok(())
+    }
+
+    /// A control message from the peer, in receive slot `wc.wr_id`: checked against what the
+    /// connection takes now ([`Binding`]) before anything of it is used.
+    fn control_arrived(&mut self, wc: &Wc) -> Result<(), String> {
+        let len = wc.byte_len as usize;
+        if len != CONTROL_LEN {
+            return Err(format!("a control message of {len} bytes"));
+        }
+        let mut bytes = [0u8; SLOT];
+        let off = self.control_recv_off() + wc.wr_id as usize * SLOT;
+        self.region
+            .load(off, &mut bytes)
+            .map_err(|e| format!("control slot {}: {e}", wc.wr_id))?;
+        self.post_recv(wc.wr_id)
+            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+        self.recv.lock().flow.reposted();
+        let control =
+            Control::decode(&bytes).ok_or_else(|| String::from("unknown control message"))?;
+        self.binding
+            .on_control(control.kind)
+            .map_err(|v| v.to_string())?;
+        let mut state = self.sender.lock();
+        if let Some(send) = &mut state.flow {
+            send.credit(control.consumed, control.reposted)
+                .map_err(|e| e.to_string())?;
+        }
+        self.sender.room_changed(&state);
+        drop(state);
+        if control.kind == ControlKind::Fin {
+            self.peer_fin = true;
+            self.recv.lock().peer_fin = true;
+        }
+        Ok(())
+    }
+
+    /// Stream bytes from the peer (an RDMA write with immediate into the receive ring): taken
+    /// only when the stream may carry them and the write is the next one, whole
+    /// ([`crate::flow::RecvFlow::arrived`]).
+    fn data_arrived(&mut self, wc: &Wc) -> Result<(), String> {
+        if !wc.has_imm {
+            return Err(String::from("a data write without an immediate"));
+        }
+        self.binding.on_data().map_err(|v| v.to_string())?;
+        self.recv
+            .lock()
+            .flow
+            .arrived(wc.byte_len, wc.imm)
+            .map_err(|e| e.to_string())?;
+        self.post_recv(wc.wr_id)
+            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+        self.recv.lock().flow.reposted();
+        Ok(())
+    }
+
+    /// Queues our CLAIM with `secret` (the accepting side of the shim).
+    pub(super) fn claim(&mut self, secret: Secret) {
+        self.binding.claim_sent(secret);
+        self.control(ControlKind::Claim(secret));
+    }
+
+    /// Queues our CONFIRM (the connecting side of the shim): the peer may send stream bytes
+    /// from now on.
+    pub(super) fn confirm(&mut self) {
+        self.binding.confirm_sent();
+        self.control(ControlKind::Confirm);
     }
 
     /// Queues a control message (sent as soon as the send queue has room).
@@ -522,7 +601,11 @@ impl Rdma {
             } else {
                 "not sent"
             },
-            if self.claim_seen { ", CLAIM seen" } else { "" },
+            if self.binding.claim().is_some() {
+                ", CLAIM seen"
+            } else {
+                ""
+            },
             arrived,
             sent,
             if pending { "bytes" } else { "nothing" },
@@ -663,14 +746,27 @@ pub(super) struct Attached {
     /// The kept socket is watched (until its FIN).
     pub(super) watch_kept: bool,
     pub(super) kept_ready: Ready,
-    /// Waiting for CONFIRM until this deadline ([`Handshake::Claim`]).
-    pub(super) awaiting_confirm: Option<Instant>,
+    /// The accepting side of [`Handshake::Claim`] until its stream is bound.
+    pub(super) awaiting: Option<Awaiting>,
     pub(super) local_eof: bool,
     pub(super) local_shut: bool,
     pub(super) sent: u64,
     pub(super) received: u64,
     pub(super) on_event: Box<dyn FnMut(Event) + Send>,
     pub(super) on_bytes: Option<fn(u64, u64)>,
+}
+
+/// What an accepting side ([`Handshake::Claim`]) waits for before its stream carries a byte:
+/// the proof on the TCP connection ([`super::proof`]) and the peer's CONFIRM.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Awaiting {
+    /// Until when (then: relay over TCP).
+    pub(super) deadline: Instant,
+    /// The secret our CLAIM carried.
+    pub(super) secret: Secret,
+    /// The secret came first on the TCP connection and was taken off it: the client committed
+    /// to the stream.
+    pub(super) proven: bool,
 }
 
 /// What the local side is doing.
@@ -713,6 +809,17 @@ pub(super) struct StreamConn {
     pub(super) error: Option<String>,
     /// The CM reported the peer's disconnect.
     pub(super) peer_gone: bool,
+    /// An incoming connection: what its request said (kept for the accept, which allocates).
+    pub(super) offer: Option<Offer>,
+}
+
+/// What an incoming connect request offered: the peer's ring and where it came from, and how
+/// the listener's connections start.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Offer {
+    pub(super) ring: RingInfo,
+    pub(super) from: Option<std::net::IpAddr>,
+    pub(super) handshake: Handshake,
 }
 
 /// What the loop must do with epoll registrations after a transition.
@@ -735,7 +842,14 @@ impl StreamConn {
             unattached_deadline: None,
             error: None,
             peer_gone: false,
+            offer: None,
         }
+    }
+
+    /// An incoming connection that waits for its decision or its app: state an
+    /// unauthenticated peer can make ([`super::EngineConfig::max_unattached`]).
+    pub(super) fn unattached_incoming(&self) -> bool {
+        self.offer.is_some() && self.id.is_some() && matches!(self.app, App::Unattached)
     }
 
     /// True when nothing is left: no id, no resources, no local side.
@@ -769,7 +883,10 @@ impl StreamConn {
         self.unattached_deadline = None;
         let alive = self.error.is_none()
             && !self.peer_gone
-            && self.rdma.is_some()
+            && self
+                .rdma
+                .as_ref()
+                .is_some_and(|r| r.binding.handshake() == handshake)
             && !matches!(self.cm, CmPhase::Disconnecting(_));
         let mut attached = Attached {
             local,
@@ -780,7 +897,7 @@ impl StreamConn {
             watch_kept: kept.is_some(),
             kept,
             kept_ready: Ready::default(),
-            awaiting_confirm: None,
+            awaiting: None,
             local_eof: false,
             local_shut: false,
             sent: 0,
@@ -827,15 +944,23 @@ impl StreamConn {
                 if handshake == Handshake::Confirm
                     && let Some(r) = &mut self.rdma
                 {
-                    r.control(ControlKind::Confirm);
+                    r.confirm();
                 }
                 (attached.on_event)(Event::Decided(StreamPath::Rdma));
             }
             Handshake::Claim => {
-                if let Some(r) = &mut self.rdma {
-                    r.control(ControlKind::Claim);
-                }
-                attached.awaiting_confirm = Some(now + config.claim_timeout);
+                let (Some(r), Some(secret)) = (&mut self.rdma, Secret::random()) else {
+                    // No secret, no binding: the client gets no CLAIM and stays on TCP.
+                    self.app = App::Stream(attached);
+                    self.relay_instead(fds);
+                    return;
+                };
+                r.claim(secret);
+                attached.awaiting = Some(Awaiting {
+                    deadline: now + config.claim_timeout,
+                    secret,
+                    proven: false,
+                });
             }
         }
         self.app = App::Stream(attached);
@@ -875,9 +1000,9 @@ impl StreamConn {
                         fds.unwatch_kept = true;
                     }
                     fd::Peeked::Bytes => {
-                        if a.awaiting_confirm.is_some() {
-                            // The client stayed on TCP and already speaks there.
-                            self.relay_instead(fds);
+                        if a.awaiting.is_some_and(|w| !w.proven) {
+                            // The proof, or the client speaking TCP.
+                            self.check_proof(fds);
                         } else {
                             self.fail("bytes arrived on the kept TCP connection".into(), fds);
                         }
@@ -895,8 +1020,33 @@ impl StreamConn {
         }
     }
 
-    /// Gives up the stream of a [`Handshake::Claim`] connection still waiting for CONFIRM: the
-    /// client stayed on TCP, so the local side is relayed over the kept socket.
+    /// The accepting side waits for the proof: looks at the kept TCP socket's first bytes
+    /// ([`super::proof`]). The secret binds (it is taken off the socket); anything else, or the
+    /// client's EOF, is the client on TCP (relay); a failed socket fails the connection.
+    fn check_proof(&mut self, fds: &mut Fds) {
+        let App::Stream(a) = &mut self.app else {
+            return;
+        };
+        let (Some(w), Some(kept)) = (a.awaiting.as_mut(), a.kept.as_ref()) else {
+            return;
+        };
+        if w.proven {
+            return;
+        }
+        match proof::look(kept, &w.secret) {
+            Look::Partial => {}
+            Look::Whole => match proof::take(kept) {
+                Ok(()) => w.proven = true,
+                Err(e) => self.fail(format!("taking the proof: {e}"), fds),
+            },
+            Look::Other | Look::Eof => self.relay_instead(fds),
+            Look::Failed(e) => self.fail(format!("the kept TCP connection failed: {e}"), fds),
+        }
+    }
+
+    /// Gives up the stream of a [`Handshake::Claim`] connection not bound yet: the client
+    /// stayed on TCP (or is not the RDMA peer), so the local side is relayed over the kept
+    /// socket.
     fn relay_instead(&mut self, fds: &mut Fds) {
         let App::Stream(a) = std::mem::replace(&mut self.app, App::Done) else {
             return;
@@ -905,12 +1055,18 @@ impl StreamConn {
             local,
             kept,
             mut on_event,
+            awaiting,
             ..
         } = a;
         match kept {
             Some(kept) => {
                 on_event(Event::Decided(StreamPath::Tcp));
-                self.app = App::Relay(Relay::new(local, kept), on_event);
+                // A proof that comes after all must not reach the app (the relay's guard).
+                let relay = match awaiting {
+                    Some(w) => Relay::guarded(local, kept, w.secret, Instant::now() + GUARD_WAIT),
+                    None => Relay::new(local, kept),
+                };
+                self.app = App::Relay(relay, on_event);
             }
             None => {
                 on_event(Event::Decided(StreamPath::Broken));
@@ -934,14 +1090,15 @@ impl StreamConn {
     /// TCP then fails too); the CM side is torn down by the loop.
     pub(super) fn fail(&mut self, why: String, fds: &mut Fds) {
         if let App::Stream(a) = &self.app
-            && a.awaiting_confirm.is_some()
+            && a.awaiting.is_some_and(|w| !w.proven)
         {
             let broken = a
                 .kept
                 .as_ref()
                 .is_some_and(|k| matches!(fd::peek(k), fd::Peeked::Failed(_)));
             if !broken {
-                // No CONFIRM yet: the client either gave up or never will; it is on TCP.
+                // Not bound: the RDMA peer broke the rules, gave up or never proved it holds
+                // the TCP connection, whose client is on TCP.
                 self.relay_instead(fds);
                 return;
             }
@@ -955,10 +1112,10 @@ impl StreamConn {
         let app = std::mem::replace(&mut self.app, App::Done);
         match app {
             App::Stream(mut a) => {
-                if a.awaiting_confirm.is_some() {
+                if a.awaiting.is_some() {
                     (a.on_event)(Event::Decided(StreamPath::Broken));
                 }
-                let path = if a.awaiting_confirm.is_some() {
+                let path = if a.awaiting.is_some() {
                     StreamPath::Broken
                 } else {
                     StreamPath::Rdma
@@ -990,6 +1147,14 @@ impl StreamConn {
         draining: bool,
         fds: &mut Fds,
     ) {
+        if let App::Stream(a) = &self.app
+            && a.awaiting.is_some_and(|w| !w.proven)
+            && self.stream_usable()
+        {
+            // Also here, not only on the kept socket's events: the proof may have come before
+            // the socket was watched.
+            self.check_proof(fds);
+        }
         self.step_relay(draining, fds);
         if !self.stream_usable() {
             return;
@@ -1047,19 +1212,21 @@ impl StreamConn {
             return Ok(false);
         };
         rdma.poll(now)?;
-        if rdma.claim_seen {
-            shared.claimed();
+        if let Some(secret) = rdma.binding.claim() {
+            shared.claimed(secret);
         }
         let App::Stream(a) = app else {
             rdma.credit_if_due();
             return Ok(false);
         };
-        if a.awaiting_confirm.is_some() {
-            if !rdma.confirm_seen {
+        if let Some(w) = a.awaiting {
+            // Bound once the TCP client proved it holds our CLAIM's secret and the RDMA peer
+            // confirmed; until then nothing the peer sent reaches the app.
+            if !(w.proven && rdma.binding.confirm_seen()) {
                 rdma.credit_if_due();
                 return Ok(false);
             }
-            a.awaiting_confirm = None;
+            a.awaiting = None;
             (a.on_event)(Event::Decided(StreamPath::Rdma));
         }
         pump(rdma, a, draining).map_err(|e| format!("local side: {e}"))?;
@@ -1140,8 +1307,11 @@ impl StreamConn {
             CmPhase::Deciding(t) | CmPhase::Disconnecting(t) => at(Some(t)),
             _ => {}
         }
+        if let App::Relay(r, _) = &self.app {
+            at(r.deadline());
+        }
         if let App::Stream(a) = &self.app {
-            at(a.awaiting_confirm);
+            at(a.awaiting.map(|w| w.deadline));
             if self.stream_usable() {
                 at(self
                     .rdma

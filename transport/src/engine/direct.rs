@@ -251,7 +251,11 @@ mod tests {
         region.store(0, bytes).unwrap();
         {
             let mut state = recv.lock();
-            state.flow.arrived(bytes.len() as u32).unwrap();
+            let end = state.flow.arrived_total() + bytes.len() as u64;
+            state
+                .flow
+                .arrived(bytes.len() as u32, crate::wire::data_imm(end))
+                .unwrap();
             state.direct = true;
         }
         recv
@@ -344,7 +348,11 @@ mod tests {
             Some(RING - RING / 4)
         );
         recv.region.store(0, b"wrapped").unwrap();
-        recv.lock().flow.arrived(7).unwrap();
+        {
+            let mut state = recv.lock();
+            let end = state.flow.arrived_total() + 7;
+            state.flow.arrived(7, crate::wire::data_imm(end)).unwrap();
+        }
         assert_eq!(reader.read(app.as_raw_fd(), &mut big), Some(7));
         assert_eq!(&big[..7], b"wrapped");
     }

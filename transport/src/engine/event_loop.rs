@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 
-use super::conn::{App, Buffers, CmPhase, Fds, Rdma, SetupError, StreamConn};
+use super::conn::{App, Buffers, CmPhase, Fds, Offer, Rdma, SetupError, StreamConn};
 use super::pool::Pool;
 use super::shared::{ConnShared, ConnectError, RejectedBy};
-use super::{Acceptor, Attach, Command, Conn, Decision, EngineError, Inner, Request};
+use super::{Acceptor, Attach, Command, Conn, Decision, EngineError, Handshake, Inner, Request};
 use crate::rdma::{CmId, ConnSettings, Context, Device, EventChannel, EventKind, Lib};
 use crate::wire::{Kind, PrivateData, RingInfo, TransportReject};
 
@@ -36,6 +36,7 @@ const RNR_RETRIES: u8 = 7;
 struct ListenerEntry {
     id: CmId,
     acceptor: Arc<dyn Acceptor>,
+    handshake: Handshake,
 }
 
 struct Loop {
@@ -47,8 +48,9 @@ struct Loop {
     pool: Pool<Buffers>,
     devices: Vec<Device>,
     conns: HashMap<u64, StreamConn>,
-    /// What an active connection sends with its connect: payload and resolve timeout (ms).
-    connecting: HashMap<u64, (Vec<u8>, i32)>,
+    /// What an active connection sends with its connect: payload, resolve timeout (ms) and
+    /// handshake.
+    connecting: HashMap<u64, (Vec<u8>, i32, Handshake)>,
     listeners: HashMap<u64, ListenerEntry>,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
     dirty: Vec<u64>,
@@ -329,7 +331,8 @@ impl Loop {
             id.destroy();
             return;
         }
-        self.connecting.insert(token, (request.payload, ms));
+        self.connecting
+            .insert(token, (request.payload, ms, request.handshake));
         self.conns
             .insert(token, StreamConn::new(shared, Some(id), CmPhase::Resolving));
     }
@@ -356,7 +359,15 @@ impl Loop {
         })();
         match result {
             Ok(()) => {
-                self.listeners.insert(token, ListenerEntry { id, acceptor });
+                let handshake = acceptor.handshake();
+                self.listeners.insert(
+                    token,
+                    ListenerEntry {
+                        id,
+                        acceptor,
+                        handshake,
+                    },
+                );
                 Ok(())
             }
             Err(e) => {
@@ -423,13 +434,48 @@ impl Loop {
         self.dirty.push(token);
     }
 
+    /// Accepts an incoming connection: its region, queues and registrations are made now, after
+    /// the acceptor said yes (an unauthenticated request gets nothing before).
     fn accept(&mut self, token: u64, payload: &[u8]) {
         let now = Instant::now();
         let timeout = self.inner.config.unattached_timeout;
+        let Some(conn) = self.conns.get(&token) else {
+            return;
+        };
+        let (Some(id), Some(offer)) = (conn.id, conn.offer) else {
+            return;
+        };
+        if conn.rdma.is_none() {
+            match self.setup(id, token, offer.handshake) {
+                Ok(mut rdma) => {
+                    rdma.set_peer(offer.ring);
+                    if let Some(conn) = self.conns.get_mut(&token) {
+                        conn.shared.set_sides(rdma.receiver(), rdma.sender());
+                        conn.rdma = Some(rdma);
+                    }
+                }
+                Err(e) => {
+                    if let SetupError::Local(..) = e {
+                        id.destroy_qp();
+                    }
+                    let why = match e {
+                        SetupError::Memlock => TransportReject::Memlock,
+                        SetupError::Local(..) => TransportReject::Resources,
+                    };
+                    let _ = id.reject(&why.encode());
+                    if let Some(conn) = self.conns.get_mut(&token) {
+                        conn.error = Some(format!("not accepted: {e:?}"));
+                        conn.shared.closed();
+                    }
+                    self.destroy(token);
+                    return;
+                }
+            }
+        }
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
-        let (Some(id), Some(rdma)) = (conn.id, conn.rdma.as_mut()) else {
+        let Some(rdma) = conn.rdma.as_mut() else {
             return;
         };
         let data = PrivateData::encode(Kind::Accept, rdma.ring_info(), payload);
@@ -482,7 +528,7 @@ impl Loop {
         Ok(i)
     }
 
-    fn setup(&mut self, id: CmId, token: u64) -> Result<Rdma, SetupError> {
+    fn setup(&mut self, id: CmId, token: u64, handshake: Handshake) -> Result<Rdma, SetupError> {
         let dev = self
             .device_for(id.verbs())
             .map_err(|e| SetupError::Local("opening the device", e))?;
@@ -496,6 +542,7 @@ impl Loop {
             id,
             token,
             Instant::now(),
+            handshake,
         )
     }
 
@@ -529,14 +576,17 @@ impl Loop {
         }
     }
 
+    /// A connect request: refused at once when it is not ours, or when too many unattached
+    /// connections wait (from its peer or in all); otherwise the listener's acceptor decides,
+    /// before anything is allocated for it.
     fn incoming(&mut self, listener: Option<u64>, id: CmId, data: &[u8]) {
         let refuse = |id: CmId, why: TransportReject| {
             let _ = id.reject(&why.encode());
             id.destroy();
         };
-        let Some(acceptor) = listener
+        let Some((acceptor, handshake)) = listener
             .and_then(|t| self.listeners.get(&t))
-            .map(|l| Arc::clone(&l.acceptor))
+            .map(|l| (Arc::clone(&l.acceptor), l.handshake))
         else {
             refuse(id, TransportReject::NoListener);
             return;
@@ -552,29 +602,21 @@ impl Loop {
             refuse(id, TransportReject::Resources);
             return;
         }
+        let peer = id.peer_addr();
+        if self.too_many_unattached(peer.map(|p| p.ip())) {
+            refuse(id, TransportReject::Busy);
+            return;
+        }
         let token = self.inner.token();
         id.set_token(token);
-        let mut rdma = match self.setup(id, token) {
-            Ok(r) => r,
-            Err(e) => {
-                if let SetupError::Local(..) = e {
-                    id.destroy_qp();
-                }
-                refuse(
-                    id,
-                    match e {
-                        SetupError::Memlock => TransportReject::Memlock,
-                        SetupError::Local(..) => TransportReject::Resources,
-                    },
-                );
-                return;
-            }
-        };
-        rdma.set_peer(request.ring);
-        let shared = Arc::new(ConnShared::connecting(id.peer_addr()));
-        shared.set_sides(rdma.receiver(), rdma.sender());
-        let mut conn = StreamConn::new(Arc::clone(&shared), Some(id), CmPhase::Accepted);
-        conn.rdma = Some(rdma);
+        let shared = Arc::new(ConnShared::connecting(peer));
+        let deadline = Instant::now() + self.inner.config.unattached_timeout;
+        let mut conn = StreamConn::new(Arc::clone(&shared), Some(id), CmPhase::Deciding(deadline));
+        conn.offer = Some(Offer {
+            ring: request.ring,
+            from: peer.map(|p| p.ip()),
+            handshake,
+        });
         self.conns.insert(token, conn);
         let handle = Conn {
             inner: Arc::clone(&self.inner),
@@ -583,7 +625,7 @@ impl Loop {
         };
         let decision = acceptor.on_request(Request {
             local: id.local_addr(),
-            peer: id.peer_addr(),
+            peer,
             payload: &request.payload,
             conn: handle,
         });
@@ -597,14 +639,25 @@ impl Loop {
                 }
                 self.destroy(token);
             }
-            Decision::Defer => {
-                let deadline = Instant::now() + self.inner.config.unattached_timeout;
-                if let Some(c) = self.conns.get_mut(&token) {
-                    c.cm = CmPhase::Deciding(deadline);
-                }
-            }
+            // Decided later with `Conn::accept` or `Conn::reject`, by the deadline.
+            Decision::Defer => {}
         }
         self.dirty.push(token);
+    }
+
+    /// True when another unattached incoming connection from `from` would pass
+    /// [`super::EngineConfig::max_unattached_per_peer`] or, in all,
+    /// [`super::EngineConfig::max_unattached`].
+    fn too_many_unattached(&self, from: Option<IpAddr>) -> bool {
+        let config = &self.inner.config;
+        let (mut all, mut theirs) = (0usize, 0usize);
+        for c in self.conns.values().filter(|c| c.unattached_incoming()) {
+            all += 1;
+            if c.offer.is_some_and(|o| o.from == from) {
+                theirs += 1;
+            }
+        }
+        all >= config.max_unattached || theirs >= config.max_unattached_per_peer
     }
 
     fn conn_event(&mut self, token: u64, kind: EventKind, status: i32, data: &[u8]) {
@@ -635,14 +688,13 @@ impl Loop {
                 }
             }
             EventKind::RouteResolved if conn.cm == CmPhase::Resolving => {
-                let payload = self
+                let (payload, handshake) = self
                     .connecting
                     .remove(&token)
-                    .map(|c| c.0)
-                    .unwrap_or_default();
+                    .map_or((Vec::new(), Handshake::Open), |c| (c.0, c.2));
                 // `setup` borrows the whole engine, so the connection is looked up again after
                 // it (`setup` removes none; were it gone, there would be nothing to connect).
-                let setup = self.setup(id, token);
+                let setup = self.setup(id, token, handshake);
                 let Some(conn) = self.conns.get_mut(&token) else {
                     return;
                 };
@@ -796,9 +848,9 @@ impl Loop {
                 _ => {}
             }
             if let App::Stream(a) = &conn.app
-                && a.awaiting_confirm.is_some_and(|t| t <= now)
+                && a.awaiting.is_some_and(|w| w.deadline <= now)
             {
-                conn.fail(String::from("no CONFIRM in time"), &mut fds);
+                conn.fail(String::from("no proof and CONFIRM in time"), &mut fds);
             }
             self.apply(fds);
             self.dirty.push(token);

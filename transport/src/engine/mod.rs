@@ -15,11 +15,14 @@
 //! down and a kept TCP socket reset). A peer that vanishes is noticed by a zero-length RDMA
 //! WRITE after [`EngineConfig::keepalive`] of silence, which fails after the QP's retries.
 
+mod binding;
 mod budget;
 mod conn;
 mod direct;
 mod event_loop;
+mod pin_limits;
 mod pool;
+mod proof;
 mod relay;
 mod sender;
 mod shared;
@@ -36,6 +39,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 
 pub use budget::Budget;
 pub use direct::Reader;
+pub use pin_limits::{MEMORY_SHARE, PinLimits};
 pub use sender::Writer;
 pub use shared::{ConnectError, RejectedBy, WaitError};
 
@@ -61,7 +65,8 @@ pub struct EngineConfig {
     /// How long an established connection may wait for [`Conn::attach`] (and a deferred
     /// request for its decision) before it is dropped.
     pub unattached_timeout: Duration,
-    /// How long the accepting side of [`Handshake::Claim`] waits for CONFIRM.
+    /// How long the accepting side of [`Handshake::Claim`] waits for its stream to be bound
+    /// (the client's proof on the TCP connection and its CONFIRM) before it relays over TCP.
     pub claim_timeout: Duration,
     /// How long a disconnect waits for the CM's confirmation before the id is destroyed.
     pub disconnect_timeout: Duration,
@@ -69,6 +74,12 @@ pub struct EngineConfig {
     pub port_space: PortSpace,
     /// Bytes the engine may pin (None: unlimited).
     pub memlock_limit: Option<u64>,
+    /// Incoming connections not attached yet (deciding, or accepted and waiting for their app:
+    /// unauthenticated state) at most, in all ...
+    pub max_unattached: usize,
+    /// ... and from one peer address. A request past either is refused before anything is
+    /// allocated for it ([`crate::wire::TransportReject::Busy`]).
+    pub max_unattached_per_peer: usize,
     /// Registered regions of finished connections kept for the next ones (0: none). Each keeps
     /// its pinned memory (and its share of the budget) while it waits.
     pub kept_regions: usize,
@@ -91,6 +102,8 @@ impl std::fmt::Debug for EngineConfig {
             .field("recv_queue", &self.recv_queue)
             .field("port_space", &self.port_space)
             .field("memlock_limit", &self.memlock_limit)
+            .field("max_unattached", &self.max_unattached)
+            .field("max_unattached_per_peer", &self.max_unattached_per_peer)
             .field("kept_regions", &self.kept_regions)
             .field("kept_region_idle", &self.kept_region_idle)
             .finish_non_exhaustive()
@@ -127,6 +140,8 @@ impl Default for EngineConfig {
             disconnect_timeout: Duration::from_secs(1),
             port_space: PortSpace::Ib,
             memlock_limit: None,
+            max_unattached: 256,
+            max_unattached_per_peer: 64,
             kept_regions: 8,
             kept_region_idle: Duration::from_secs(2),
             fd_observer: None,
@@ -190,17 +205,24 @@ pub enum EngineError {
     Thread(#[source] io::Error),
 }
 
-/// What a connection's local side starts with when attached.
+/// How a connection's stream starts: chosen when it is made ([`ConnectRequest::handshake`],
+/// [`Acceptor::handshake`]) and given again to [`Conn::attach`]. It also says what the peer may
+/// send before the stream carries bytes; anything else fails the stream
+/// (docs/shim-protocol.md, "Binding").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handshake {
     /// Pump at once (the gateway, both sides).
     Open,
-    /// The connecting side of the shim: send CONFIRM, then pump. On a connection that is
-    /// already gone, relay over the kept TCP socket instead (the peer, without CONFIRM, does).
+    /// The connecting side of the shim: takes one CLAIM (with its secret: [`Conn::wait_claim`],
+    /// which the caller writes on its TCP connection), and at attach sends CONFIRM, then pumps.
+    /// On a connection that is already gone, relay over the kept TCP socket instead.
     Confirm,
-    /// The accepting side of the shim: send CLAIM and wait for CONFIRM (then pump) or for the
-    /// peer's give-up (its disconnect, bytes on the kept TCP socket, or nothing within
-    /// [`EngineConfig::claim_timeout`]: then relay over the kept TCP socket).
+    /// The accepting side of the shim: at attach sends CLAIM with a fresh secret and binds the
+    /// stream once the secret came first on the kept TCP socket (taken off it) and the peer's
+    /// CONFIRM arrived; nothing the peer sent reaches the app before. Anything else (other
+    /// bytes or EOF on the TCP socket, the peer's disconnect or a message out of place, nothing
+    /// within [`EngineConfig::claim_timeout`]) relays over the kept TCP socket, guarded against
+    /// a late proof.
     Claim,
 }
 
@@ -244,7 +266,7 @@ pub struct Attach {
     /// `getpeername` and TCP options from it; it closes when the last holder lets go (reset
     /// first if the stream failed).
     pub kept: Option<Arc<OwnedFd>>,
-    /// How to start.
+    /// How to start: the connection's own handshake (another one ends it as broken).
     pub handshake: Handshake,
     /// Called on the engine thread with each [`Event`]; must not block.
     pub on_event: Box<dyn FnMut(Event) + Send>,
@@ -270,6 +292,8 @@ pub struct ConnectRequest {
     pub payload: Vec<u8>,
     /// Bound on address and route resolution (each).
     pub resolve_timeout: Duration,
+    /// [`Handshake::Open`] or [`Handshake::Confirm`].
+    pub handshake: Handshake,
 }
 
 /// An incoming connect request, shown to a listener's [`Acceptor`].
@@ -297,9 +321,19 @@ pub enum Decision {
 }
 
 /// Decides on a listener's incoming requests. Runs on the engine thread: must not block.
+///
+/// The engine asks before it allocates anything for a request (its region, queues and
+/// registrations come only with an accept), and refuses a request by itself when too many
+/// unattached connections wait, from its peer or in all ([`EngineConfig::max_unattached`]).
 pub trait Acceptor: Send + Sync {
     /// One request.
     fn on_request(&self, request: Request<'_>) -> Decision;
+
+    /// How accepted connections start: [`Handshake::Open`] (the default) or
+    /// [`Handshake::Claim`].
+    fn handshake(&self) -> Handshake {
+        Handshake::Open
+    }
 }
 
 impl<F> Acceptor for F
@@ -589,8 +623,9 @@ impl Conn {
         self.shared.wait_established(deadline)
     }
 
-    /// Waits for the peer's CLAIM (the shim's connecting side) until `deadline`.
-    pub fn wait_claim(&self, deadline: Instant) -> Result<(), WaitError> {
+    /// Waits for the peer's CLAIM (the shim's connecting side) until `deadline`: its secret,
+    /// which proves on the TCP connection that this side is the RDMA peer.
+    pub fn wait_claim(&self, deadline: Instant) -> Result<crate::wire::Secret, WaitError> {
         self.shared.wait_claim(deadline)
     }
 

@@ -6,13 +6,22 @@
 //! be neither reordered nor duplicated. EOF on one side becomes `shutdown(SHUT_WR)` on the other
 //! once the buffer is written out; an error on either side tears both down (the TCP side with an
 //! RST).
+//!
+//! A relay that an accepting side starts after it sent CLAIM and gave up waiting for the proof
+//! is *guarded* ([`Relay::guarded`]): if the first bytes from the TCP side are that CLAIM's
+//! secret, the client moved to the stream after all (its proof came late), and those bytes are
+//! not the app's: the relay fails (both sides reset) instead of handing them on. Bytes that are
+//! the secret's start wait for the rest, at most until the guard's deadline.
 
 use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::time::Instant;
 
+use super::proof::{self, Look};
 use crate::fd;
+use crate::wire::Secret;
 
 const BUFFER: usize = 64 * 1024;
 
@@ -56,6 +65,8 @@ pub(super) struct Relay {
     pub(super) far_ready: Ready,
     up: Direction,
     down: Direction,
+    /// The far side's first bytes must not be this secret (see the module docs).
+    guard: Option<(Secret, Instant)>,
 }
 
 /// How a relay step ended.
@@ -85,7 +96,28 @@ impl Relay {
             },
             up: Direction::new(),
             down: Direction::new(),
+            guard: None,
         }
+    }
+
+    /// A relay whose far side's first bytes must not be `secret` (see the module docs); bytes
+    /// that are its start wait for the rest until `until`.
+    pub(super) fn guarded(
+        local: OwnedFd,
+        far: Arc<OwnedFd>,
+        secret: Secret,
+        until: Instant,
+    ) -> Relay {
+        Relay {
+            guard: Some((secret, until)),
+            ..Relay::new(local, far)
+        }
+    }
+
+    /// When the guard stops waiting for the rest of the secret's start (the engine steps the
+    /// relay then).
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        self.guard.map(|(_, until)| until)
     }
 
     /// Bytes local -> far and far -> local.
@@ -101,6 +133,19 @@ impl Relay {
     /// Moves what it can without blocking. `draining`: a local side with nothing to read
     /// counts as EOF (the process is exiting).
     pub(super) fn step(&mut self, draining: bool) -> Step {
+        if let Some((secret, until)) = self.guard {
+            match proof::look(self.far.as_fd(), &secret) {
+                Look::Whole => {
+                    return self.fail(io::Error::other(
+                        "the client moved to the stream after its proof was given up on",
+                    ));
+                }
+                // The secret's start: the far side is not read until the rest comes or the
+                // deadline passes (a TCP client whose first bytes happen to match).
+                Look::Partial if Instant::now() < until => self.far_ready.readable = false,
+                _ => self.guard = None,
+            }
+        }
         loop {
             let a = match pass(
                 &mut self.up,
@@ -243,5 +288,85 @@ mod tests {
         peer.read_to_string(&mut got).unwrap();
         assert_eq!(got, "hello");
         assert_eq!(r.moved(), (5, 5));
+    }
+
+    fn step_until(r: &mut Relay, done: impl Fn(&Step, &Relay) -> bool) -> Step {
+        let mut step = Step::Idle;
+        for _ in 0..20 {
+            r.local_ready = Ready {
+                readable: true,
+                writable: true,
+            };
+            r.far_ready = Ready {
+                readable: true,
+                writable: true,
+            };
+            step = r.step(false);
+            if done(&step, r) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        step
+    }
+
+    const SECRET: Secret = Secret(*b"0123456789abcdef");
+
+    #[test]
+    fn a_guarded_relay_fails_on_a_late_proof_and_hands_on_anything_else() {
+        let until = Instant::now() + std::time::Duration::from_secs(10);
+        // A late proof: nothing of it reaches the app, both sides fail.
+        let (app, local) = UnixStream::pair().unwrap();
+        let (far, mut peer) = UnixStream::pair().unwrap();
+        local.set_nonblocking(true).unwrap();
+        far.set_nonblocking(true).unwrap();
+        let mut r = Relay::guarded(local.into(), Arc::new(far.into()), SECRET, until);
+        peer.write_all(&SECRET.0).unwrap();
+        peer.write_all(b"stream bytes").unwrap();
+        let step = step_until(&mut r, |s, _| matches!(s, Step::Failed(_)));
+        assert!(matches!(step, Step::Failed(_)), "{step:?}");
+        assert_eq!(r.moved(), (0, 0));
+        drop(r);
+        let mut got = Vec::new();
+        let _ = (&app).read_to_end(&mut got);
+        assert!(got.is_empty(), "the app got {got:?}");
+
+        // A TCP client: its bytes go on untouched, even when they start like the secret.
+        let (app, local) = UnixStream::pair().unwrap();
+        let (far, mut peer) = UnixStream::pair().unwrap();
+        local.set_nonblocking(true).unwrap();
+        far.set_nonblocking(true).unwrap();
+        let mut r = Relay::guarded(local.into(), Arc::new(far.into()), SECRET, until);
+        peer.write_all(b"0123").unwrap();
+        assert!(matches!(r.step(false), Step::Idle));
+        assert_eq!(r.moved(), (0, 0), "the secret's start waits for the rest");
+        peer.write_all(b"-not-the-secret").unwrap();
+        peer.shutdown(Shutdown::Write).unwrap();
+        drop(app.try_clone().unwrap());
+        app.shutdown(Shutdown::Write).unwrap();
+        let step = step_until(&mut r, |s, _| matches!(s, Step::Finished));
+        assert!(matches!(step, Step::Finished), "{step:?}");
+        let mut got = String::new();
+        (&app).read_to_string(&mut got).unwrap();
+        assert_eq!(got, "0123-not-the-secret");
+    }
+
+    #[test]
+    fn a_guard_gives_up_waiting_at_its_deadline() {
+        let (app, local) = UnixStream::pair().unwrap();
+        let (far, mut peer) = UnixStream::pair().unwrap();
+        local.set_nonblocking(true).unwrap();
+        far.set_nonblocking(true).unwrap();
+        let until = Instant::now() + std::time::Duration::from_millis(30);
+        let mut r = Relay::guarded(local.into(), Arc::new(far.into()), SECRET, until);
+        assert_eq!(r.deadline(), Some(until));
+        peer.write_all(b"01").unwrap();
+        assert!(matches!(r.step(false), Step::Idle));
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        let _ = step_until(&mut r, |_, r| r.moved().1 == 2);
+        assert_eq!(r.moved(), (0, 2));
+        let mut got = [0u8; 2];
+        (&app).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"01");
     }
 }

@@ -288,7 +288,7 @@ impl Sender {
             },
             state.peer.addr + w.remote as u64,
             state.peer.rkey,
-            n as u32,
+            crate::wire::data_imm(end),
             signaled,
         )?;
         state.note_posted(signaled, Request::Data(n));

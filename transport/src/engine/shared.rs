@@ -1,5 +1,5 @@
-//! What a connection's handles and the engine thread share: its phase, whether the peer's
-//! CLAIM arrived, and a condition variable to wait on both.
+//! What a connection's handles and the engine thread share: its phase, the peer's CLAIM (its
+//! secret) once it arrived, and a condition variable to wait on both.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::direct::Receiver;
 use super::sender::Sender;
-use crate::wire::BadPrivateData;
+use crate::wire::{BadPrivateData, Secret};
 
 /// Who refused a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,7 +90,8 @@ enum Phase {
 #[derive(Debug)]
 struct State {
     phase: Phase,
-    claimed: bool,
+    /// The peer's CLAIM came, with its secret.
+    claimed: Option<Secret>,
     peer: Option<SocketAddr>,
     /// The connection's receive side, once its verbs resources exist (for direct reads).
     receiver: Weak<Receiver>,
@@ -110,7 +111,7 @@ impl ConnShared {
         ConnShared {
             state: Mutex::new(State {
                 phase: Phase::Connecting,
-                claimed: false,
+                claimed: None,
                 peer,
                 receiver: Weak::new(),
                 sender: Weak::new(),
@@ -156,8 +157,13 @@ impl ConnShared {
         });
     }
 
-    pub(super) fn claimed(&self) {
-        self.update(|s| s.claimed = true);
+    pub(super) fn claimed(&self, secret: Secret) {
+        let mut state = self.lock();
+        if state.claimed.is_none() {
+            state.claimed = Some(secret);
+            drop(state);
+            self.changed.notify_all();
+        }
     }
 
     pub(super) fn set_sides(&self, receiver: &Arc<Receiver>, sender: &Arc<Sender>) {
@@ -218,10 +224,10 @@ impl ConnShared {
         .unwrap_or(Err(ConnectError::Timeout))
     }
 
-    pub(super) fn wait_claim(&self, deadline: Instant) -> Result<(), WaitError> {
+    pub(super) fn wait_claim(&self, deadline: Instant) -> Result<Secret, WaitError> {
         self.wait_until(deadline, |s| {
-            if s.claimed {
-                Some(Ok(()))
+            if let Some(secret) = s.claimed {
+                Some(Ok(secret))
             } else if matches!(s.phase, Phase::Failed(_) | Phase::Closed) {
                 Some(Err(WaitError::Closed))
             } else {
@@ -250,8 +256,14 @@ mod tests {
         s.established(b"ok".to_vec());
         assert_eq!(t.join().unwrap(), Ok(b"ok".to_vec()));
         assert_eq!(s.wait_claim(Instant::now()), Err(WaitError::Timeout));
-        s.claimed();
-        assert_eq!(s.wait_claim(Instant::now()), Ok(()));
+        let secret = Secret([3; crate::wire::SECRET_LEN]);
+        s.claimed(secret);
+        s.claimed(Secret([4; crate::wire::SECRET_LEN]));
+        assert_eq!(
+            s.wait_claim(Instant::now()),
+            Ok(secret),
+            "the first CLAIM's"
+        );
         s.closed();
         assert!(!s.is_alive());
         let f = ConnShared::connecting(None);

@@ -16,7 +16,7 @@ use rdma_sys::{
 };
 
 use super::Lib;
-use super::verbs::{Context, Cq, Device, Qp, rc_qp_attr};
+use super::verbs::{Context, Cq, Pd, Qp, rc_qp_attr};
 use crate::sockaddr::RawSockAddr;
 
 /// `RDMA_OPTION_ID` (rdma_cma.h).
@@ -234,18 +234,12 @@ impl CmId {
         cvt(unsafe { (self.lib.fns.resolve_route)(self.ptr, timeout_ms) })
     }
 
-    /// `rdma_create_qp`: an RC QP on `device`'s PD with `cq` for sends and receives.
-    pub fn create_qp(
-        &self,
-        device: &Device,
-        cq: &Cq,
-        send_wr: u32,
-        recv_wr: u32,
-    ) -> io::Result<Qp> {
+    /// `rdma_create_qp`: an RC QP in `pd` with `cq` for sends and receives.
+    pub fn create_qp(&self, pd: &Pd, cq: &Cq, send_wr: u32, recv_wr: u32) -> io::Result<Qp> {
         let mut attr = rc_qp_attr(cq, send_wr, recv_wr, 0);
         // SAFETY: the PD and the CQ in `attr` are live objects of the id's device; `attr` is a
         // valid init attribute, updated with the actual caps.
-        cvt(unsafe { (self.lib.fns.create_qp)(self.ptr, device.pd(), &mut attr) })?;
+        cvt(unsafe { (self.lib.fns.create_qp)(self.ptr, pd.raw(), &mut attr) })?;
         self.qp()
             .ok_or_else(|| io::Error::other("rdma_create_qp made no QP"))
     }

@@ -15,7 +15,9 @@ pub use cm::{
     MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA, PortSpace, devices,
 };
 pub use lib::{DEFAULT_PROVIDER, ENV_PROVIDER, Lib, LoadError, VERBS_SONAME, provider_name};
-pub use verbs::{Context, Cq, Device, Local, Mr, Qp, Region, Wc, ensure_fork_safe, unread_by_peer};
+pub use verbs::{
+    Access, Context, Cq, Device, Local, Mr, Pd, Qp, Region, Wc, ensure_fork_safe, unread_by_peer,
+};
 
 /// `IBV_WC_SUCCESS`.
 pub const WC_SUCCESS: u32 = rdma_sys::ibv_wc_status::IBV_WC_SUCCESS;

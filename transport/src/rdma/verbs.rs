@@ -1,9 +1,11 @@
 //! Verbs: protection domain, completion channel and queues, memory regions, posting and
 //! polling work on an RC queue pair.
 //!
-//! Thin wrappers. [`Device`] holds what every connection on one RDMA device shares (a PD and
-//! one completion channel); [`Cq`], [`Mr`] and [`Region`] are per connection and released on
-//! drop (the QP itself is the CM id's, [`super::CmId::destroy_qp`]).
+//! Thin wrappers. [`Device`] holds what every connection on one RDMA device shares (one
+//! completion channel); [`Pd`], [`Cq`], [`Mr`] and [`Region`] are per connection and released
+//! on drop (the QP itself is the CM id's, [`super::CmId::destroy_qp`]). A protection domain per
+//! connection keeps a remote key to its own queue pair: the device checks that a remote
+//! write's memory region and the queue pair it arrives on share a PD.
 
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
@@ -64,36 +66,22 @@ impl Context {
     }
 }
 
-/// The PD and completion channel shared by every connection on one device.
+/// The completion channel shared by every connection on one device.
 pub struct Device {
     lib: &'static Lib,
     ctx: Context,
-    pd: *mut ibv_pd,
     channel: *mut ibv_comp_channel,
 }
 
 impl Device {
-    /// Allocates the PD and a completion channel (non-blocking fd) for `ctx`.
+    /// A completion channel (non-blocking fd) for `ctx`.
     pub fn open(lib: &'static Lib, ctx: Context) -> io::Result<Device> {
         // SAFETY: `ctx` is a live context (librdmacm's, open for the life of the process).
-        let pd = unsafe { (lib.fns.alloc_pd)(ctx.ptr()) };
-        if pd.is_null() {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: as above.
         let channel = unsafe { (lib.fns.create_comp_channel)(ctx.ptr()) };
         if channel.is_null() {
-            let e = io::Error::last_os_error();
-            // SAFETY: `pd` was just allocated and nothing uses it.
-            unsafe { (lib.fns.dealloc_pd)(pd) };
-            return Err(e);
+            return Err(io::Error::last_os_error());
         }
-        let dev = Device {
-            lib,
-            ctx,
-            pd,
-            channel,
-        };
+        let dev = Device { lib, ctx, channel };
         crate::fd::set_nonblocking(dev.channel_fd())?;
         Ok(dev)
     }
@@ -103,8 +91,14 @@ impl Device {
         self.ctx
     }
 
-    pub(super) fn pd(&self) -> *mut ibv_pd {
-        self.pd
+    /// A protection domain of its own (one per connection).
+    pub fn alloc_pd(&self) -> io::Result<Pd> {
+        // SAFETY: `ctx` is a live context (librdmacm's, open for the life of the process).
+        let pd = unsafe { (self.lib.fns.alloc_pd)(self.ctx.ptr()) };
+        if pd.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Pd { lib: self.lib, pd })
     }
 
     /// The completion channel's fd.
@@ -151,20 +145,57 @@ impl Device {
         }
         Ok(Some(ctx as usize as u64))
     }
+}
 
-    /// Registers `region` for local writes and remote RDMA writes.
-    pub fn register(&self, region: &Region) -> io::Result<Mr> {
-        let access = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
-            .0;
-        // SAFETY: the region's memory is a live mapping of `len` bytes that outlives the MR
-        // (the owner drops the MR first); `pd` is live.
+/// A protection domain: the memory regions and the queue pair of one connection.
+pub struct Pd {
+    lib: &'static Lib,
+    pd: *mut ibv_pd,
+}
+
+// SAFETY: a PD handle is a pointer to the provider's object; it is only used by the engine
+// thread (registration, QP creation) and freed once, on drop.
+unsafe impl Send for Pd {}
+
+/// What the peer may do to a registered range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Only this side's device writes it (receives, the send ring the device reads).
+    Local,
+    /// The peer's RDMA writes land in it (the receive ring, and nothing else).
+    RemoteWrite,
+}
+
+impl Pd {
+    pub(super) fn raw(&self) -> *mut ibv_pd {
+        self.pd
+    }
+
+    /// Registers `len` bytes of `region` from `off` with `access`.
+    pub fn register(
+        &self,
+        region: &Region,
+        off: usize,
+        len: usize,
+        access: Access,
+    ) -> io::Result<Mr> {
+        let start = region.check(off, len)?;
+        let flags = match access {
+            Access::Local => ibv_access_flags::IBV_ACCESS_LOCAL_WRITE,
+            // A remotely writable region must be locally writable too (verbs' rule).
+            Access::RemoteWrite => {
+                ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            }
+        }
+        .0;
+        // SAFETY: `start..start+len` is inside the region's live mapping (checked), which
+        // outlives the MR (every owner drops the MR first); `pd` is live.
         let mr = unsafe {
             (self.lib.fns.reg_mr)(
                 self.pd,
-                region.ptr,
-                region.len,
-                i32::try_from(access).unwrap_or(3),
+                start.cast(),
+                len,
+                i32::try_from(flags).unwrap_or(1),
             )
         };
         if mr.is_null() {
@@ -177,14 +208,18 @@ impl Device {
     }
 }
 
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: every MR and the QP on this PD are gone (their owners drop them first: see
+        // `Rdma` and `Buffers` in the engine).
+        unsafe { (self.lib.fns.dealloc_pd)(self.pd) };
+    }
+}
+
 impl Drop for Device {
     fn drop(&mut self) {
-        // SAFETY: every CQ on the channel and every MR/QP on the PD is gone (the engine drops
-        // devices last).
-        unsafe {
-            (self.lib.fns.destroy_comp_channel)(self.channel);
-            (self.lib.fns.dealloc_pd)(self.pd);
-        }
+        // SAFETY: every CQ on the channel is gone (the engine drops devices last).
+        unsafe { (self.lib.fns.destroy_comp_channel)(self.channel) };
     }
 }
 
@@ -400,6 +435,16 @@ impl Region {
         // SAFETY: `dst..dst+len` is inside the mapping (checked); `src` is a distinct Rust
         // slice.
         unsafe { ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        Ok(())
+    }
+
+    /// Writes zeros over `len` bytes from `off` (a kept region's receive ring, before another
+    /// peer writes there: it holds none of the last peer's bytes).
+    pub fn zero(&self, off: usize, len: usize) -> io::Result<()> {
+        let dst = self.check(off, len)?;
+        // SAFETY: `dst..dst+len` is inside the mapping (checked); no device writes it now (the
+        // caller's QP is gone and the next one does not exist yet).
+        unsafe { ptr::write_bytes(dst, 0, len) };
         Ok(())
     }
 

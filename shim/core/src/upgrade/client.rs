@@ -7,8 +7,10 @@
 //!    within N (`STREAMSHIM_NEGOTIATE_MS`). Established means the server's engine registered
 //!    C:c; a reject, no listener, no RDMA path or no answer in time: plain TCP.
 //! 4. The app's own kernel connect (a non-blocking one: its handshake is awaited), then the
-//!    accepting process's CLAIM, one deadline N for both. CLAIM: CONFIRM, swap. Nothing: the
-//!    stream is aborted (the server, without CONFIRM, stays on TCP) and so does the client.
+//!    accepting process's CLAIM, one deadline N for both. CLAIM: its secret goes out as the
+//!    first bytes of the TCP connection (the proof that binds the stream to this connection),
+//!    then CONFIRM, swap. Nothing: the stream is aborted (the server, without the proof and
+//!    CONFIRM, stays on TCP) and so does the client.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 
@@ -103,6 +105,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
         })
         .encode(),
         resolve_timeout: bound,
+        handshake: Handshake::Confirm,
     });
     match conn.wait_established(now() + bound) {
         Ok(payload) => match Message::decode(&payload) {
@@ -147,18 +150,32 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
             }
         }
     }
-    if conn.wait_claim(deadline).is_err() {
+    let Ok(secret) = conn.wait_claim(deadline) else {
         // Another process accepted the connection (pre-fork), or the app accepts late: no
-        // CONFIRM, so the server relays over TCP, as does this side.
+        // proof, no CONFIRM, so the server relays over TCP, as does this side.
         conn.abort();
         let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
         if fdtable::add(fd, COUNTED) & COUNTED == 0 {
             record(Role::Client, fd, Some(peer), Path::Tcp, Reason::Timeout);
         }
         return rc;
-    }
+    };
     if fdtable::add(fd, COUNTED) & COUNTED != 0 {
         conn.abort();
+        return rc;
+    }
+    // The proof: the secret the RDMA peer sent, as the first bytes of this TCP connection,
+    // which only this socket can put there. From here this side is committed to the stream.
+    if let Err(e) = sys::send_all_now(fd, secret.bytes()) {
+        // The connection failed under us (or the proof went out in part): this fd cannot be
+        // a TCP connection the app can trust any more. Fail it like a reset.
+        log_at!(
+            Level::Info,
+            "client fd {fd}: sending the proof failed ({e}): resetting"
+        );
+        conn.abort();
+        reset(fd);
+        record(Role::Client, fd, Some(peer), Path::Tcp, Reason::RdmaError);
         return rc;
     }
     match swap(fd) {
@@ -176,7 +193,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
             );
         }
         Err(e) => {
-            // CLAIM came, no CONFIRM is sent: the server relays over TCP, but this fd has
+            // The proof went out, no CONFIRM is sent: the server never binds, and this fd has
             // lost its connection in the attempt. Fail it like a reset.
             log_at!(Level::Info, "client fd {fd}: swap failed ({e}): resetting");
             conn.abort();

@@ -1,22 +1,30 @@
 //! The server side: an RDMA listener beside each capable TCP listener, the registrations its
 //! acceptor makes, and `accept()`'s claim.
 //!
-//! The acceptor runs on the engine thread when a client's connect request arrives: HELLO
-//! parses, the policy allows the client, then `pending[C:c]` is registered and only then is the
-//! request accepted. The client makes its kernel connect after its RDMA connection is
-//! established, so by the time `accept()` returns the TCP connection its registration exists:
-//! the claim is a lookup, never a wait. Only the process whose `accept()` returned the
-//! connection claims it (a pre-fork child has no registrations: the client gets no CLAIM within
-//! its bound and both stay on TCP).
+//! The acceptor runs on the engine thread when a client's connect request arrives, before the
+//! engine allocates anything for it: HELLO parses, its client address is the request's own
+//! source address, the policy allows the client, no live registration holds that address, then
+//! `pending[C:c]` is registered and only then is the request accepted. The client makes its
+//! kernel connect after its RDMA connection is established, so by the time `accept()` returns
+//! the TCP connection its registration exists: the claim is a lookup, never a wait. Only the
+//! process whose `accept()` returned the connection claims it (a pre-fork child has no
+//! registrations: the client gets no CLAIM within its bound and both stay on TCP).
+//!
+//! A registration is only a claim on an address: the stream carries the app's bytes only once
+//! the TCP client proved it holds the secret of this side's CLAIM ([`Handshake::Claim`]), so an
+//! RDMA peer that names another host's connection at most costs that connection its upgrade.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libc::c_int;
-use rdma_streams_transport::engine::{Attach, Conn, Decision, Handshake, Listener, Request};
+use rdma_streams_transport::engine::{
+    Acceptor, Attach, Conn, Decision, Handshake, Listener, Request,
+};
 use rdma_streams_transport::handshake::{Hello, Message};
+use rdma_streams_transport::policy::canonical_ip;
 use rdma_streams_transport::reason::{Path, Reason, Role};
 
 use super::engine::engine;
@@ -65,7 +73,8 @@ impl<T> PendingTable<T> {
     }
 
     /// Registers `conn` for `client`, dropping expired entries and those `alive` says are gone.
-    /// A newer registration for the same address replaces an older one (a reused port).
+    /// False, and nothing registered, when a live registration holds the address: a second
+    /// HELLO for it never displaces the first (one whose client gave up is gone by then).
     pub fn register(
         &mut self,
         client: SocketAddr,
@@ -73,18 +82,21 @@ impl<T> PendingTable<T> {
         nonce: u64,
         now: Instant,
         alive: impl Fn(&T) -> bool,
-    ) {
+    ) -> bool {
         let ttl = self.ttl;
         self.entries
             .retain(|_, p| now.saturating_duration_since(p.at) < ttl && alive(&p.conn));
-        self.entries.insert(
-            key(client),
-            Pending {
-                conn,
-                nonce,
-                at: now,
-            },
-        );
+        match self.entries.entry(key(client)) {
+            std::collections::btree_map::Entry::Occupied(_) => false,
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(Pending {
+                    conn,
+                    nonce,
+                    at: now,
+                });
+                true
+            }
+        }
     }
 
     /// Takes the registration of `peer`: fresh, or stale (registered longer than the bound ago:
@@ -121,44 +133,71 @@ static PENDING: ForkSafe<PendingTable<Conn>> =
 static LISTENERS: ForkSafe<BTreeMap<c_int, Arc<Listener>>> =
     ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
 
-/// What the acceptor decides for a HELLO (pure: the policy check).
+/// What the acceptor decides for a HELLO (pure): it parses, its client address is `from` (the
+/// connect request's own source address; the client binds its RDMA connect to its TCP source
+/// address, so the two are one unless someone names another host's connection), and the
+/// policy allows the client.
 pub fn judge(
     payload: &[u8],
     local_port: u16,
+    from: Option<IpAddr>,
     allows: impl Fn(u16, SocketAddr) -> bool,
 ) -> Result<Hello, Message> {
     match Message::decode(payload) {
+        Ok(Message::Hello(h)) if from.map(canonical_ip) != Some(canonical_ip(h.client.ip())) => {
+            Err(Message::refuse(h.nonce, Reason::PeerRefused))
+        }
         Ok(Message::Hello(h)) if allows(local_port, h.client) => Ok(h),
         Ok(Message::Hello(h)) => Err(Message::refuse(h.nonce, Reason::Policy)),
         _ => Err(Message::refuse(0, Reason::PeerRefused)),
     }
 }
 
-/// The engine's acceptor for this process's listeners (runs on the engine thread).
-fn accept_request(request: Request<'_>) -> Decision {
-    let port = request.local.map_or(0, |a| a.port());
-    let verdict = judge(request.payload, port, |port, client| {
-        decision::policy().is_some_and(|p| p.server_allows(port, client.ip()))
-    });
-    match verdict {
-        Ok(hello) => {
-            PENDING.lock().register(
-                hello.client,
-                request.conn,
-                hello.nonce,
-                now(),
-                Conn::is_alive,
-            );
-            log_at!(Level::Debug, "registered {} for port {port}", hello.client);
-            Decision::Accept(Message::Accept { nonce: hello.nonce }.encode())
-        }
-        Err(refuse) => {
+/// The engine's acceptor for this process's listeners (runs on the engine thread, before the
+/// engine allocates anything for the request); its connections bind with CLAIM.
+struct ShimAcceptor;
+
+impl Acceptor for ShimAcceptor {
+    fn on_request(&self, request: Request<'_>) -> Decision {
+        let port = request.local.map_or(0, |a| a.port());
+        let verdict = judge(
+            request.payload,
+            port,
+            request.peer.map(|p| p.ip()),
+            |port, client| decision::policy().is_some_and(|p| p.server_allows(port, client.ip())),
+        );
+        let hello = match verdict {
+            Ok(hello) => hello,
+            Err(refuse) => {
+                log_at!(
+                    Level::Debug,
+                    "refused a connect request from {:?} for port {port}: {refuse:?}",
+                    request.peer
+                );
+                return Decision::Reject(refuse.encode());
+            }
+        };
+        let registered = PENDING.lock().register(
+            hello.client,
+            request.conn,
+            hello.nonce,
+            now(),
+            Conn::is_alive,
+        );
+        if !registered {
             log_at!(
                 Level::Debug,
-                "refused a connect request for port {port}: {refuse:?}"
+                "refused a second connect request for {} (port {port}): one is registered",
+                hello.client
             );
-            Decision::Reject(refuse.encode())
+            return Decision::Reject(Message::refuse(hello.nonce, Reason::PeerRefused).encode());
         }
+        log_at!(Level::Debug, "registered {} for port {port}", hello.client);
+        Decision::Accept(Message::Accept { nonce: hello.nonce }.encode())
+    }
+
+    fn handshake(&self) -> Handshake {
+        Handshake::Claim
     }
 }
 
@@ -176,7 +215,7 @@ pub fn open_side_listener(fd: c_int) -> bool {
     // (QEMU's `-incoming tcp::PORT`) has an IPv6-only one, whose RDMA listener must not
     // collide with the IPv4 one.
     let only_v6 = local.is_ipv6().then(|| sys::only_v6(fd)).flatten();
-    match engine.listen(local, only_v6, BACKLOG, Arc::new(accept_request)) {
+    match engine.listen(local, only_v6, BACKLOG, Arc::new(ShimAcceptor)) {
         Ok(listener) => {
             LISTENERS.lock().insert(fd, Arc::new(listener));
             log_at!(Level::Debug, "RDMA listener on {local} (fd {fd})");
@@ -293,7 +332,7 @@ mod tests {
     fn the_table_finds_v4_mapped_clients_and_expires_entries() {
         let t0 = Instant::now();
         let mut t: PendingTable<u32> = PendingTable::new(Duration::from_secs(10));
-        t.register(sa("[::ffff:10.0.0.2]:4000"), 1, 7, t0, |_| true);
+        assert!(t.register(sa("[::ffff:10.0.0.2]:4000"), 1, 7, t0, |_| true));
         let Some(Found::Fresh(p)) = t.claim(sa("10.0.0.2:4000"), t0) else {
             panic!("not found by its IPv4 form");
         };
@@ -320,20 +359,63 @@ mod tests {
     }
 
     #[test]
-    fn judge_checks_the_hello_and_the_policy() {
+    fn a_second_registration_for_a_live_address_never_displaces_the_first() {
+        let t0 = Instant::now();
+        let mut t: PendingTable<u32> = PendingTable::new(Duration::from_secs(10));
+        assert!(t.register(sa("10.0.0.2:4000"), 1, 7, t0, |_| true));
+        // The attacker's HELLO for the same address, before or after the victim's.
+        assert!(!t.register(sa("10.0.0.2:4000"), 2, 8, t0, |_| true));
+        assert!(!t.register(sa("[::ffff:10.0.0.2]:4000"), 3, 9, t0, |_| true));
+        let Some(Found::Fresh(p)) = t.claim(sa("10.0.0.2:4000"), t0) else {
+            panic!("the first registration is gone");
+        };
+        assert_eq!((p.conn, p.nonce), (1, 7));
+        // A registration whose client gave up (dead) or expired makes room.
+        assert!(t.register(sa("10.0.0.3:1"), 4, 0, t0, |_| true));
+        assert!(t.register(sa("10.0.0.3:1"), 5, 0, t0, |c| *c != 4));
+        assert!(t.register(sa("10.0.0.4:1"), 6, 0, t0, |_| true));
+        assert!(
+            t.register(sa("10.0.0.4:1"), 7, 0, t0 + Duration::from_secs(11), |_| {
+                true
+            })
+        );
+    }
+
+    #[test]
+    fn judge_checks_the_hello_its_source_and_the_policy() {
         let hello = Message::Hello(Hello {
             flags: 0,
             nonce: 42,
             client: sa("198.18.0.2:5000"),
         })
         .encode();
-        assert_eq!(judge(&hello, 80, |_, _| true).map(|h| h.nonce), Ok(42));
+        let from = Some(IpAddr::from([198, 18, 0, 2]));
         assert_eq!(
-            judge(&hello, 80, |port, c| port != 80 || c.port() != 5000),
-            Err(Message::refuse(42, Reason::Policy))
+            judge(&hello, 80, from, |_, _| true).map(|h| h.nonce),
+            Ok(42)
+        );
+        let mapped = Some(IpAddr::V6(
+            std::net::Ipv4Addr::new(198, 18, 0, 2).to_ipv6_mapped(),
+        ));
+        assert_eq!(
+            judge(&hello, 80, mapped, |_, _| true).map(|h| h.nonce),
+            Ok(42),
+            "a v4-mapped source is the same address"
         );
         assert_eq!(
-            judge(b"junk", 80, |_, _| true),
+            judge(&hello, 80, from, |port, c| port != 80 || c.port() != 5000),
+            Err(Message::refuse(42, Reason::Policy))
+        );
+        // A HELLO naming another host's connection, or from an unknown source.
+        for other in [Some(IpAddr::from([198, 18, 0, 1])), None] {
+            assert_eq!(
+                judge(&hello, 80, other, |_, _| true),
+                Err(Message::refuse(42, Reason::PeerRefused)),
+                "{other:?}"
+            );
+        }
+        assert_eq!(
+            judge(b"junk", 80, from, |_, _| true),
             Err(Message::refuse(0, Reason::PeerRefused))
         );
     }

@@ -5,12 +5,12 @@
 //! never a hang, and the bytes that were delivered are the right ones.
 
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
-use super::support::{WAIT_PORT, expect_counts, file, python, shim, shimmed};
+use super::support::{WAIT_PORT, expect_counts, file, python, shim, shimmed, wait_line};
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -110,26 +110,6 @@ fn when(out: &str, word: &str) -> Option<f64> {
         .find(|l| l.starts_with(word))?
         .split_whitespace()
         .find_map(|w| w.parse::<f64>().ok().filter(|t| *t > 1e9))
-}
-
-/// Waits until `path` holds a line starting with `word`.
-fn wait_line(
-    ctx: &Ctx,
-    path: &std::path::Path,
-    word: &str,
-    limit: Duration,
-) -> anyhow::Result<String> {
-    let end = Instant::now() + limit;
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.lines().any(|l| l.starts_with(word)) {
-            return Ok(text);
-        }
-        if Instant::now() >= end || ctx.remaining() < Duration::from_secs(2) {
-            bail!("no `{word}` in {} within {limit:?}: {text}", path.display());
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The reader's `ended ...` line.

@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use std::thread;
+use std::time::{Duration, Instant};
+
 use anyhow::{Context as _, bail, ensure};
 use rdma_streams_softroce::Ctx;
 use serde_json::Value;
@@ -154,3 +157,23 @@ pub const WAIT_PORT: &str = r#"wait_port() {
   echo "nothing listens on port $1" >&2; return 1
 }
 "#;
+
+/// Waits until `path` holds a line starting with `word`.
+pub fn wait_line(
+    ctx: &Ctx,
+    path: &std::path::Path,
+    word: &str,
+    limit: Duration,
+) -> anyhow::Result<String> {
+    let end = Instant::now() + limit;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().any(|l| l.starts_with(word)) {
+            return Ok(text);
+        }
+        if Instant::now() >= end || ctx.remaining() < Duration::from_secs(2) {
+            bail!("no `{word}` in {} within {limit:?}: {text}", path.display());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,610 @@
+//! Attacks from the RDMA fabric on the real stack (docs/security.md names each): a program
+//! without the shim (`tools/attacker.c`, librdmacm and libibverbs by hand) speaks the wire
+//! protocol against shimmed servers and breaks its rules. Each ends with nothing of the
+//! attacker's in any app, every victim's bytes intact (sha256), streams that were moving still
+//! moving, and the server's pinned memory and fds bounded.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use rdma_streams_softroce::helpers::Running;
+use rdma_streams_softroce::{Ctx, Scenario, Topology};
+
+use super::support::{WAIT_PORT, counts, file, python, shimmed, wait_line};
+
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "attack_spoofed_hello_never_reaches_the_app",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(420),
+        run: spoofed_hello,
+    },
+    Scenario {
+        name: "attack_rkeys_reach_only_their_own_connection",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: foreign_rkeys,
+    },
+    Scenario {
+        name: "attack_stale_and_phantom_bytes_fail_the_stream",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: phantom_bytes,
+    },
+    Scenario {
+        name: "attack_connect_flood_is_bounded_and_streams_keep_moving",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(420),
+        run: flood,
+    },
+];
+
+const ATTACKER_C: &str = include_str!("../../tools/attacker.c");
+const VICTIM_PY: &str = include_str!("../../tools/victim.py");
+
+/// The attacker, compiled once per run (in the run's shared directory).
+fn attacker(ctx: &Ctx) -> anyhow::Result<PathBuf> {
+    let bin = ctx.work.join("attacker");
+    if !bin.is_file() {
+        let src = file(ctx, "attacker.c", ATTACKER_C)?;
+        let tmp = ctx.tmp.join("attacker.bin");
+        ctx.sh(&format!(
+            "cc -O2 -Wall -o {} {} -lrdmacm -libverbs && mv {} {}",
+            tmp.display(),
+            src.display(),
+            tmp.display(),
+            bin.display()
+        ))?;
+    }
+    Ok(bin)
+}
+
+/// Starts the attacker with `steps`, its lines going to `<tmp>/<tag>.out`.
+fn attack(ctx: &Ctx, tag: &str, steps: &str) -> anyhow::Result<(Running, PathBuf)> {
+    let out = ctx.tmp.join(format!("{tag}.out"));
+    let run = ctx.spawn(&format!(
+        "exec {} {steps} > {} 2>&1",
+        attacker(ctx)?.display(),
+        out.display()
+    ))?;
+    Ok((run, out))
+}
+
+/// The attacker's whole output once it ended (it must end by itself, with "done").
+fn finished(ctx: &Ctx, tag: &str, run: Running, out: &Path) -> anyhow::Result<String> {
+    let c = ctx.wait(tag, run)?;
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    ctx.log(format_args!("{tag} said:\n{text}"));
+    ensure!(
+        c.success() && text.contains("\ndone"),
+        "the attacker {tag} did not finish: {c}\n{text}"
+    );
+    Ok(text)
+}
+
+fn victim(ctx: &Ctx) -> anyhow::Result<PathBuf> {
+    file(ctx, "victim.py", VICTIM_PY)
+}
+
+/// The server's line starting with `word` (the first one after `nth` earlier ones).
+fn nth_line<'a>(text: &'a str, word: &str, nth: usize) -> Option<&'a str> {
+    text.lines().filter(|l| l.starts_with(word)).nth(nth)
+}
+
+/// A spoofed HELLO (the issue's attack): an RDMA peer names a victim's TCP address, so the
+/// server registers it and CLAIMs it when the victim's TCP connection is accepted. Whatever it
+/// sends (CONFIRM and bytes before CLAIM, or after it), nothing reaches the app: the victim's
+/// bytes are relayed over TCP intact, whether it speaks first, waits for a banner (at most the
+/// bound for the proof, 10 s), or runs the shim itself; a HELLO whose address is not its
+/// request's own source is refused outright.
+fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
+    let (a, b) = (ctx.addr_a, ctx.addr_b);
+    let py = python();
+    let v = victim(ctx)?;
+    let srv_out = ctx.tmp.join("srv.out");
+    let srv = ctx.spawn(&format!(
+        "exec {} {py} {} server {a} 9100 echo 2 > {}",
+        shimmed(ctx, "srv", "STREAMSHIM_LOG=debug")?,
+        v.display(),
+        srv_out.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9100"))?;
+
+    // 1. CONFIRM and a write before any CLAIM: the registration dies with the stream, the
+    // victim (plain, speaking first) is served over TCP.
+    let (run, out) = attack(
+        ctx,
+        "early",
+        &format!(
+            "connect a1 {a} 9100 {b} {b}:40123 confirm a1 write a1 EVIL-BEFORE-CLAIM sleep 1500"
+        ),
+    )?;
+    wait_line(ctx, &out, "a1 ", Duration::from_secs(60))?;
+    let text = finished(ctx, "early", run, &out)?;
+    ensure!(
+        text.contains("a1 established"),
+        "the spoofed HELLO was not even accepted: {text}"
+    );
+    ensure!(
+        text.contains("a1 disconnected"),
+        "CONFIRM before CLAIM did not end the stream: {text}"
+    );
+    let cli = ctx.sh(&format!(
+        "{py} {} client {a} 9100 {b} 40123 echo",
+        v.display()
+    ))?;
+    ensure!(
+        cli.stdout.contains("got b'reply-to:VICTIM-DATA'"),
+        "the victim was not served: {}",
+        cli.stdout
+    );
+
+    // 2. The protocol's order (CLAIM, then CONFIRM and bytes) without the proof: the victim
+    // speaks first and is relayed.
+    let (run, out) = attack(
+        ctx,
+        "ordered",
+        &format!(
+            "connect a2 {a} 9100 {b} {b}:40124 wait_claim a2 30000 confirm a2 \
+             write a2 EVIL-AFTER-CLAIM recv a2 3000"
+        ),
+    )?;
+    wait_line(ctx, &out, "a2 established", Duration::from_secs(60))?;
+    let cli = ctx.sh(&format!(
+        "{py} {} client {a} 9100 {b} 40124 echo",
+        v.display()
+    ))?;
+    let text = finished(ctx, "ordered", run, &out)?;
+    ensure!(
+        text.contains("a2 claim "),
+        "the server never CLAIMed the spoofed registration: {text}"
+    );
+    ensure!(
+        !text.contains("a2 got"),
+        "the server app wrote to the attacker: {text}"
+    );
+    ensure!(
+        cli.stdout.contains("got b'reply-to:VICTIM-DATA'"),
+        "the victim was not served: {}",
+        cli.stdout
+    );
+    ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+    let served = std::fs::read_to_string(&srv_out)?;
+    ctx.log(format_args!("server:\n{served}"));
+    ensure!(
+        !served.contains("EVIL"),
+        "attacker bytes reached the app:\n{served}"
+    );
+    for i in 0..2 {
+        let read = nth_line(&served, "read ", i).unwrap_or_default();
+        ensure!(
+            read.ends_with("b'VICTIM-DATA'"),
+            "connection {i} read {read:?}:\n{served}"
+        );
+    }
+    let server_counts = counts(ctx, "srv", "server")?;
+    ensure!(
+        !server_counts.keys().any(|k| k.starts_with("rdma")),
+        "a spoofed connection counted as upgraded: {server_counts:?}"
+    );
+
+    // 3. A victim that waits for the server's banner: served after the bound for the proof.
+    let srv = ctx.spawn(&format!(
+        "exec {} {py} {} server {a} 9101 banner 1 > {}",
+        shimmed(ctx, "bsrv", "")?,
+        v.display(),
+        srv_out.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9101"))?;
+    let (run, out) = attack(
+        ctx,
+        "silent",
+        &format!(
+            "connect a3 {a} 9101 {b} {b}:40125 wait_claim a3 30000 confirm a3 \
+             write a3 EVIL-TO-A-SILENT-VICTIM recv a3 15000"
+        ),
+    )?;
+    wait_line(ctx, &out, "a3 established", Duration::from_secs(60))?;
+    let cli = ctx.sh(&format!(
+        "{py} {} client {a} 9101 {b} 40125 banner",
+        v.display()
+    ))?;
+    let text = finished(ctx, "silent", run, &out)?;
+    ensure!(text.contains("a3 claim "), "no CLAIM: {text}");
+    ensure!(
+        ctx.wait("server", srv)?.success(),
+        "the banner server failed"
+    );
+    let served = std::fs::read_to_string(&srv_out)?;
+    ensure!(
+        !served.contains("EVIL") && !text.contains("a3 got"),
+        "{served}\n{text}"
+    );
+    let delay = cli
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("banner after "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|s| s.parse::<f64>().ok())
+        .with_context(|| format!("no banner: {}", cli.stdout))?;
+    ensure!(
+        cli.stdout.contains("got b'reply-to:VICTIM-DATA'"),
+        "the silent victim was not served: {}",
+        cli.stdout
+    );
+    ensure!(
+        delay < 15.0,
+        "the banner came after {delay} s (bound: 10 s for the proof)"
+    );
+    ctx.report(format_args!(
+        "a silent victim whose address an attacker registered got its banner after {delay:.2} s"
+    ));
+
+    // 4. A shimmed victim whose address was registered first: its own HELLO is refused, it
+    // stays on TCP; and a HELLO naming an address that is not its source is refused.
+    let srv = ctx.spawn(&format!(
+        "exec {} {py} {} server {a} 9102 echo 1 > {}",
+        shimmed(ctx, "ssrv", "")?,
+        v.display(),
+        srv_out.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9102"))?;
+    let (run, out) = attack(
+        ctx,
+        "first",
+        &format!(
+            "connect a5 {a} 9102 {a} {b}:40127 connect a4 {a} 9102 {b} {b}:40126 \
+             wait_claim a4 30000 confirm a4 write a4 EVIL-TO-A-SHIMMED-VICTIM recv a4 2000"
+        ),
+    )?;
+    wait_line(ctx, &out, "a4 established", Duration::from_secs(60))?;
+    let cli = ctx.sh(&format!(
+        "{} {py} {} client {a} 9102 {b} 40126 echo",
+        shimmed(ctx, "scli", "")?,
+        v.display()
+    ))?;
+    let text = finished(ctx, "first", run, &out)?;
+    ensure!(
+        text.contains("a5 rejected"),
+        "a HELLO from another source was taken: {text}"
+    );
+    ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+    let served = std::fs::read_to_string(&srv_out)?;
+    ensure!(
+        !served.contains("EVIL") && !text.contains("a4 got"),
+        "{served}\n{text}"
+    );
+    ensure!(
+        cli.stdout.contains("got b'reply-to:VICTIM-DATA'"),
+        "the shimmed victim was not served: {}",
+        cli.stdout
+    );
+    let victim_counts = counts(ctx, "scli", "client")?;
+    ensure!(
+        victim_counts.get("tcp PEER_REFUSED") == Some(&1),
+        "the shimmed victim counted {victim_counts:?}"
+    );
+    Ok(())
+}
+
+/// Remote keys reach only their own connection: a write through one of the attacker's queue
+/// pairs with another of its connections' keys (live), and with the key of a connection that
+/// closed just before a victim's connection took its region, fails on the attacker's side
+/// (remote access error); the victim's stream, running meanwhile, arrives intact.
+fn foreign_rkeys(ctx: &Ctx) -> anyhow::Result<()> {
+    let (a, b) = (ctx.addr_a, ctx.addr_b);
+    let py = python();
+    let v = victim(ctx)?;
+    let srv = ctx.spawn(&format!(
+        "exec {} {py} {} stream-server {a} 9200 1",
+        shimmed(ctx, "srv", "")?,
+        v.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9200"))?;
+    let paused = ctx.tmp.join("paused");
+    let (run, out) = attack(
+        ctx,
+        "keys",
+        &format!(
+            "connect a1 {a} 9200 {b} {b}:41001 connect a2 {a} 9200 {b} {b}:41002 \
+             write_to a2 a1 connect a3 {a} 9200 {b} {b}:41003 disconnect a1 sleep 1500 \
+             wait_file {} 120000 write_to a3 a1",
+            paused.display()
+        ),
+    )?;
+    wait_line(ctx, &out, "a1 disconnected-by-us", Duration::from_secs(90))?;
+    // The victim takes the region a1 left (the server keeps regions for the next connection).
+    let cli = ctx.sh(&format!(
+        "{} SIZE=4194304 PAUSE_FILE={} PAUSE=4 {py} {} client {a} 9200 0.0.0.0 0 stream",
+        shimmed(ctx, "cli", "")?,
+        paused.display(),
+        v.display()
+    ))?;
+    let text = finished(ctx, "keys", run, &out)?;
+    ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+    // The server's device refuses the key (remote access error, 10); when the server's engine
+    // tore that queue pair down first, the attacker's write is flushed (5). Never a success.
+    let statuses: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("write-status"))
+        .collect();
+    ensure!(
+        statuses.len() == 2
+            && statuses
+                .iter()
+                .all(|l| l.ends_with("write-status 10") || l.ends_with("write-status 5")),
+        "writes with another connection's key did not fail: {statuses:?}\n{text}"
+    );
+    ctx.report(format_args!(
+        "writes with another connection's key: {statuses:?}"
+    ));
+    let sent = cli
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sent "))
+        .unwrap_or("?");
+    ensure!(
+        cli.stdout.contains(&format!("echoed {sent} 4194304 eof")),
+        "the victim's stream did not come back intact: {}",
+        cli.stdout
+    );
+    let c = counts(ctx, "cli", "client")?;
+    ensure!(
+        c.get("rdma UPGRADED") == Some(&1),
+        "the victim did not upgrade: {c:?}"
+    );
+    Ok(())
+}
+
+/// Stale and phantom bytes never reach an app: a peer that bound its stream properly (its own
+/// TCP connection, the proof, CONFIRM) then writes nothing with an immediate that claims 2 MiB
+/// (the previous peer's bytes are in the region it took, unless cleared), or repeats a write's
+/// position: the app reads what the peer really wrote, then ECONNRESET, never a byte of the
+/// previous connection.
+fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
+    let (a, b) = (ctx.addr_a, ctx.addr_b);
+    let py = python();
+    let v = victim(ctx)?;
+    let srv_out = ctx.tmp.join("srv.out");
+    let srv = ctx.spawn(&format!(
+        "exec {} {py} {} server {a} 9300 sink 3 > {}",
+        shimmed(ctx, "srv", "")?,
+        v.display(),
+        srv_out.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9300"))?;
+    // The previous peer: 1 MiB of its own through the region the attacker takes next.
+    let prev = ctx.sh(&format!(
+        "{} SIZE=1048576 {py} {} client {a} 9300 0.0.0.0 0 stream",
+        shimmed(ctx, "prev", "")?,
+        v.display()
+    ))?;
+    let prev_sha = prev
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sent "))
+        .unwrap_or("?")
+        .to_owned();
+    let (run, out) = attack(
+        ctx,
+        "phantom",
+        &format!(
+            "connect p1 {a} 9300 {b} own tcp p1 {a} 9300 wait_claim p1 30000 prove p1 confirm p1 \
+             write p1 REAL-BYTES-OF-PEER-2 write_imm p1 - 2097152 sleep 1000 \
+             connect p2 {a} 9300 {b} own tcp p2 {a} 9300 wait_claim p2 30000 prove p2 confirm p2 \
+             write p2 ONE write_imm p2 ONE 3 sleep 1000"
+        ),
+    )?;
+    let text = finished(ctx, "phantom", run, &out)?;
+    ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+    let served = std::fs::read_to_string(&srv_out)?;
+    ctx.log(format_args!("server:\n{served}"));
+    ensure!(
+        nth_line(&served, "read ", 0)
+            .is_some_and(|l| l.starts_with("read 1048576 ") && l.contains(&prev_sha)),
+        "the previous peer's bytes did not arrive: {served}"
+    );
+    let first = nth_line(&served, "read ", 1).unwrap_or_default();
+    ensure!(
+        first.starts_with("read 20 ") && first.ends_with("b'REAL-BYTES-OF-PEER-2'"),
+        "the app read more (or less) than the peer wrote: {first:?}\n{served}"
+    );
+    let second = nth_line(&served, "read ", 2).unwrap_or_default();
+    ensure!(
+        second.starts_with("read 3 ") && second.ends_with("b'ONE'"),
+        "{second:?}\n{served}"
+    );
+    for i in 1..3 {
+        ensure!(
+            nth_line(&served, "end ", i) == Some("end error ECONNRESET"),
+            "connection {i} did not read as a reset:\n{served}"
+        );
+    }
+    for p in ["p1", "p2"] {
+        ensure!(
+            text.contains(&format!("{p} claim ")),
+            "{p} never bound: {text}"
+        );
+    }
+    let c = counts(ctx, "srv", "server")?;
+    ensure!(
+        c.get("rdma UPGRADED") == Some(&3),
+        "the server counted {c:?}"
+    );
+    Ok(())
+}
+
+/// `VmPin` (bytes) and the open fds of process `pid`.
+fn footprint(pid: u32) -> anyhow::Result<(u64, usize)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let pin = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmPin:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .context("no VmPin")?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
+    Ok((pin * 1024, fds))
+}
+
+/// A flood of connect requests from one address (thousands, none ever completed: no queue
+/// pair, no RTU): at most the per-peer cap of them holds anything at a time, so the server's
+/// pinned memory and fds stay bounded; a stream that was moving keeps moving and arrives
+/// intact; new connections from the flooded address fall back to TCP with a reason, and
+/// upgrade again once the flood is over.
+fn flood(ctx: &Ctx) -> anyhow::Result<()> {
+    let (a, b) = (ctx.addr_a, ctx.addr_b);
+    let py = python();
+    let v = victim(ctx)?;
+    // The paced stream, three connections during the flood and three after it.
+    let srv = ctx.spawn(&format!(
+        "exec {} {py} {} stream-server {a} 9400 8",
+        shimmed(ctx, "srv", "")?,
+        v.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9400"))?;
+    let pid = srv.pid();
+    thread::sleep(Duration::from_millis(500));
+    let (pin0, fds0) = footprint(pid)?;
+    let stream = ctx.spawn(&format!(
+        "exec {} SIZE=16777216 PACE=1 {py} {} client {a} 9400 0.0.0.0 0 stream",
+        shimmed(ctx, "long", "")?,
+        v.display()
+    ))?;
+    thread::sleep(Duration::from_secs(3));
+    let (run, out) = attack(ctx, "flood", &format!("flood {a} 9400 {b} 2000 25000"))?;
+    // The server's footprint, sampled while the flood lasts.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            let (mut pin_max, mut fds_max) = (0u64, 0usize);
+            while !stop.load(Ordering::Acquire) {
+                if let Ok((pin, fds)) = footprint(pid) {
+                    pin_max = pin_max.max(pin);
+                    fds_max = fds_max.max(fds);
+                }
+                thread::sleep(Duration::from_millis(250));
+            }
+            (pin_max, fds_max)
+        })
+    };
+    thread::sleep(Duration::from_secs(3));
+    let mut during = Vec::new();
+    for i in 0..3 {
+        during.push(ctx.sh(&format!(
+            "{} SIZE=65536 {py} {} client {a} 9400 0.0.0.0 0 stream",
+            shimmed(ctx, &format!("during{i}"), "")?,
+            v.display()
+        ))?);
+    }
+    let text = finished(ctx, "flood", run, &out)?;
+    stop.store(true, Ordering::Release);
+    let (pin_max, fds_max) = sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("the sampler panicked"))?;
+    let long = ctx.wait("the paced stream", stream)?;
+    for (i, c) in during.iter().enumerate() {
+        let sent = c
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("sent "))
+            .unwrap_or("?");
+        ensure!(
+            c.stdout.contains(&format!("echoed {sent} 65536 eof")),
+            "connection {i} during the flood: {}",
+            c.stdout
+        );
+    }
+    // After the flood (its requests expire with the unattached bound, 10 s).
+    thread::sleep(Duration::from_secs(12));
+    for i in 0..3 {
+        let c = ctx.sh(&format!(
+            "{} SIZE=65536 {py} {} client {a} 9400 0.0.0.0 0 stream",
+            shimmed(ctx, &format!("after{i}"), "")?,
+            v.display()
+        ))?;
+        let sent = c
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("sent "))
+            .unwrap_or("?");
+        ensure!(
+            c.stdout.contains(&format!("echoed {sent} 65536 eof")),
+            "connection {i} after the flood: {}",
+            c.stdout
+        );
+    }
+    let (pin_end, fds_end) = footprint(pid)?;
+    // The server's last connection: a plain one that ends at once.
+    ctx.sh(&format!(
+        "{py} -c 'import socket; socket.create_connection((\"{a}\", 9400)).close()'"
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+    let sent = long
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sent "))
+        .unwrap_or("?");
+    ensure!(
+        long.stdout.contains(&format!("echoed {sent} 16777216 eof")),
+        "the stream that was moving did not arrive intact: {}",
+        long.stdout
+    );
+    let counted = |tag: &str| counts(ctx, tag, "client");
+    ensure!(
+        counted("long")?.get("rdma UPGRADED") == Some(&1),
+        "the paced stream did not upgrade"
+    );
+    let mut during_counts = Vec::new();
+    for i in 0..3 {
+        during_counts.push(counted(&format!("during{i}"))?);
+    }
+    for i in 0..3 {
+        let c = counted(&format!("after{i}"))?;
+        ensure!(
+            c.get("rdma UPGRADED") == Some(&1),
+            "connection {i} after the flood counted {c:?}"
+        );
+    }
+    // Accepted requests hold a region each (4164 KiB) until the unattached bound: at most the
+    // per-peer cap (64) of them at once, plus the streams' and the kept ones.
+    let per = 4164 * 1024;
+    let bound = pin0 + (64 + 4 + 8) * per;
+    ctx.report(format_args!(
+        "flood: {} | server VmPin {} -> max {} -> {} MiB (bound {} MiB), fds {fds0} -> max {fds_max} -> {fds_end} | during the flood: {during_counts:?}",
+        text.lines().find(|l| l.starts_with("flood ")).unwrap_or("?"),
+        pin0 >> 20,
+        pin_max >> 20,
+        pin_end >> 20,
+        bound >> 20
+    ));
+    ensure!(pin_max <= bound, "the flood pinned {} MiB", pin_max >> 20);
+    ensure!(
+        fds_max <= fds0 + 16,
+        "the flood grew the server's fds from {fds0} to {fds_max}"
+    );
+    ensure!(fds_end <= fds0 + 4, "fds left behind: {fds0} -> {fds_end}");
+    let accepted: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("flood sent "))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(usize::MAX);
+    ensure!(
+        accepted < 2000,
+        "every request of the flood was accepted: {text}"
+    );
+    if pin_end > pin0 + 8 * per {
+        bail!(
+            "pinned memory left behind after the flood: {} -> {} MiB",
+            pin0 >> 20,
+            pin_end >> 20
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,203 @@
+//! What a connection takes from its peer before and after its stream is bound, by its
+//! [`Handshake`] (docs/shim-protocol.md, "Binding"). The peer is not trusted: a control message
+//! out of its place, or stream bytes before the stream may carry them, is a [`Violation`] and
+//! fails that stream alone (the accepting side of the shim then relays its TCP connection, which
+//! the peer never proved it holds).
+//!
+//! | handshake | CLAIM from the peer | CONFIRM from the peer | stream bytes and FIN from the peer |
+//! | --- | --- | --- | --- |
+//! | `Open` (the gateway) | never | never | from the start |
+//! | `Confirm` (the shim's connecting side) | once, before our CONFIRM | never | after our CONFIRM |
+//! | `Claim` (the shim's accepting side) | never | once, after our CLAIM | after its CONFIRM |
+//!
+//! RC keeps each direction in order, so a peer that follows the protocol never breaks these
+//! rules: the accepting side writes its first byte after the CONFIRM, which the connecting
+//! side posts after it saw CLAIM and before its own first byte.
+
+use super::Handshake;
+use crate::wire::{ControlKind, Secret};
+
+/// Something the peer sent that the protocol does not allow at that point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Violation {
+    /// CLAIM on a connection that takes none, or a second one, or one after our CONFIRM.
+    #[error("a CLAIM the connection does not take ({0})")]
+    Claim(&'static str),
+    /// CONFIRM on a connection that takes none, before our CLAIM, or a second one.
+    #[error("a CONFIRM the connection does not take ({0})")]
+    Confirm(&'static str),
+    /// Stream bytes or FIN before the stream may carry them.
+    #[error("stream bytes before the stream was confirmed")]
+    EarlyData,
+    /// A second FIN, or bytes after FIN.
+    #[error("stream bytes or FIN after FIN")]
+    AfterFin,
+}
+
+/// One connection's binding state (see the module docs).
+#[derive(Debug, Clone)]
+pub(super) struct Binding {
+    handshake: Handshake,
+    /// Connecting side: the peer's CLAIM came with this secret.
+    claim: Option<Secret>,
+    /// Connecting side: our CONFIRM is out (the peer may send bytes from then on).
+    confirmed: bool,
+    /// Accepting side: our CLAIM is out with this secret.
+    claimed: Option<Secret>,
+    /// Accepting side: the peer's CONFIRM came.
+    confirm_seen: bool,
+    /// The peer's FIN came.
+    fin: bool,
+}
+
+impl Binding {
+    pub(super) fn new(handshake: Handshake) -> Binding {
+        Binding {
+            handshake,
+            claim: None,
+            confirmed: false,
+            claimed: None,
+            confirm_seen: false,
+            fin: false,
+        }
+    }
+
+    /// The handshake the connection was made with.
+    pub(super) fn handshake(&self) -> Handshake {
+        self.handshake
+    }
+
+    /// A control message came from the peer.
+    pub(super) fn on_control(&mut self, kind: ControlKind) -> Result<(), Violation> {
+        match kind {
+            ControlKind::Credit => Ok(()),
+            ControlKind::Fin => {
+                self.on_data()?;
+                self.fin = true;
+                Ok(())
+            }
+            ControlKind::Claim(secret) => match self.handshake {
+                Handshake::Confirm if self.claim.is_some() => Err(Violation::Claim("a second")),
+                Handshake::Confirm if self.confirmed => Err(Violation::Claim("after CONFIRM")),
+                Handshake::Confirm => {
+                    self.claim = Some(secret);
+                    Ok(())
+                }
+                Handshake::Open | Handshake::Claim => {
+                    Err(Violation::Claim("not a connecting side"))
+                }
+            },
+            ControlKind::Confirm => match self.handshake {
+                Handshake::Claim if self.claimed.is_none() => {
+                    Err(Violation::Confirm("before our CLAIM"))
+                }
+                Handshake::Claim if self.confirm_seen => Err(Violation::Confirm("a second")),
+                Handshake::Claim => {
+                    self.confirm_seen = true;
+                    Ok(())
+                }
+                Handshake::Open | Handshake::Confirm => {
+                    Err(Violation::Confirm("not an accepting side"))
+                }
+            },
+        }
+    }
+
+    /// Stream bytes came from the peer: Ok when the stream may carry them.
+    pub(super) fn on_data(&self) -> Result<(), Violation> {
+        if self.fin {
+            return Err(Violation::AfterFin);
+        }
+        let open = match self.handshake {
+            Handshake::Open => true,
+            Handshake::Confirm => self.confirmed,
+            Handshake::Claim => self.confirm_seen,
+        };
+        if open {
+            Ok(())
+        } else {
+            Err(Violation::EarlyData)
+        }
+    }
+
+    /// Our CLAIM goes out with `secret` (the accepting side).
+    pub(super) fn claim_sent(&mut self, secret: Secret) {
+        self.claimed = Some(secret);
+    }
+
+    /// Our CONFIRM goes out (the connecting side).
+    pub(super) fn confirm_sent(&mut self) {
+        self.confirmed = true;
+    }
+
+    /// The secret of the peer's CLAIM, once it came (the connecting side).
+    pub(super) fn claim(&self) -> Option<Secret> {
+        self.claim
+    }
+
+    /// The peer's CONFIRM came (the accepting side).
+    pub(super) fn confirm_seen(&self) -> bool {
+        self.confirm_seen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Secret = Secret([9; crate::wire::SECRET_LEN]);
+
+    #[test]
+    fn the_gateway_takes_bytes_at_once_and_no_claim_or_confirm() {
+        let mut b = Binding::new(Handshake::Open);
+        assert_eq!(b.on_data(), Ok(()));
+        assert!(b.on_control(ControlKind::Claim(S)).is_err());
+        assert!(b.on_control(ControlKind::Confirm).is_err());
+        assert_eq!(b.on_control(ControlKind::Credit), Ok(()));
+        assert_eq!(b.on_control(ControlKind::Fin), Ok(()));
+        assert_eq!(b.on_data(), Err(Violation::AfterFin));
+        assert_eq!(b.on_control(ControlKind::Fin), Err(Violation::AfterFin));
+    }
+
+    #[test]
+    fn a_connecting_side_takes_one_claim_then_bytes_after_its_confirm() {
+        let mut b = Binding::new(Handshake::Confirm);
+        assert_eq!(b.on_data(), Err(Violation::EarlyData), "before CLAIM");
+        assert_eq!(b.on_control(ControlKind::Fin), Err(Violation::EarlyData));
+        assert!(b.on_control(ControlKind::Confirm).is_err());
+        assert_eq!(b.on_control(ControlKind::Claim(S)), Ok(()));
+        assert_eq!(b.claim(), Some(S));
+        assert!(b.on_control(ControlKind::Claim(S)).is_err(), "a second");
+        assert_eq!(b.on_data(), Err(Violation::EarlyData), "before CONFIRM");
+        b.confirm_sent();
+        assert_eq!(b.on_data(), Ok(()));
+    }
+
+    #[test]
+    fn a_claim_after_our_confirm_is_refused() {
+        let mut b = Binding::new(Handshake::Confirm);
+        b.confirm_sent();
+        assert!(b.on_control(ControlKind::Claim(S)).is_err());
+    }
+
+    #[test]
+    fn an_accepting_side_takes_confirm_only_after_its_claim_and_bytes_only_after_confirm() {
+        let mut b = Binding::new(Handshake::Claim);
+        // What the attacker of the issue sent: CONFIRM and a write before any CLAIM.
+        assert!(b.on_control(ControlKind::Confirm).is_err());
+        assert_eq!(b.on_data(), Err(Violation::EarlyData));
+        assert!(b.on_control(ControlKind::Claim(S)).is_err());
+        b.claim_sent(S);
+        assert_eq!(
+            b.on_data(),
+            Err(Violation::EarlyData),
+            "CLAIM out, no CONFIRM"
+        );
+        assert_eq!(b.on_control(ControlKind::Confirm), Ok(()));
+        assert!(b.confirm_seen());
+        assert!(b.on_control(ControlKind::Confirm).is_err(), "a second");
+        assert_eq!(b.on_data(), Ok(()));
+        assert_eq!(b.on_control(ControlKind::Fin), Ok(()));
+        assert_eq!(b.on_data(), Err(Violation::AfterFin));
+    }
+}
