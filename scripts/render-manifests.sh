@@ -14,6 +14,13 @@
 #                              caBundle at run time (--cert-mode self-managed), so the files
 #                              hold no certificate and render the same every time. The chart's
 #                              default (helm mode) generates a new CA on every `helm template`.
+# and the KubeVirt variant also
+#   gateway.peerAuth.existingSecret=rdma-streams-gateway-peer-keys
+#                              the gateways' peer keys come from a Secret the admin creates
+#                              before applying (docs/install.md): a key rendered into a
+#                              checked-in file would be known to everyone who can read it, and
+#                              the chart's own Secret would get a new key on every render
+#                              (`helm template` cannot look the old one up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,14 +33,15 @@ fi
 # name of the file, then extra helm flags
 variants=(
 	"rdma-streams.yaml|"
-	"rdma-streams-kubevirt.yaml|--set kubevirt.enabled=true"
+	"rdma-streams-kubevirt.yaml|--set kubevirt.enabled=true --set gateway.peerAuth.existingSecret=rdma-streams-gateway-peer-keys"
 )
 
 render() {
 	local out=$1 extra=$2
+	local values=${extra//--set /}
 	{
 		echo "# rdma-streams $(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/rdma-streams/Chart.yaml): rendered from charts/rdma-streams by \`make manifests\`; do not edit."
-		echo "# Values: the chart defaults, namespace.create=true, injector.certs.mode=injector${extra:+, ${extra//--set /}}."
+		echo "# Values: the chart defaults, namespace.create=true, injector.certs.mode=injector${values:+, ${values// /, }}."
 		echo "# Apply: kubectl apply -f manifests/$(basename "$out")"
 		# shellcheck disable=SC2086 # $extra is a list of flags
 		"$helm" template rdma-streams charts/rdma-streams \

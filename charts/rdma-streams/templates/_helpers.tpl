@@ -23,6 +23,18 @@ Names, labels and images shared by every template.
 {{- define "rdma-streams.devicePlugin.fullname" -}}{{ include "rdma-streams.fullname" . }}-device-plugin{{- end -}}
 {{- define "rdma-streams.injector.fullname" -}}{{ include "rdma-streams.fullname" . }}-injector{{- end -}}
 {{- define "rdma-streams.gateway.fullname" -}}{{ include "rdma-streams.fullname" . }}-gateway{{- end -}}
+{{/* The Secret of the gateways' peer keys: the admin's own, or the one the chart makes. */}}
+{{- define "rdma-streams.gateway.peerKeysSecret" -}}
+{{- .Values.gateway.peerAuth.existingSecret | default (printf "%s-peer-keys" (include "rdma-streams.gateway.fullname" .)) -}}
+{{- end -}}
+{{/* The ValidatingAdmissionPolicy (and its binding) that limits the gateway's Node patches. */}}
+{{- define "rdma-streams.gateway.nodePolicy" -}}{{ include "rdma-streams.gateway.fullname" . }}-node-patch{{- end -}}
+{{/* The user name the API server gives the gateway's service account token. */}}
+{{- define "rdma-streams.gateway.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "rdma-streams.gateway.fullname" .) -}}
+{{- end -}}
+{{/* Where the gateway reads its peer keys (RDMA_GW_PEER_KEYS_FILE): the Secret's key `keys`. */}}
+{{- define "rdma-streams.gateway.peerKeysDir" -}}/etc/rdma-streams/gateway/peer-keys{{- end -}}
 {{- define "rdma-streams.installer.fullname" -}}{{ include "rdma-streams.fullname" . }}-shim-installer{{- end -}}
 {{/* The injector's Service, also its --service (certificate names, CA Secret "<service>-ca"). */}}
 {{- define "rdma-streams.injector.serviceName" -}}{{ include "rdma-streams.injector.fullname" . }}{{- end -}}

@@ -25,6 +25,39 @@ change; the chart tests (tests/chart) render every case and match these messages
 {{- if or (eq .path .root) (hasPrefix (printf "%s/" .root) .path) -}}true{{- end -}}
 {{- end -}}
 
+{{/*
+(dict "namespace" ns "name" x "secret" (lookup ...)): the admin's peer keys Secret holds a keys
+file the gateways accept: data key `keys`, one standard base64 key of at least 32 bytes per
+line, whole-line `#` comments and blank lines ignored, at least one key. Checked only where
+Helm can look the Secret up (install and upgrade, not `helm template`); a missing Secret is
+not an error here: the gateway pods wait for it (the volume cannot be mounted).
+*/}}
+{{- define "rdma-streams.validate.peerKeys" -}}
+{{- if .secret -}}
+{{- $where := printf "gateway.peerAuth.existingSecret: Secret %s/%s" .namespace .name -}}
+{{- if not (and .secret.data (hasKey .secret.data "keys")) -}}
+{{- fail (printf "%s has no data key \"keys\" (the gateways' keys file: one base64 key per line)" $where) -}}
+{{- end -}}
+{{- $count := 0 -}}
+{{- range $i, $line := splitList "\n" (b64dec (index .secret.data "keys")) -}}
+{{- $key := trim $line -}}
+{{- if and $key (not (hasPrefix "#" $key)) -}}
+{{- if or (not (regexMatch "^[A-Za-z0-9+/]+={0,2}$" $key)) (ne (mod (len $key) 4) 0) -}}
+{{- fail (printf "%s: line %d of keys is not a standard base64 key (one key per line, whole-line # comments)" $where (add1 $i)) -}}
+{{- end -}}
+{{- $bytes := sub (mul (div (len $key) 4) 3) (sub (len $key) (len (trimSuffix "=" (trimSuffix "=" $key)))) -}}
+{{- if lt $bytes 32 -}}
+{{- fail (printf "%s: line %d of keys holds %d bytes; a key needs at least 32 random bytes (head -c 32 /dev/urandom | base64)" $where (add1 $i) $bytes) -}}
+{{- end -}}
+{{- $count = add1 $count -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $count 0 -}}
+{{- fail (printf "%s holds no key in keys (one base64 key per line; the first signs)" $where) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "rdma-streams.validate" -}}
 {{- $v := .Values -}}
 
@@ -143,6 +176,9 @@ change; the chart tests (tests/chart) render every case and match these messages
 {{- end -}}
 {{- if eq (int $v.gateway.port) (int $v.gateway.adminPort) -}}
 {{- fail "gateway.port and gateway.adminPort must differ (both are host ports)" -}}
+{{- end -}}
+{{- with $v.gateway.peerAuth.existingSecret -}}
+{{- include "rdma-streams.validate.peerKeys" (dict "namespace" $.Release.Namespace "name" . "secret" (lookup "v1" "Secret" $.Release.Namespace .)) -}}
 {{- end -}}
 {{- end -}}
 {{- if eq (int $v.injector.port) (int $v.injector.adminPort) -}}

@@ -203,6 +203,16 @@ const CASES: &[(&str, &[&str], &str)] = &[
         "at '/gateway/nodeHooks/socketDir': 'plugins/gw' does not match pattern '^/'",
     ),
     (
+        "a peer keys Secret that cannot be a Secret's name",
+        &[
+            "--set",
+            "kubevirt.enabled=true",
+            "--set",
+            "gateway.peerAuth.existingSecret=Gateway_Keys",
+        ],
+        "at '/gateway/peerAuth/existingSecret': 'Gateway_Keys' does not match pattern",
+    ),
+    (
         "a typo in a value name",
         &["--set", "injector.replica=3"],
         "additional properties 'replica' not allowed",

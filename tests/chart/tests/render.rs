@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use rdma_streams_chart_tests::{
-    NAMESPACE, RELEASE, Rendered, SYSTEM_NAMESPACES, VALUE_SETS, all_containers, env_map, helm,
-    ident, named, render, repo_root, selects, value_set,
+    NAMESPACE, RELEASE, Rendered, SYSTEM_NAMESPACES, VALUE_SETS, all_containers, decode_base64,
+    env_map, helm, ident, named, parse_peer_keys, render, repo_root, selects, value_set,
 };
 use rdma_streams_testkit::within;
 use serde_json::{Map, Value, json};
@@ -596,9 +596,9 @@ fn rbac_is_least_privilege() {
                     *rules_of(r, "ClusterRole", &named("gateway")),
                     vec![
                         json!({"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstances"],
-                               "verbs": ["get", "list", "watch"]}),
+                               "verbs": ["list", "watch"]}),
                         json!({"apiGroups": [""], "resources": ["nodes"],
-                               "verbs": ["get", "list", "watch", "patch"]}),
+                               "verbs": ["list", "watch", "patch"]}),
                     ],
                     "{set}"
                 );
@@ -616,6 +616,8 @@ fn nothing_targets_system_namespaces() {
             "ClusterRole",
             "ClusterRoleBinding",
             "MutatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ];
         for (set, r) in &sets {
             for doc in &r.docs {
@@ -787,7 +789,7 @@ mod tls {
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
     fn pem(b64: &str) -> Vec<u8> {
-        decode_base64(b64)
+        super::decode_base64(b64).expect("standard base64")
     }
 
     fn certs(b64: &str) -> Vec<CertificateDer<'static>> {
@@ -820,32 +822,6 @@ mod tls {
             .with_no_client_auth()
             .with_single_cert(chain, key)
             .expect("certificate and key match");
-    }
-
-    /// Standard base64 (the chart's `b64enc`), no external crate needed.
-    fn decode_base64(s: &str) -> Vec<u8> {
-        let value = |c: u8| -> u32 {
-            match c {
-                b'A'..=b'Z' => u32::from(c - b'A'),
-                b'a'..=b'z' => u32::from(c - b'a') + 26,
-                b'0'..=b'9' => u32::from(c - b'0') + 52,
-                b'+' => 62,
-                b'/' => 63,
-                _ => panic!("not base64: {c}"),
-            }
-        };
-        let clean: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
-        let mut out = Vec::with_capacity(clean.len() * 3 / 4);
-        for chunk in clean.chunks(4) {
-            let data: Vec<u8> = chunk.iter().copied().filter(|&c| c != b'=').collect();
-            let mut n = 0u32;
-            for (i, &c) in data.iter().enumerate() {
-                n |= value(c) << (18 - 6 * i);
-            }
-            let bytes = n.to_be_bytes();
-            out.extend_from_slice(&bytes[1..data.len()]);
-        }
-        out
     }
 }
 
@@ -949,12 +925,16 @@ fn injector_cert_mode_renders_no_certificate() {
 fn rendering_is_deterministic_except_helm_certificates() {
     within(LIMIT, || {
         let Some(helm) = helm() else { return };
-        let injector_certs = ["--set", "injector.certs.mode=injector"];
+        // Peer keys from the admin's Secret, as manifests/ renders them: the chart's own Secret
+        // gets a new key on every `helm template` (checked below).
+        let peer_keys = "gateway.peerAuth.existingSecret=gw-keys";
+        let kubevirt = ["--set", "injector.certs.mode=injector", "--set", peer_keys];
+        let everything = ["--set", peer_keys];
         for (set, extra) in [
             ("injector-certs", &[][..]),
             ("cert-manager", &[][..]),
-            ("kubevirt", &injector_certs[..]),
-            ("everything", &[][..]),
+            ("kubevirt", &kubevirt[..]),
+            ("everything", &everything[..]),
         ] {
             let a = render(&helm, value_set(set), extra);
             let b = render(&helm, value_set(set), extra);
@@ -967,6 +947,20 @@ fn rendering_is_deterministic_except_helm_certificates() {
         assert!(
             a.text != b.text,
             "helm mode rendered the same certificate twice"
+        );
+        let key =
+            |r: &Rendered| r.get("Secret", &named("gateway-peer-keys"))["data"]["keys"].clone();
+        let a = render(&helm, value_set("kubevirt"), &kubevirt[..2]);
+        let b = render(&helm, value_set("kubevirt"), &kubevirt[..2]);
+        assert_ne!(
+            key(&a),
+            key(&b),
+            "a new peer key each render without a cluster"
+        );
+        assert_eq!(
+            a.text.replace(key(&a).as_str().unwrap(), ""),
+            b.text.replace(key(&b).as_str().unwrap(), ""),
+            "and nothing else differs"
         );
     });
 }
@@ -1002,7 +996,13 @@ fn kubevirt_gateway_is_a_documented_host_agent() {
             .split("---")
             .find(|d| d.contains("kind: DaemonSet") && d.contains("name: rdma-streams-gateway"))
             .unwrap();
-        for why in ["hostNetwork", "hostPID", "capabilities", "RDMA"] {
+        for why in [
+            "hostNetwork",
+            "hostPID",
+            "capabilities",
+            "RDMA",
+            "peer keys",
+        ] {
             assert!(doc.contains(&format!("#   {why}")), "undocumented {why}");
         }
         assert!(r.find("DaemonSet", &named("shim-installer")).is_none());
@@ -1034,11 +1034,17 @@ fn gateway_node_hooks_mount_only_their_socket_dir() {
             BTreeMap::from([("node-hooks".to_string(), dir.to_string())]),
             "the socket directory and nothing else"
         );
-        assert_eq!(spec["volumes"][0]["hostPath"]["type"], "DirectoryOrCreate");
+        let volume = spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "node-hooks")
+            .unwrap();
+        assert_eq!(volume["hostPath"]["type"], "DirectoryOrCreate");
         let c = &spec["containers"][0];
         assert_eq!(
-            c["volumeMounts"],
-            json!([{ "name": "node-hooks", "mountPath": dir }]),
+            mounts(c)["node-hooks"],
+            (dir.to_string(), false),
             "mounted where virt-handler sees it"
         );
         assert_eq!(
@@ -1048,8 +1054,8 @@ fn gateway_node_hooks_mount_only_their_socket_dir() {
         // Off by default: no socket, no mount.
         let off = rendered("kubevirt", &[]).unwrap();
         let spec = pod_spec(off.get("DaemonSet", &named("gateway")));
-        assert!(spec["volumes"].is_null(), "{spec}");
-        assert!(spec["containers"][0]["volumeMounts"].is_null());
+        assert!(host_paths(spec).is_empty(), "{spec}");
+        assert!(!mounts(&spec["containers"][0]).contains_key("node-hooks"));
         assert!(!env_map(&spec["containers"][0]).contains_key("RDMA_GW_NODE_HOOKS_SOCKET"));
     });
 }
@@ -1381,5 +1387,73 @@ fn the_bundled_provider_is_used_unless_turned_off() {
         let env = &profiles["profiles"]["default"]["env"];
         assert!(env.get("STREAMSHIM_PROVIDER").is_none(), "{env}");
         assert!(env.get("RDMAV_DRIVERS").is_none(), "{env}");
+    });
+}
+
+#[test]
+fn gateway_reads_its_peer_keys_from_a_read_only_secret() {
+    within(LIMIT, || {
+        let Some(helm) = helm() else { return };
+        let dir = "/etc/rdma-streams/gateway/peer-keys";
+        let check = |r: &Rendered, secret: &str| {
+            let spec = pod_spec(r.get("DaemonSet", &named("gateway")));
+            let c = &spec["containers"][0];
+            assert_eq!(env_map(c)["RDMA_GW_PEER_KEYS_FILE"], format!("{dir}/keys"));
+            assert_eq!(mounts(c)["peer-keys"], (dir.to_string(), true));
+            let mount = c["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == "peer-keys")
+                .unwrap();
+            assert!(
+                mount.get("subPath").is_none(),
+                "a subPath mount never sees the Secret change"
+            );
+            let volume = spec["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == "peer-keys")
+                .unwrap();
+            assert_eq!(
+                volume["secret"],
+                json!({"secretName": secret, "defaultMode": 0o400})
+            );
+        };
+        // The chart's own Secret: one fresh key, valid by the keys file contract.
+        let r = render(&helm, value_set("kubevirt"), &[]);
+        check(&r, &named("gateway-peer-keys"));
+        let secret = r.get("Secret", &named("gateway-peer-keys"));
+        assert_eq!(secret["type"], "Opaque");
+        let file = decode_base64(secret["data"]["keys"].as_str().unwrap()).unwrap();
+        let keys = parse_peer_keys(std::str::from_utf8(&file).unwrap()).unwrap();
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys[0].len(), 32);
+
+        // The admin's own Secret: referenced, never rendered.
+        let r = render(
+            &helm,
+            value_set("kubevirt"),
+            &["--set", "gateway.peerAuth.existingSecret=corp-gw-keys"],
+        );
+        check(&r, "corp-gw-keys");
+        assert!(
+            r.all("Secret")
+                .iter()
+                .all(|s| s["metadata"]["name"] != "corp-gw-keys")
+        );
+        assert!(r.find("Secret", &named("gateway-peer-keys")).is_none());
+
+        // manifests/: a Secret the admin creates under the chart's default name.
+        let text =
+            std::fs::read_to_string(repo_root().join("manifests/rdma-streams-kubevirt.yaml"))
+                .unwrap();
+        let m = Rendered::parse(&text).unwrap();
+        check(&m, &named("gateway-peer-keys"));
+        assert!(
+            m.find("Secret", &named("gateway-peer-keys")).is_none(),
+            "no key in a checked-in file"
+        );
     });
 }
