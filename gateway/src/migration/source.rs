@@ -1,7 +1,7 @@
 //! The source side: the connections captured for a migration, each carried over an RDMA stream
 //! to the peer gateway, or over TCP (the fallback).
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{io, net::SocketAddr, sync::Arc, time::Duration};
 
 use rdma_streams_common::report::Report;
 use tokio::net::{TcpListener, TcpStream};
@@ -11,21 +11,56 @@ use super::state::{Handles, Shared};
 use crate::{
     capture::original_destination,
     metrics::PathKind,
-    streams::{Fallback, outbound, payload::Open, relay, stream},
+    streams::{Fallback, outbound, payload::UidDigest, relay, stream},
 };
 
+/// How long the capture listener pauses after an accept failed for want of resources (file
+/// descriptors, memory): the connections wait in the kernel's backlog meanwhile.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Whether an error says the process (or the system) is out of a resource that frees up by
+/// itself as connections close: waiting helps, retrying at once would spin.
+pub fn out_of_resources(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
 /// Accepts captured connections until the migration ends; the listener closes on return.
+///
+/// A failed accept never drops a connection: out of file descriptors (`EMFILE`) or memory, the
+/// listener pauses [`ACCEPT_BACKOFF`] (the connections stay queued in the kernel's backlog,
+/// `capture::listen_in`) and counts it, and logs once per run of failures; a connection that
+/// failed before it was accepted (`ECONNABORTED`) is gone already.
 pub async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, handles: Handles) {
     let v6 = handles.migration.target.is_ipv6();
+    let mut starved = false;
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = handles.capture_cancel.cancelled() => break,
         };
         let (stream, from) = match accepted {
-            Ok(a) => a,
+            Ok(a) => {
+                if std::mem::take(&mut starved) {
+                    info!("the capture listener accepts again");
+                }
+                a
+            }
+            Err(error) if out_of_resources(&error) => {
+                shared.metrics.capture_accept_errors.inc();
+                if !std::mem::replace(&mut starved, true) {
+                    warn!(error = %Report(&error), "the capture listener cannot accept (out of resources): connections wait in its backlog");
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                    _ = handles.capture_cancel.cancelled() => break,
+                }
+            }
             Err(error) => {
-                warn!(error = %Report(&error), "accept on the capture listener");
+                shared.metrics.capture_accept_errors.inc();
+                debug!(error = %Report(&error), "accept on the capture listener");
                 continue;
             }
         };
@@ -70,16 +105,18 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
     let _open = OpenGuard(shared.clone());
     let _ = client.set_nodelay(true);
     let opening = std::time::Instant::now();
+    let keys = shared.keys.current();
     let attempt = match (&shared.rdma, shared.peers.lookup(dst.ip())) {
         (Err(reason), _) => Err(*reason),
+        (Ok(_), _) if keys.is_empty() => Err(Fallback::NoPeerKey),
         (Ok(_), None) => Err(Fallback::NoPeer),
         (Ok(engine), Some(peer)) => {
             let engine = engine.clone();
-            let open = Open::new(dst, &handles.migration.uid);
+            let migration = UidDigest::of(&handles.migration.uid);
             let timeout = shared.settings.stream_timeout;
             let source = shared.settings.stream_source;
             tokio::task::spawn_blocking(move || {
-                outbound::open_stream(&engine, peer, source, &open, timeout)
+                outbound::open_stream(&engine, peer, source, &keys, dst, migration, timeout)
             })
             .await
             .unwrap_or(Err(Fallback::RdmaError))
@@ -145,7 +182,13 @@ async fn over_tcp(
         after_ms = millis(opening),
         "connection relayed over TCP"
     );
-    let server = match relay::dial(dst, shared.settings.mark, shared.settings.dial_timeout).await {
+    let server = match relay::dial_patiently(
+        dst,
+        shared.settings.mark,
+        shared.settings.dial_timeout,
+    )
+    .await
+    {
         Ok(s) => s,
         Err(error) => {
             // As if virt-handler had dialed and failed: it sees a reset.

@@ -31,6 +31,29 @@ pub async fn dial(dst: SocketAddr, mark: u32, timeout: Duration) -> io::Result<T
     Ok(stream)
 }
 
+/// [`dial`], waiting for a file descriptor when the process has none left (`EMFILE`,
+/// `ENFILE`): an accepted connection then waits for others to close instead of being reset.
+/// Retries every 50 ms; the whole dial stays within `timeout`.
+pub async fn dial_patiently(
+    dst: SocketAddr,
+    mark: u32,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match dial(dst, mark, left).await {
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+                    && left > Duration::from_millis(50) =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Bytes buffered per direction of a relay: a migration is a few long bulk transfers, and
 /// tokio's default (8 KiB) costs a wake-up and two syscalls per 8 KiB (measured with
 /// `gateway/testbed/benches/chain.rs`).
