@@ -4,6 +4,7 @@
 use std::{io, net::SocketAddr, sync::Arc, time::Duration};
 
 use rdma_streams_common::report::Report;
+use socket2::Socket;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -32,16 +33,24 @@ pub fn out_of_resources(error: &io::Error) -> bool {
 /// A failed accept never drops a connection: out of file descriptors (`EMFILE`) or memory, the
 /// listener pauses [`ACCEPT_BACKOFF`] (the connections stay queued in the kernel's backlog,
 /// `capture::listen_in`) and counts it, and logs once per run of failures; a connection that
-/// failed before it was accepted (`ECONNABORTED`) is gone already.
+/// failed before it was accepted (`ECONNABORTED`) is gone already. A connection is accepted
+/// only with the socket its TCP fallback would dial with in hand (made first): with
+/// descriptors short, accepting more connections than can be dialed would leave each waiting
+/// for a descriptor the others hold.
 pub async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, handles: Handles) {
     let v6 = handles.migration.target.is_ipv6();
+    let target = SocketAddr::new(handles.migration.target, 0);
     let mut starved = false;
     loop {
         let accepted = tokio::select! {
-            a = listener.accept() => a,
+            a = async {
+                let reserve = relay::socket_for(target, shared.settings.mark)?;
+                let (stream, from) = listener.accept().await?;
+                Ok::<_, io::Error>((stream, from, reserve))
+            } => a,
             _ = handles.capture_cancel.cancelled() => break,
         };
-        let (stream, from) = match accepted {
+        let (stream, from, reserve) = match accepted {
             Ok(a) => {
                 if std::mem::take(&mut starved) {
                     info!("the capture listener accepts again");
@@ -78,7 +87,7 @@ pub async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, handles: Ha
             }
         };
         let span = info_span!("conn", %from, %dst);
-        shared.spawn(carry(shared.clone(), stream, dst, handles.clone()).instrument(span));
+        shared.spawn(carry(shared.clone(), stream, dst, handles.clone(), reserve).instrument(span));
     }
     debug!("capture listener closed");
 }
@@ -99,8 +108,14 @@ impl Drop for OpenGuard {
 
 /// Carries one captured connection to `dst`: over an RDMA stream to the peer gateway, or, on
 /// any failure before the stream is established (nothing was read from `client` yet), over
-/// TCP from this gateway, counted with the reason.
-pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, handles: Handles) {
+/// TCP from this gateway (dialing with `reserve`), counted with the reason.
+pub async fn carry(
+    shared: Arc<Shared>,
+    client: TcpStream,
+    dst: SocketAddr,
+    handles: Handles,
+    reserve: Socket,
+) {
     shared.metrics.connections_active.inc();
     let _open = OpenGuard(shared.clone());
     let _ = client.set_nodelay(true);
@@ -124,6 +139,8 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
     };
     match attempt {
         Ok(conn) => {
+            // The stream carries it: the descriptor kept for a TCP fallback is free again.
+            drop(reserve);
             info!(
                 path = "rdma",
                 open_ms = millis(opening),
@@ -139,8 +156,16 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
                     // The stream died between its establishment and the attach: nothing was
                     // read from the connection yet, so it can still go over TCP.
                     info!("the stream was gone before it took the connection");
-                    return over_tcp(&shared, client, dst, Fallback::RdmaError, opening, &handles)
-                        .await;
+                    return over_tcp(
+                        &shared,
+                        client,
+                        dst,
+                        Fallback::RdmaError,
+                        opening,
+                        &handles,
+                        None,
+                    )
+                    .await;
                 }
             };
             shared
@@ -160,12 +185,23 @@ pub async fn carry(shared: Arc<Shared>, client: TcpStream, dst: SocketAddr, hand
                 ),
             }
         }
-        Err(reason) => over_tcp(&shared, client, dst, reason, opening, &handles).await,
+        Err(reason) => {
+            over_tcp(
+                &shared,
+                client,
+                dst,
+                reason,
+                opening,
+                &handles,
+                Some(reserve),
+            )
+            .await
+        }
     }
 }
 
 /// Relays `client` to `dst` over TCP from this gateway, counted with `reason` (the attempt at
-/// a stream began at `opening`).
+/// a stream began at `opening`), dialing with `reserve` when there is one.
 async fn over_tcp(
     shared: &Shared,
     client: TcpStream,
@@ -173,6 +209,7 @@ async fn over_tcp(
     reason: Fallback,
     opening: std::time::Instant,
     handles: &Handles,
+    reserve: Option<Socket>,
 ) {
     shared.metrics.fallback(reason);
     shared.metrics.connection("source", PathKind::Tcp);
@@ -182,13 +219,13 @@ async fn over_tcp(
         after_ms = millis(opening),
         "connection relayed over TCP"
     );
-    let server = match relay::dial_patiently(
-        dst,
-        shared.settings.mark,
-        shared.settings.dial_timeout,
-    )
-    .await
-    {
+    let dialed = match reserve {
+        Some(socket) => relay::connect(socket, dst, shared.settings.dial_timeout).await,
+        None => {
+            relay::dial_patiently(dst, shared.settings.mark, shared.settings.dial_timeout).await
+        }
+    };
+    let server = match dialed {
         Ok(s) => s,
         Err(error) => {
             // As if virt-handler had dialed and failed: it sees a reset.
