@@ -266,7 +266,11 @@ fn a_killed_gateway_leaves_no_redirect_behind() {
         Some("198.18.0.1"),
         "captured while gateway A lived\n{run}"
     );
-    assert_eq!(run.num("TABLES_AFTER"), 0.0, "the table outlived its gateway\n{run}");
+    assert_eq!(
+        run.num("TABLES_AFTER"),
+        0.0,
+        "the table outlived its gateway\n{run}"
+    );
     assert_eq!(run.num("MATCHED"), 1.0, "{run}");
     assert_eq!(
         run.value("PEER_AFTER").as_deref(),
@@ -302,7 +306,11 @@ fn the_capture_listener_waits_out_an_fd_limit() {
     let run = run(script, LIMIT);
     run.assert_ok();
     assert_eq!(run.num("MATCHED"), 8.0, "{run}");
-    assert_eq!(run.num("VIA_A"), 8.0, "every one captured and relayed\n{run}");
+    assert_eq!(
+        run.num("VIA_A"),
+        8.0,
+        "every one captured and relayed\n{run}"
+    );
     assert_eq!(run.num("TCP_A"), 8.0, "{run}");
     assert_eq!(run.num("ALIVE"), 1.0, "{run}");
     assert!(
