@@ -400,9 +400,11 @@ refused_keys() { [ "$(metric "$1" rdma_gw_peer_keys_config_reload_failures_total
 
 scenario_rotation() {
 	local k1 k2 k3 n=0
-	k1=$(cat "$T/key") k2=$(new_key) k3=$(new_key)
 	gw_b
 	gw_a --peer $PEER_B
+	# The key both started with (gw made it).
+	k1=$(cat "$T/key") k2=$(new_key) k3=$(new_key)
+	check "k1 is a key" [ -n "$k1" ]
 	ip netns exec vhB "$PY" "$S/hashsrv.py" 0.0.0.0 49180 >"$T/hs.out" &
 	wait_for 60 grep -q ready "$T/hs.out"
 	check "B: the migration started" started nodeB target u7 49180
@@ -418,7 +420,7 @@ scenario_rotation() {
 	put_keys "$T/keys-nodeA" "$k1" "$k2"
 	put_keys "$T/keys-nodeB" "$k1" "$k2"
 	check "both reloaded [k1, k2]" wait_for 30 eval 'reloaded nodeA 1 && reloaded nodeB 1'
-	check "A: 2 keys" eq "$(metric nodeA rdma_gw_peer_keys)" 2
+	check "A: 2 keys" wait_for 30 eval '[ "$(metric nodeA rdma_gw_peer_keys)" = 2 ]'
 	one_stream "both [k1, k2]"
 	put_keys "$T/keys-nodeA" "$k2" "$k1"
 	check "A reloaded [k2, k1]" wait_for 30 reloaded nodeA 2
@@ -429,7 +431,7 @@ scenario_rotation() {
 	one_stream "A [k2], B [k2, k1]"
 	printf 'not base64!\n' >"$T/keys-nodeB.tmp" && mv "$T/keys-nodeB.tmp" "$T/keys-nodeB"
 	check "B refused a bad file" wait_for 30 refused_keys nodeB 1
-	check "B kept its 2 keys" eq "$(metric nodeB rdma_gw_peer_keys)" 2
+	check "B kept its 2 keys" wait_for 30 eval '[ "$(metric nodeB rdma_gw_peer_keys)" = 2 ]'
 	one_stream "A [k2], B keeping [k2, k1]"
 	put_keys "$T/keys-nodeA" "$k3"
 	check "A reloaded [k3]" wait_for 30 reloaded nodeA 4
