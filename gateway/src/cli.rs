@@ -14,8 +14,10 @@ use clap::Parser;
 use prometheus_client::registry::Registry;
 use rdma_streams_common::{
     args::{AdminArgs, LogArgs},
+    reload_metrics::ReloadStatsCollector,
     report::Report,
     runtime::{self, Runtime, Tasks},
+    watched_file::{self, Watchable, WatchedFile},
 };
 use rdma_streams_transport::{
     Engine, EngineConfig, Unusable,
@@ -32,7 +34,10 @@ use crate::{
     kube::hooks_server::{self, NodeHookServer},
     metrics::Metrics,
     migration::{DEFAULT_MARK, GatewayCore, Shared, target},
-    streams::{ChainedPeers, PeerLookup, StaticPeers},
+    streams::{
+        ChainedPeers, PeerLookup, StaticPeers,
+        keys::{KeyRing, KeysError, PeerKeys},
+    },
 };
 pub use crate::{
     migration::{RdmaState, Settings},
@@ -113,9 +118,17 @@ pub struct Args {
     pub kube: KubeMode,
     /// The address peers reach this gateway's stream listener at, published as the node
     /// annotation `rdma-streams.io/gateway-address` (default: `--listen` when it names an
-    /// address; the chart sets the node's IP).
+    /// address; the chart sets the node's IP). A target gateway also dials it (a virt-handler
+    /// on the host network), besides virt-handler's own addresses.
     #[arg(long, env = "RDMA_GW_ADVERTISE_ADDRESS")]
     pub advertise_address: Option<IpAddr>,
+
+    /// The pre-shared keys gateways authenticate each other with: one per line, standard
+    /// base64 of at least 32 bytes, `#` comments; the first signs, every one verifies; re-read
+    /// when it changes (a bad file keeps the last good keys). Without keys no RDMA stream is
+    /// opened or accepted: every connection goes over TCP (`NO_PEER_KEY`).
+    #[arg(long, env = "RDMA_GW_PEER_KEYS_FILE")]
+    pub peer_keys_file: Option<PathBuf>,
 }
 
 rdma_streams_common::flag_env! {
@@ -161,6 +174,8 @@ pub struct Plan {
     /// Published on the node for peers (none: `--listen` has no address and no
     /// `--advertise-address`).
     pub advertise: Option<SocketAddr>,
+    /// The peer keys file (none: no stream is opened or accepted).
+    pub peer_keys_file: Option<PathBuf>,
 }
 
 impl Args {
@@ -186,6 +201,7 @@ impl Args {
             node_hooks_socket,
             kube,
             advertise_address,
+            peer_keys_file,
         } = self;
         let kube = match kube {
             KubeMode::On => true,
@@ -199,6 +215,7 @@ impl Args {
             None => Capture::Off,
         };
         let listen_ip = (!listen.ip().is_unspecified()).then(|| listen.ip());
+        let advertise = advertise_address.or(listen_ip);
         Plan {
             node_name,
             listen,
@@ -210,13 +227,13 @@ impl Args {
                 stream_timeout: Duration::from_millis(stream_timeout_ms),
                 mark,
                 stream_source: listen_ip,
+                advertised: advertise,
                 ..Settings::default()
             },
             node_hooks_socket,
             kube,
-            advertise: advertise_address
-                .or(listen_ip)
-                .map(|ip| SocketAddr::new(ip, listen.port())),
+            advertise: advertise.map(|ip| SocketAddr::new(ip, listen.port())),
+            peer_keys_file,
         }
     }
 
@@ -254,6 +271,17 @@ pub async fn serve(
     let rt = runtime.admin(plan.admin).build().await?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    let peer_keys = watch_peer_keys(plan.peer_keys_file.clone(), &metrics)?;
+    if let Some(keys) = &peer_keys {
+        registry.register_collector(Box::new(ReloadStatsCollector::new(
+            "rdma_gw_peer_keys",
+            keys.stats(),
+        )));
+    }
+    let key_ring = peer_keys.as_ref().map_or_else(
+        || KeyRing::fixed(PeerKeys::default()),
+        |w| KeyRing::new(w.subscribe()),
+    );
     let _ = rt.metrics().publish(registry);
     let started = rt.readiness().gate("event sources");
     let tasks = rt.tasks().clone();
@@ -295,13 +323,16 @@ pub async fn serve(
             directory
         });
         metrics.rdma_usable.set(i64::from(rdma.is_ok()));
-        let shared = Arc::new(Shared::new(
-            rdma,
-            Arc::new(ChainedPeers(directories)),
-            locator.clone(),
-            metrics,
-            settings,
-        ));
+        let shared = Arc::new(
+            Shared::new(
+                rdma,
+                Arc::new(ChainedPeers(directories)),
+                locator.clone(),
+                metrics,
+                settings,
+            )
+            .with_keys(key_ring),
+        );
         let engine = shared.rdma.as_ref().ok().cloned();
         let listener = match &engine {
             Some(engine) => match target::listen(shared.clone(), engine, listen) {
@@ -368,10 +399,46 @@ pub async fn serve(
                 warn!(streams = engine.connections(), "streams still open at exit");
             }
         }
+        drop(peer_keys);
         info!("gateway stopped");
         Ok(())
     })
     .await
+}
+
+/// Starts watching the peer keys file (none: no keys, said once here); keeps
+/// `rdma_gw_peer_keys` current. A file that exists but does not parse at startup is an error
+/// (there are no last good keys to keep).
+fn watch_peer_keys(
+    path: Option<PathBuf>,
+    metrics: &Metrics,
+) -> Result<Option<WatchedFile<PeerKeys>>, RunError> {
+    let Some(path) = path else {
+        warn!(
+            "no --peer-keys-file (RDMA_GW_PEER_KEYS_FILE): this gateway opens and accepts no RDMA stream; every connection goes over TCP (NO_PEER_KEY)"
+        );
+        return Ok(None);
+    };
+    let watched = watched_file::spawn::<PeerKeys>(Some(path.clone()), watched_file::DEFAULT_POLL)
+        .map_err(RunError::PeerKeys)?;
+    let current = watched.current();
+    metrics
+        .peer_keys
+        .set(i64::try_from(current.len()).unwrap_or(i64::MAX));
+    if current.is_empty() {
+        warn!(path = %path.display(), "the peer keys file does not exist (yet): no RDMA stream is opened or accepted until it does (NO_PEER_KEY)");
+    } else {
+        info!(path = %path.display(), keys = %current.summary(), "peer keys loaded");
+    }
+    let mut changes = watched.subscribe();
+    let gauge = metrics.peer_keys.clone();
+    tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            let keys = changes.borrow_and_update().clone();
+            gauge.set(i64::try_from(keys.len()).unwrap_or(i64::MAX));
+        }
+    });
+    Ok(Some(watched))
 }
 
 /// The cluster's part: migrations from the VMI watch, and this gateway's address published on
@@ -491,6 +558,8 @@ pub enum RunError {
     Process(#[from] runtime::Error),
     #[error(transparent)]
     NodeHooks(#[from] crate::kube::hooks_server::HookServerError),
+    #[error("the peer keys file")]
+    PeerKeys(#[source] KeysError),
 }
 
 #[cfg(test)]
@@ -514,6 +583,22 @@ mod tests {
         assert_eq!(p.advertise, None);
         assert_eq!(p.settings.stream_timeout, Duration::from_secs(2));
         assert_eq!(p.settings.mark, DEFAULT_MARK);
+        assert_eq!(p.peer_keys_file, None);
+    }
+
+    #[test]
+    fn the_peer_keys_file_and_the_advertised_address_reach_the_plan() {
+        let p = plan(
+            &[
+                "--peer-keys-file",
+                "/etc/gw/keys",
+                "--advertise-address",
+                "10.0.0.6",
+            ],
+            false,
+        );
+        assert_eq!(p.peer_keys_file, Some("/etc/gw/keys".into()));
+        assert_eq!(p.settings.advertised, Some([10, 0, 0, 6].into()));
     }
 
     #[test]

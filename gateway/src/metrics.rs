@@ -6,7 +6,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::streams::Fallback;
+use crate::{migration::Outcome, streams::Fallback};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RoleLabels {
@@ -34,6 +34,11 @@ pub struct BytesLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -115,6 +120,13 @@ pub struct Metrics {
     /// 1 when this gateway can carry streams (a usable RDMA device, the engine running), else
     /// 0 (every connection then falls back with the reason the probe gave).
     pub rdma_usable: Gauge,
+    /// Connect requests of peer gateways, by what became of them (target side).
+    pub peer_requests: Family<OutcomeLabels, Counter>,
+    /// Peer keys in force (0: no stream is opened or accepted, `NO_PEER_KEY`).
+    pub peer_keys: Gauge,
+    /// Failed accepts on a capture listener (`EMFILE` and the like: the connection waits in
+    /// the backlog while the listener backs off).
+    pub capture_accept_errors: Counter,
 }
 
 impl Metrics {
@@ -169,6 +181,26 @@ impl Metrics {
             "1 when RDMA streams can be opened from this node (device probed, engine running)",
             m.rdma_usable.clone(),
         );
+        r.register(
+            "peer_requests",
+            "Stream requests of peer gateways, by outcome (challenged, admitted, or why refused)",
+            m.peer_requests.clone(),
+        );
+        r.register(
+            "peer_keys",
+            "Peer keys in force (0: no RDMA stream is opened or accepted)",
+            m.peer_keys.clone(),
+        );
+        r.register(
+            "capture_accept_errors",
+            "Failed accepts on capture listeners (file descriptors exhausted and the like)",
+            m.capture_accept_errors.clone(),
+        );
+        for outcome in Outcome::ALL {
+            let _ = m.peer_requests.get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str().into(),
+            });
+        }
         for reason in Fallback::ALL {
             let _ = m.fallbacks.get_or_create(&ReasonLabels {
                 reason: reason.as_str().into(),
@@ -203,6 +235,25 @@ impl Metrics {
                 reason: reason.as_str().into(),
             })
             .inc();
+    }
+
+    /// Counts one peer request's outcome.
+    pub fn peer_request(&self, outcome: Outcome) {
+        self.peer_requests
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Peer requests with `outcome` so far.
+    #[cfg(test)]
+    pub fn peer_requests_of(&self, outcome: Outcome) -> u64 {
+        self.peer_requests
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str().into(),
+            })
+            .get()
     }
 
     /// Counts one node hook call; `hook` must already be one of a bounded set of names.

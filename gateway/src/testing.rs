@@ -168,3 +168,60 @@ pub fn migrating_vmi_migration(role: Role) -> Migration {
         started: None,
     }
 }
+
+/// A process in a fresh network namespace with lo up and a veth pair, one end holding
+/// 10.9.0.5/24 and fd00:9::5/64 (so also an fe80:: address); killed on drop. Needs root.
+pub struct TestNetns(std::process::Child);
+
+impl TestNetns {
+    pub fn start() -> TestNetns {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("unshare")
+            .args([
+                "-n",
+                "sh",
+                "-c",
+                "ip link set lo up && ip link add d0 type veth peer name d1 && \
+                 ip addr add 10.9.0.5/24 dev d0 && ip addr add fd00:9::5/64 dev d0 nodad && \
+                 ip link set d0 up && ip link set d1 up && echo ready && exec sleep 60",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        assert_eq!(line.trim(), "ready", "namespace setup failed");
+        TestNetns(child)
+    }
+
+    /// The nsfs file.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/net", self.0.id()))
+    }
+
+    /// `nft ARGS` inside, its stdout (panics on failure).
+    pub fn nft(&self, args: &str) -> String {
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", self.path().display()))
+            .arg("nft")
+            .args(args.split_whitespace())
+            .output()
+            .expect("nsenter nft");
+        assert!(
+            out.status.success(),
+            "nft {args}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

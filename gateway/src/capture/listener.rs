@@ -7,7 +7,7 @@ use std::{
     path::Path,
 };
 
-use socket2::SockRef;
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{
@@ -29,8 +29,14 @@ pub enum CaptureError {
     Task(String),
 }
 
+/// Backlog of a capture listener: connections the kernel completes and queues while the
+/// gateway cannot accept them (out of file descriptors: it backs off and retries) wait here
+/// instead of being refused (the kernel caps it at `net.core.somaxconn`, 4096 by default).
+pub const BACKLOG: i32 = 1024;
+
 /// Opens a listener on an ephemeral port of the namespace at `ns` (all addresses of the
-/// target's family: `redirect` of locally generated connections lands on loopback).
+/// target's family: `redirect` of locally generated connections lands on loopback), with a
+/// [`BACKLOG`] of its own.
 pub async fn listen_in(ns: &Path, target: IpAddr) -> Result<TcpListener, CaptureError> {
     let ns = ns.to_owned();
     let bind: SocketAddr = match target {
@@ -39,9 +45,11 @@ pub async fn listen_in(ns: &Path, target: IpAddr) -> Result<TcpListener, Capture
     };
     let std_listener = tokio::task::spawn_blocking(move || {
         netns::run_in(&ns, move || {
-            let l = std::net::TcpListener::bind(bind)?;
-            l.set_nonblocking(true)?;
-            Ok::<_, io::Error>(l)
+            let socket = Socket::new(Domain::for_address(bind), Type::STREAM, Some(Protocol::TCP))?;
+            socket.bind(&bind.into())?;
+            socket.listen(BACKLOG)?;
+            socket.set_nonblocking(true)?;
+            Ok::<_, io::Error>(std::net::TcpListener::from(socket))
         })
     })
     .await

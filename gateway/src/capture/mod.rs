@@ -3,8 +3,10 @@
 //! them on a listener opened in that namespace (`listener`). Nothing here knows a migration's
 //! state: [`crate::migration`] drives it.
 
+pub(crate) mod addresses;
 mod listener;
 pub(crate) mod netns;
+mod nfnetlink;
 pub(crate) mod nft;
 
 pub(crate) use listener::{CaptureError, listen_in, original_destination};

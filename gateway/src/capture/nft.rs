@@ -5,19 +5,29 @@
 //!
 //! ```text
 //! table ip rdma_gw_<uid> {
+//!   flags owner
 //!   chain out {
 //!     type nat hook output priority -100; policy accept;
 //!     meta mark 0x52474d57 return
-//!     ip daddr <target> tcp dport { <ports> } redirect to :<capture port>
+//!     ip daddr <target> tcp dport <port> redirect to :<capture port>   (one rule per port)
 //!   }
 //! }
 //! ```
 //!
 //! Only new connections to the target address on the published ports are redirected (NAT
 //! applies to the first packet of a connection; established ones are untouched), and none
-//! from a socket carrying the gateway's mark. Tables are replaced atomically (`nft -f -`
-//! runs a batch as one transaction), removed on the migration's end, on shutdown, and, by
-//! their name prefix, at startup (stale ones of a crashed gateway).
+//! from a socket carrying the gateway's mark.
+//!
+//! The table is made over netlink ([`super::nfnetlink`]) with the `owner` flag (Linux >=
+//! 5.12), on a netlink socket of its own that the gateway holds in an [`OwnedTable`]: only
+//! that socket can change the table, and the kernel removes the table when the socket closes.
+//! So a capture never outlives the gateway: dropping the [`OwnedTable`] (the migration ended)
+//! removes it, and so does the gateway's death, however it dies (SIGKILL, OOM kill, a panic),
+//! at once, without waiting for a restart. virt-handler's next connection then goes straight
+//! to its destination.
+//!
+//! Tables of older gateways (made with `nft`, without the flag) are removed by their name
+//! prefix at startup ([`remove_all`], with the `nft` program).
 
 use std::{
     io::Write,
@@ -27,6 +37,10 @@ use std::{
 };
 
 use super::netns::{self, NetnsError};
+use super::nfnetlink::{
+    BaseChain, Batch, Expr, HOOK_OUTPUT, MetaKey, NetlinkError, NfSocket, POLICY_ACCEPT,
+    PayloadBase, TABLE_F_OWNER,
+};
 
 /// Prefix of every table the gateway owns.
 pub const TABLE_PREFIX: &str = "rdma_gw_";
@@ -37,6 +51,8 @@ pub const TABLE_PREFIX: &str = "rdma_gw_";
 pub enum NftError {
     #[error(transparent)]
     Netns(#[from] NetnsError),
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
     /// `nft` could not be started (not installed?).
     #[error("running nft")]
     Spawn(#[source] std::io::Error),
@@ -65,60 +81,119 @@ pub fn table_name(uid: &str) -> String {
     format!("{TABLE_PREFIX}{clean}")
 }
 
-fn family(ip: IpAddr) -> &'static str {
+/// The netfilter family number (`NFPROTO_IPV4`, `NFPROTO_IPV6`).
+fn nfproto(ip: IpAddr) -> u8 {
     match ip {
-        IpAddr::V4(_) => "ip",
-        IpAddr::V6(_) => "ip6",
+        IpAddr::V4(_) => 2,
+        IpAddr::V6(_) => 10,
     }
 }
+
+/// The chain of a capture table.
+pub const CHAIN: &str = "out";
+/// The chain's priority (before the `dstnat` of other tables, -100: the same).
+pub const PRIORITY: i32 = -100;
 
 impl CaptureRule {
-    /// The batch that (re)creates the table: idempotent, atomic.
-    pub fn install_script(&self) -> String {
-        let fam = family(self.target);
-        let ports = self
-            .ports
-            .iter()
-            .map(u16::to_string)
-            .collect::<Vec<_>>()
-            .join(", ");
-        format!(
-            "add table {fam} {t}\n\
-             delete table {fam} {t}\n\
-             table {fam} {t} {{\n\
-             \tchain out {{\n\
-             \t\ttype nat hook output priority -100; policy accept;\n\
-             \t\tmeta mark {mark:#x} return\n\
-             \t\t{fam} daddr {target} tcp dport {{ {ports} }} redirect to :{port}\n\
-             \t}}\n\
-             }}\n",
-            t = self.table,
-            mark = self.mark,
-            target = self.target,
-            port = self.redirect_port,
-        )
+    /// The batch that creates the table, owned by the socket that sends it: a table of that
+    /// name left by an older gateway (no owner) is replaced in the same transaction.
+    pub fn install_batch(&self) -> Batch {
+        let fam = nfproto(self.target);
+        let mut b = Batch::new();
+        b.new_table(fam, &self.table, 0);
+        b.delete_table(fam, &self.table);
+        b.new_table(fam, &self.table, TABLE_F_OWNER);
+        b.new_base_chain(
+            fam,
+            &BaseChain {
+                table: &self.table,
+                name: CHAIN,
+                kind: "nat",
+                hook: HOOK_OUTPUT,
+                priority: PRIORITY,
+                policy: POLICY_ACCEPT,
+            },
+        );
+        for rule in self.rules() {
+            b.new_rule(fam, &self.table, CHAIN, &rule);
+        }
+        b
+    }
+
+    /// The chain's rules, as expressions.
+    pub fn rules(&self) -> Vec<Vec<Expr>> {
+        let mark = vec![
+            Expr::Meta(MetaKey::Mark),
+            Expr::CmpEq(self.mark.to_ne_bytes().to_vec()),
+            Expr::Return,
+        ];
+        let (offset, addr) = match self.target {
+            IpAddr::V4(v4) => (16, v4.octets().to_vec()),
+            IpAddr::V6(v6) => (24, v6.octets().to_vec()),
+        };
+        let len = u32::try_from(addr.len()).unwrap_or(4);
+        let mut rules = vec![mark];
+        for port in &self.ports {
+            rules.push(vec![
+                Expr::Payload {
+                    base: PayloadBase::Network,
+                    offset,
+                    len,
+                },
+                Expr::CmpEq(addr.clone()),
+                Expr::Meta(MetaKey::L4Proto),
+                Expr::CmpEq(vec![libc::IPPROTO_TCP as u8]),
+                Expr::Payload {
+                    base: PayloadBase::Transport,
+                    offset: 2,
+                    len: 2,
+                },
+                Expr::CmpEq(port.to_be_bytes().to_vec()),
+                Expr::Load(self.redirect_port.to_be_bytes().to_vec()),
+                Expr::RedirectToReg1,
+            ]);
+        }
+        rules
     }
 }
 
-/// The batch that removes a table whether or not it exists.
-pub fn remove_script(table: &str, target: IpAddr) -> String {
-    let fam = family(target);
-    format!("add table {fam} {table}\ndelete table {fam} {table}\n")
+/// A capture table owned by this process: removed when dropped (or with [`OwnedTable::remove`])
+/// and by the kernel when the process dies.
+#[derive(Debug)]
+pub struct OwnedTable {
+    socket: NfSocket,
+    family: u8,
+    name: String,
+}
+
+impl OwnedTable {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Removes the table now (it would go when dropped anyway; this reports an error).
+    pub fn remove(self) -> Result<(), NftError> {
+        let mut b = Batch::new();
+        b.delete_table(self.family, &self.name);
+        self.socket.apply(b)?;
+        Ok(())
+    }
+}
+
+/// Installs a capture rule in the namespace at `ns`, in a table owned by a new netlink socket.
+pub fn install(ns: &Path, rule: &CaptureRule) -> Result<OwnedTable, NftError> {
+    let socket = NfSocket::open_in(ns)?;
+    socket.apply(rule.install_batch())?;
+    Ok(OwnedTable {
+        socket,
+        family: nfproto(rule.target),
+        name: rule.table.clone(),
+    })
 }
 
 /// Runs `nft -f -` with `script` inside the namespace at `ns`.
-pub fn apply(ns: &Path, script: String) -> Result<(), NftError> {
+fn apply(ns: &Path, script: String) -> Result<(), NftError> {
     netns::run_in(ns, move || nft(&["-f", "-"], Some(&script)))?.map(|_| ())
-}
-
-/// Installs (or replaces) a capture rule.
-pub fn install(ns: &Path, rule: &CaptureRule) -> Result<(), NftError> {
-    apply(ns, rule.install_script())
-}
-
-/// Removes a migration's table (no error if it is gone).
-pub fn remove(ns: &Path, table: &str, target: IpAddr) -> Result<(), NftError> {
-    apply(ns, remove_script(table, target))
 }
 
 /// The gateway's tables in the namespace, as `(family, name)`.
@@ -127,18 +202,22 @@ pub fn list_owned(ns: &Path) -> Result<Vec<(String, String)>, NftError> {
     Ok(parse_tables(&out))
 }
 
-/// Removes every table of the gateway (startup and shutdown cleanup); returns how many.
+/// Removes every table of the gateway that no live gateway owns (an older gateway's, made
+/// without the owner flag), each on its own (one owned by a live process cannot be removed and
+/// is left); returns how many were removed.
 pub fn remove_all(ns: &Path) -> Result<usize, NftError> {
-    let tables = list_owned(ns)?;
-    if tables.is_empty() {
-        return Ok(0);
+    let mut removed = 0;
+    for (fam, name) in list_owned(ns)? {
+        match apply(ns, format!("delete table {fam} {name}\n")) {
+            Ok(()) => removed += 1,
+            Err(error) => tracing::info!(
+                table = %name,
+                error = %rdma_streams_common::report::Report(&error),
+                "a capture table another process owns stays"
+            ),
+        }
     }
-    let script: String = tables
-        .iter()
-        .map(|(fam, name)| format!("delete table {fam} {name}\n"))
-        .collect();
-    apply(ns, script)?;
-    Ok(tables.len())
+    Ok(removed)
 }
 
 /// Parses `nft list tables` output (`table ip rdma_gw_x` lines), keeping the gateway's.
@@ -193,7 +272,7 @@ mod tests {
     }
 
     #[test]
-    fn install_script_redirects_only_the_ports() {
+    fn the_rules_redirect_only_the_ports_and_skip_the_mark() {
         let rule = CaptureRule {
             table: table_name("u1"),
             target: "10.2.0.2".parse().unwrap(),
@@ -201,15 +280,77 @@ mod tests {
             redirect_port: 35000,
             mark: 0x52474d57,
         };
-        let s = rule.install_script();
-        assert!(s.starts_with("add table ip rdma_gw_u1\ndelete table ip rdma_gw_u1\n"));
-        assert!(s.contains("meta mark 0x52474d57 return"));
-        assert!(s.contains("ip daddr 10.2.0.2 tcp dport { 40001, 40002 } redirect to :35000"));
+        let rules = rule.rules();
+        assert_eq!(rules.len(), 3, "the mark, then one per port");
+        assert_eq!(rules[0][2], Expr::Return);
+        assert_eq!(rules[1][1], Expr::CmpEq(vec![10, 2, 0, 2]));
+        assert_eq!(rules[2][5], Expr::CmpEq(40002u16.to_be_bytes().to_vec()));
+        assert_eq!(rules[2][6], Expr::Load(35000u16.to_be_bytes().to_vec()));
         let v6 = CaptureRule {
             target: "fd00::2".parse().unwrap(),
             ..rule
         };
-        assert!(v6.install_script().contains("ip6 daddr fd00::2"));
+        assert_eq!(
+            v6.rules()[1][0],
+            Expr::Payload {
+                base: PayloadBase::Network,
+                offset: 24,
+                len: 16
+            }
+        );
+    }
+
+    #[test]
+    fn an_owned_table_is_what_nft_would_write_and_goes_with_its_socket() {
+        rdma_streams_testkit::within(std::time::Duration::from_secs(30), || {
+            let ns = crate::testing::TestNetns::start();
+            // A table of that name left by an older gateway (no owner) is replaced.
+            ns.nft("add table ip rdma_gw_u1");
+            let rule = CaptureRule {
+                table: table_name("u1"),
+                target: "10.2.0.2".parse().unwrap(),
+                ports: vec![40001, 40002],
+                redirect_port: 35000,
+                mark: 0x52474d57,
+            };
+            let table = install(&ns.path(), &rule).unwrap();
+            let text = ns.nft("list table ip rdma_gw_u1");
+            for want in [
+                "flags owner",
+                "type nat hook output priority -100; policy accept;",
+                "meta mark 0x52474d57 return",
+                "ip daddr 10.2.0.2 tcp dport 40001 redirect to :35000",
+                "ip daddr 10.2.0.2 tcp dport 40002 redirect to :35000",
+            ] {
+                assert!(text.contains(want), "{want:?} not in\n{text}");
+            }
+            // Nobody else may change it, nor remove it.
+            let other = std::process::Command::new("nsenter")
+                .arg(format!("--net={}", ns.path().display()))
+                .args(["nft", "delete", "table", "ip", "rdma_gw_u1"])
+                .output()
+                .unwrap();
+            assert!(
+                !other.status.success(),
+                "another process removed an owned table"
+            );
+            table.remove().unwrap();
+            assert!(!ns.nft("list tables").contains("rdma_gw_u1"));
+            // Dropped (the socket closes, as when the process dies): gone as well.
+            let v6 = CaptureRule {
+                table: table_name("u6"),
+                target: "fd00::2".parse().unwrap(),
+                ..rule
+            };
+            let table = install(&ns.path(), &v6).unwrap();
+            let text = ns.nft("list table ip6 rdma_gw_u6");
+            assert!(
+                text.contains("ip6 daddr fd00::2 tcp dport 40001 redirect to :35000"),
+                "{text}"
+            );
+            drop(table);
+            assert!(!ns.nft("list tables").contains("rdma_gw_u6"));
+        });
     }
 
     #[test]

@@ -6,60 +6,18 @@
 //! The namespace is located again at every refresh (virt-handler restarts with a new pod IP);
 //! while it cannot be read, the last addresses read stay published.
 
-use std::{net::IpAddr, path::Path, sync::Arc, time::Duration};
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
-use nix::ifaddrs::getifaddrs;
 use rdma_streams_common::report::Report;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::capture::netns::{self, NetnsError, NetnsLocator};
+use crate::capture::addresses::{AddressError, addresses_in};
+use crate::capture::netns::NetnsLocator;
 
 /// How often the addresses are read again.
 pub const REFRESH: Duration = Duration::from_secs(30);
-
-/// Why the addresses could not be read.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum AddressError {
-    #[error(transparent)]
-    Netns(#[from] NetnsError),
-    #[error("listing interface addresses")]
-    List(#[source] nix::Error),
-}
-
-/// Whether another node could reach virt-handler at `ip`: not loopback, unspecified,
-/// multicast or link-local (IPv4 169.254/16, IPv6 fe80::/10).
-pub fn reachable(ip: IpAddr) -> bool {
-    if ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() {
-        return false;
-    }
-    match ip {
-        IpAddr::V4(v4) => !v4.is_link_local(),
-        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) != 0xfe80,
-    }
-}
-
-/// The reachable addresses of every interface in the network namespace at `path`, sorted,
-/// without duplicates.
-pub fn addresses_in(path: &Path) -> Result<Vec<IpAddr>, AddressError> {
-    let listed = netns::run_in(path, || -> Result<Vec<IpAddr>, nix::Error> {
-        Ok(getifaddrs()?
-            .filter_map(|ifa| {
-                let addr = ifa.address?;
-                addr.as_sockaddr_in()
-                    .map(|v4| IpAddr::V4(v4.ip()))
-                    .or_else(|| addr.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-            })
-            .collect())
-    })?
-    .map_err(AddressError::List)?;
-    let mut addrs: Vec<IpAddr> = listed.into_iter().filter(|ip| reachable(*ip)).collect();
-    addrs.sort();
-    addrs.dedup();
-    Ok(addrs)
-}
 
 /// Reads the addresses every `refresh` ([`REFRESH`] in the gateway) and sends them when they
 /// change, until `shutdown`.
@@ -103,53 +61,14 @@ pub async fn watch_addresses(
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        io::{BufRead, BufReader},
-        path::PathBuf,
-        process::{Child, Command, Stdio},
-        time::Instant,
-    };
+    use std::{path::Path, time::Instant};
 
     use super::*;
-    use crate::capture::netns::PathLocator;
-
-    /// A process in a fresh network namespace with lo up and a veth pair, one end holding
-    /// 10.9.0.5/24 and fd00:9::5/64 (so also an fe80:: address); killed on drop.
-    struct Namespace(Child);
-
-    impl Namespace {
-        fn start() -> Namespace {
-            let mut child = Command::new("unshare")
-                .args([
-                    "-n",
-                    "sh",
-                    "-c",
-                    "ip link set lo up && ip link add d0 type veth peer name d1 && \
-                     ip addr add 10.9.0.5/24 dev d0 && ip addr add fd00:9::5/64 dev d0 nodad && \
-                     ip link set d0 up && ip link set d1 up && echo ready && exec sleep 60",
-                ])
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("unshare");
-            let mut line = String::new();
-            BufReader::new(child.stdout.take().expect("stdout"))
-                .read_line(&mut line)
-                .expect("read");
-            assert_eq!(line.trim(), "ready", "namespace setup failed");
-            Namespace(child)
-        }
-
-        fn path(&self) -> PathBuf {
-            PathBuf::from(format!("/proc/{}/ns/net", self.0.id()))
-        }
-    }
-
-    impl Drop for Namespace {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
+    use crate::capture::{
+        addresses::reachable,
+        netns::{NetnsError, PathLocator},
+    };
+    use crate::testing::TestNetns as Namespace;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

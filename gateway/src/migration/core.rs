@@ -19,7 +19,7 @@
 //! with the [`Handled`] outcome after its event was handled, so a producer can hold back until
 //! the capture is in place (the node hook server does).
 
-use std::{path::PathBuf, sync::Arc};
+use std::{net::IpAddr, sync::Arc};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -33,8 +33,8 @@ use super::{
 };
 use crate::{
     capture::{
-        self, CaptureError,
-        nft::{self, CaptureRule},
+        self, CaptureError, addresses,
+        nft::{self, CaptureRule, OwnedTable},
     },
     events::{EventDelivery, Handled, Migration, MigrationEvent, Role},
     metrics::{EndLabels, RoleLabels},
@@ -173,6 +173,7 @@ impl GatewayCore {
                 cancel: handles.cancel.clone(),
                 capture_cancel: handles.capture_cancel.clone(),
                 capture: None,
+                local_destination: false,
             },
         );
         let role = migration.role.as_str();
@@ -184,6 +185,10 @@ impl GatewayCore {
         self.shared.metrics.migrations_active.inc();
         info!(target = %migration.target, ports = ?migration.ports, "migration started");
         if migration.role == Role::Target {
+            let local = self.destination_is_local(migration.target).await;
+            if let Some(active) = self.shared.table().get_mut(&migration.uid) {
+                active.local_destination = local;
+            }
             return Handled::Started;
         }
         match self.capture(&handles).await {
@@ -200,7 +205,41 @@ impl GatewayCore {
         }
     }
 
-    async fn capture(&self, handles: &Handles) -> Result<(PathBuf, String), CaptureError> {
+    /// Whether `target` is this node's: one of the addresses of virt-handler's network
+    /// namespace (found as for capture), or the advertised node address. A target gateway
+    /// dials nothing else, whatever a migration names.
+    async fn destination_is_local(&self, target: IpAddr) -> bool {
+        if self.shared.settings.advertised == Some(target) {
+            info!(%target, "the target address is this node's advertised address");
+            return true;
+        }
+        let locator = self.shared.locator.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let ns = locator.locate().map_err(addresses::AddressError::from)?;
+            addresses::addresses_in(&ns)
+        })
+        .await;
+        match read {
+            Ok(Ok(addrs)) if addrs.contains(&target) => {
+                info!(%target, "the target address is virt-handler's on this node");
+                true
+            }
+            Ok(Ok(addrs)) => {
+                warn!(%target, virt_handler = ?addrs, "the target address is neither virt-handler's on this node nor the advertised one: streams for this migration are refused");
+                false
+            }
+            Ok(Err(error)) => {
+                warn!(error = %Report(&error), %target, "virt-handler's addresses could not be read: streams for this migration are refused unless it is the advertised address");
+                false
+            }
+            Err(error) => {
+                warn!(error = %Report(&error), "reading virt-handler's addresses: task failed");
+                false
+            }
+        }
+    }
+
+    async fn capture(&self, handles: &Handles) -> Result<OwnedTable, CaptureError> {
         let m = &handles.migration;
         let locator = self.shared.locator.clone();
         let ns = tokio::task::spawn_blocking(move || locator.locate())
@@ -215,17 +254,16 @@ impl GatewayCore {
             redirect_port: port,
             mark: self.shared.settings.mark,
         };
-        let table = rule.table.clone();
         let ns_for_rule = ns.clone();
-        tokio::task::spawn_blocking(move || nft::install(&ns_for_rule, &rule))
+        let table = tokio::task::spawn_blocking(move || nft::install(&ns_for_rule, &rule))
             .await
             .map_err(|e| CaptureError::Task(e.to_string()))??;
-        info!(netns = %ns.display(), %table, capture_port = port, "capture installed");
+        info!(netns = %ns.display(), table = table.name(), capture_port = port, "capture installed");
         self.shared.spawn(
             source::accept_loop(self.shared.clone(), listener, handles.clone())
                 .instrument(info_span!("capture", uid = %m.uid)),
         );
-        Ok((ns, table))
+        Ok(table)
     }
 
     /// Tears down the active migration of `uid`; with `only`, just if it is that migration
@@ -257,10 +295,8 @@ impl GatewayCore {
                 }
             });
         }
-        if let Some((ns, table)) = active.capture {
-            let target = active.migration.target;
-            let result =
-                tokio::task::spawn_blocking(move || nft::remove(&ns, &table, target)).await;
+        if let Some(table) = active.capture {
+            let result = tokio::task::spawn_blocking(move || table.remove()).await;
             match result {
                 Ok(Ok(())) => info!("capture removed"),
                 Ok(Err(error)) => {
@@ -292,11 +328,20 @@ mod tests {
     use super::*;
     use crate::{
         capture::netns::PathLocator,
-        testing::{CountingLocator, core_with, spawn_core},
+        migration::Settings,
+        testing::{CountingLocator, spawn_core},
     };
 
+    /// A core without capture namespace, whose advertised address is the test migrations'
+    /// target (so target streams for them are admitted).
     fn core() -> GatewayCore {
-        core_with(PathLocator("/nonexistent/ns".into()))
+        crate::testing::core_with_settings(
+            PathLocator("/nonexistent/ns".into()),
+            Settings {
+                advertised: Some("10.2.0.2".parse().unwrap()),
+                ..Settings::default()
+            },
+        )
     }
 
     fn migration(role: Role) -> Migration {
@@ -444,7 +489,15 @@ mod tests {
             delay: Duration::from_millis(200),
             ..CountingLocator::default()
         };
-        let core = core_with(locator.clone());
+        // The target's address is the advertised one: only the source start looks the
+        // namespace up.
+        let core = crate::testing::core_with_settings(
+            locator.clone(),
+            Settings {
+                advertised: Some("10.2.0.2".parse().unwrap()),
+                ..Settings::default()
+            },
+        );
         let shared = core.shared().clone();
         let (tx, shutdown, task) = spawn_core(core);
         // A fire-and-forget event first: the acknowledged one is handled after it.

@@ -5,7 +5,6 @@
 use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -15,10 +14,13 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::ended::EndedMigrations;
 use crate::{
-    capture::netns::NetnsLocator,
+    capture::{netns::NetnsLocator, nft::OwnedTable},
     events::{Migration, Role},
     metrics::Metrics,
-    streams::{Fallback, PeerLookup, payload::UidDigest},
+    streams::{
+        Fallback, PeerLookup, challenges::Challenges, keys::KeyRing, keys::PeerKeys,
+        payload::UidDigest,
+    },
 };
 
 /// Mark on the gateway's own sockets (`RGMW`): capture rules skip marked connections.
@@ -36,8 +38,6 @@ pub struct Settings {
     pub stream_timeout: Duration,
     /// Bound on TCP dials (fallback and the peer's dial of the original destination).
     pub dial_timeout: Duration,
-    /// How long the target side waits for a stream's migration to be announced.
-    pub announce_grace: Duration,
     /// `SO_MARK` of the gateway's own sockets (0: none).
     pub mark: u32,
     /// Bytes of each stream's ring per direction (the engine's `ring_bytes`; the same on every
@@ -48,6 +48,9 @@ pub struct Settings {
     pub stream_source: Option<IpAddr>,
     /// How long connections of a migration that ended without an abort may still run.
     pub drain_grace: Duration,
+    /// The node address this gateway advertises (`--advertise-address`): a target may dial
+    /// it besides virt-handler's own addresses (a virt-handler on the host network).
+    pub advertised: Option<IpAddr>,
 }
 
 impl Default for Settings {
@@ -55,11 +58,11 @@ impl Default for Settings {
         Settings {
             stream_timeout: Duration::from_secs(2),
             dial_timeout: Duration::from_secs(5),
-            announce_grace: Duration::from_secs(2),
             mark: DEFAULT_MARK,
             ring_bytes: DEFAULT_RING_BYTES,
             stream_source: None,
             drain_grace: Duration::from_secs(10),
+            advertised: None,
         }
     }
 }
@@ -75,6 +78,10 @@ pub struct Shared {
     pub locator: Arc<dyn NetnsLocator>,
     pub metrics: Metrics,
     pub settings: Settings,
+    /// The peer keys in force (none: no stream is opened or accepted).
+    pub keys: KeyRing,
+    /// The challenges this gateway issued as a target ([`crate::streams::challenges`]).
+    challenges: Mutex<Challenges>,
     migrations: Mutex<HashMap<String, Active>>,
     /// Migrations that ended or were replaced; only the core's event loop touches it.
     ended: Mutex<EndedMigrations>,
@@ -95,8 +102,21 @@ pub(super) struct Active {
     pub(super) cancel: CancellationToken,
     /// Cancelled at the end: the capture listener closes (a child of `cancel`).
     pub(super) capture_cancel: CancellationToken,
-    /// Where the capture table lives (source role, once installed).
-    pub(super) capture: Option<(PathBuf, String)>,
+    /// The capture table (source role, once installed): removed when dropped, and by the
+    /// kernel when this process dies.
+    pub(super) capture: Option<OwnedTable>,
+    /// Target role: whether the migration's target address is this node's (virt-handler's
+    /// addresses, or the advertised one), judged at its start; streams are admitted only then.
+    pub(super) local_destination: bool,
+}
+
+/// Why no target migration admits a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoTarget {
+    /// No target-role migration with that uid digest publishes that port.
+    Unknown,
+    /// There is one, but its target address is not this node's.
+    NotLocal,
 }
 
 /// The handles a connection of a migration needs.
@@ -124,11 +144,26 @@ impl Shared {
             locator,
             metrics,
             settings,
+            keys: KeyRing::fixed(PeerKeys::default()),
+            challenges: Mutex::new(Challenges::default()),
             migrations: Mutex::new(HashMap::new()),
             ended: Mutex::new(EndedMigrations::default()),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
         }
+    }
+
+    /// The same, with the peer keys of `keys`.
+    pub fn with_keys(mut self, keys: KeyRing) -> Shared {
+        self.keys = keys;
+        self
+    }
+
+    /// The challenges issued as a target (short critical sections: the engine thread takes it).
+    pub(crate) fn challenges(&self) -> std::sync::MutexGuard<'_, Challenges> {
+        self.challenges
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Runs a connection (or capture listener) of a migration; see [`Shared::connections_closed`].
@@ -167,18 +202,41 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The target-role migration whose uid has `digest`, if it names `dst`.
-    pub fn target_handles(&self, digest: &UidDigest, dst: SocketAddr) -> Option<Handles> {
-        self.table()
+    /// The target-role migration whose uid has `digest` and that published `port`, with the
+    /// destination a stream for it is dialed to (its target address and `port`), if that
+    /// address is this node's.
+    pub fn target_for(
+        &self,
+        digest: &UidDigest,
+        port: u16,
+    ) -> Result<(Handles, SocketAddr), NoTarget> {
+        let table = self.table();
+        let active = table
             .values()
             .find(|a| {
-                a.digest == *digest && a.migration.role == Role::Target && a.migration.matches(dst)
+                a.digest == *digest
+                    && a.migration.role == Role::Target
+                    && a.migration.ports.contains(&port)
             })
-            .map(|active| Handles {
-                migration: active.migration.clone(),
-                cancel: active.cancel.clone(),
-                capture_cancel: active.capture_cancel.clone(),
-            })
+            .ok_or(NoTarget::Unknown)?;
+        if !active.local_destination {
+            return Err(NoTarget::NotLocal);
+        }
+        let handles = Handles {
+            migration: active.migration.clone(),
+            cancel: active.cancel.clone(),
+            capture_cancel: active.capture_cancel.clone(),
+        };
+        Ok((handles, SocketAddr::new(active.migration.target, port)))
+    }
+
+    /// [`Shared::target_for`] of `dst`'s port, if the destination is `dst`.
+    #[cfg(test)]
+    pub fn target_handles(&self, digest: &UidDigest, dst: SocketAddr) -> Option<Handles> {
+        self.target_for(digest, dst.port())
+            .ok()
+            .filter(|(_, d)| *d == dst)
+            .map(|(h, _)| h)
     }
 
     /// Number of migrations in progress.

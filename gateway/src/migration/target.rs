@@ -1,17 +1,18 @@
-//! The target side: the stream listener. Each connect request names a destination and a
-//! migration (`crate::streams::payload`); the listener's acceptor, which runs on the engine thread and
-//! must not block, defers its decision to a tokio task that looks the migration up, dials the
-//! destination over TCP, then accepts the request and hands the dialed socket to the stream, or
-//! rejects it with the reason.
+//! The target side: the stream listener. Each connect request is judged on the engine thread
+//! before anything is allocated for it ([`super::admission`]): a HELLO is answered with a
+//! challenge, a PROOF that verifies is admitted; everything else is rejected with its reason.
+//! An admitted request is deferred to a tokio task that dials the destination over TCP, then
+//! accepts it (with the accept tag that proves this gateway's key) and hands the dialed socket
+//! to the stream, or rejects it when the destination does not answer.
 //!
-//! A stream is accepted only for a target-role migration that names its destination (so the
-//! gateway is never an open relay); a request that arrives before the migration was announced
-//! here waits up to `announce_grace` for it. A request whose source gave up meanwhile (its
-//! `--stream-timeout-ms` ran out: it relays that connection over TCP itself) is not dialed: the
-//! destination would see an extra, empty connection, which a migration's main channel cannot
-//! take. The decision must come within the engine's
-//! `unattached_timeout` (10 s; the grace and the dial bound stay well below it), and the source
-//! waits at most its `--stream-timeout-ms` for it.
+//! A stream is admitted only for a target-role migration that names its port and whose target
+//! address is this node's (so the gateway is never an open relay, not even for a peer holding
+//! the key); a source whose migration is not announced here yet asks again
+//! (`crate::streams::outbound`). A request whose source gave up meanwhile (its
+//! `--stream-timeout-ms` ran out: it relays that connection over TCP itself) is not dialed:
+//! the destination would see an extra, empty connection, which a migration's main channel
+//! cannot take. The decision must come within the engine's `unattached_timeout` (10 s; the
+//! dial bound stays well below it), and the source waits at most its `--stream-timeout-ms`.
 
 use std::{io, net::SocketAddr, sync::Arc, time::Instant};
 
@@ -20,11 +21,15 @@ use rdma_streams_transport::{Acceptor, Decision, Engine, Listener, Request};
 use tokio::runtime::Handle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::{source::OpenGuard, state::Shared};
+use super::{
+    admission::{self, Admitted, Outcome, Verdict},
+    source::OpenGuard,
+    state::Shared,
+};
 use crate::{
     metrics::PathKind,
     streams::{
-        payload::{Answer, Open},
+        payload::Answer,
         relay,
         stream::{self, StreamConn},
     },
@@ -41,21 +46,46 @@ struct GatewayAcceptor {
 
 impl Acceptor for GatewayAcceptor {
     fn on_request(&self, request: Request<'_>) -> Decision {
-        let peer = request.peer;
-        let open = match Open::decode(request.payload) {
-            Ok(open) => open,
-            Err(error) => {
-                warn!(error = %Report(&error), ?peer, "a connect request that is not a gateway's; refusing");
-                return Decision::Reject(Answer::BadRequest.encode());
-            }
-        };
-        let span =
-            info_span!("stream", ?peer, dst = %open.destination, migration = %open.migration);
-        self.shared.spawn_on(
-            serve(self.shared.clone(), request.conn, open).instrument(span),
+        decide(
+            &self.shared,
             &self.runtime,
-        );
-        Decision::Defer
+            request.payload,
+            request.peer,
+            request.local,
+            request.conn,
+        )
+    }
+}
+
+/// The acceptor's decision on one request (`peer`, `local`: the source's and our RDMA
+/// addresses as the request shows them): a reject with its answer, or, for an authenticated
+/// request, a deferral to [`serve`] on `runtime`.
+pub fn decide<C: StreamConn>(
+    shared: &Arc<Shared>,
+    runtime: &Handle,
+    payload: &[u8],
+    peer: Option<SocketAddr>,
+    local: Option<SocketAddr>,
+    conn: C,
+) -> Decision {
+    match admission::judge(shared, payload, peer, local, Instant::now()) {
+        Verdict::Refuse(answer, outcome) => {
+            shared.metrics.peer_request(outcome);
+            match outcome {
+                Outcome::Challenged => debug!(?peer, "challenge issued"),
+                _ => info!(?peer, outcome = outcome.as_str(), "stream request refused"),
+            }
+            Decision::Reject(answer.encode())
+        }
+        Verdict::Admit(admitted) => {
+            shared.metrics.peer_request(Outcome::Admitted);
+            let span = info_span!("stream", ?peer, dst = %admitted.destination, uid = %admitted.handles.migration.uid);
+            shared.spawn_on(
+                serve(shared.clone(), conn, *admitted).instrument(span),
+                runtime,
+            );
+            Decision::Defer
+        }
     }
 }
 
@@ -71,29 +101,23 @@ pub fn listen(shared: Arc<Shared>, engine: &Engine, addr: SocketAddr) -> io::Res
     Ok(listener)
 }
 
-/// Decides on one deferred request and, once accepted, carries it until it ends.
-pub async fn serve<C: StreamConn>(shared: Arc<Shared>, conn: C, open: Open) {
+/// Dials an admitted request's destination, accepts it and carries it until it ends.
+pub async fn serve<C: StreamConn>(shared: Arc<Shared>, conn: C, admitted: Admitted) {
     let settings = &shared.settings;
-    let deadline = Instant::now() + settings.announce_grace;
-    let handles = loop {
-        if let Some(h) = shared.target_handles(&open.migration, open.destination) {
-            break h;
-        }
-        if Instant::now() >= deadline {
-            warn!("no such target migration here; refusing");
-            conn.reject(Answer::UnknownMigration.encode());
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let Admitted {
+        handles,
+        destination,
+        accept,
+    } = admitted;
     if !conn.is_alive() {
-        info!("the source gave up before the migration was announced here; not dialing");
+        info!("the source gave up before the destination was dialed; not dialing");
         return;
     }
-    let tcp = match relay::dial(open.destination, settings.mark, settings.dial_timeout).await {
+    let tcp = match relay::dial(destination, settings.mark, settings.dial_timeout).await {
         Ok(tcp) => tcp,
         Err(error) => {
             warn!(error = %Report(&error), "dialing the original destination; refusing");
+            shared.metrics.peer_request(Outcome::Unreachable);
             conn.reject(Answer::Unreachable.encode());
             return;
         }
@@ -104,10 +128,10 @@ pub async fn serve<C: StreamConn>(shared: Arc<Shared>, conn: C, open: Open) {
         relay::reset(&tcp);
         return;
     }
-    conn.accept(Answer::Ok.encode());
+    conn.accept(Answer::Ok(accept).encode());
     shared.metrics.connections_active.inc();
     let _open = OpenGuard(shared.clone());
-    info!(uid = %handles.migration.uid, "stream connected to its destination");
+    info!("stream connected to its destination");
     // Counted once the stream takes the destination's connection: a source that gave up after
     // the accept leaves nothing counted as carried.
     let counted = shared.clone();
@@ -141,181 +165,5 @@ pub async fn serve<C: StreamConn>(shared: Arc<Shared>, conn: C, open: Open) {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    use super::*;
-    use crate::{
-        capture::netns::PathLocator,
-        events::{MigrationEvent, Role},
-        migration::{GatewayCore, Settings},
-        streams::stream::double::{Call, FakeConn},
-        testing::{core_with_settings, within},
-    };
-
-    fn core(grace: Duration) -> GatewayCore {
-        core_with_settings(
-            PathLocator("/nonexistent/ns".into()),
-            Settings {
-                announce_grace: grace,
-                dial_timeout: Duration::from_secs(2),
-                mark: 0,
-                ..Settings::default()
-            },
-        )
-    }
-
-    fn started(target: SocketAddr) -> MigrationEvent {
-        MigrationEvent::Started(crate::events::Migration {
-            uid: "u1".into(),
-            id: "m1".into(),
-            vmi: "default/vm1".into(),
-            role: Role::Target,
-            target: target.ip(),
-            ports: vec![target.port()],
-            started: None,
-        })
-    }
-
-    #[test]
-    fn unknown_migrations_and_unreachable_destinations_are_refused_with_their_reason() {
-        within(Duration::from_secs(20), || async {
-            let core = core(Duration::from_millis(200));
-            let shared = core.shared().clone();
-            // A port nothing listens on: the dial is refused.
-            let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let dst = closed.local_addr().unwrap();
-            drop(closed);
-
-            // No migration at all: refused after the grace.
-            let conn = FakeConn::default();
-            let t0 = Instant::now();
-            serve(shared.clone(), conn.clone(), Open::new(dst, "u1")).await;
-            assert!(
-                t0.elapsed() >= Duration::from_millis(200),
-                "waited for the announce"
-            );
-            assert_eq!(
-                conn.calls(),
-                [Call::Reject(Answer::UnknownMigration.encode())]
-            );
-
-            core.handle(started(dst)).await;
-            // Another migration's uid, or another destination of this one: unknown.
-            for open in [
-                Open::new(dst, "u2"),
-                Open::new(SocketAddr::new(dst.ip(), dst.port().wrapping_add(1)), "u1"),
-            ] {
-                let conn = FakeConn::default();
-                serve(shared.clone(), conn.clone(), open).await;
-                assert_eq!(
-                    conn.calls(),
-                    [Call::Reject(Answer::UnknownMigration.encode())]
-                );
-            }
-            // Known, but the destination refuses the dial.
-            let conn = FakeConn::default();
-            serve(shared.clone(), conn.clone(), Open::new(dst, "u1")).await;
-            assert_eq!(conn.calls(), [Call::Reject(Answer::Unreachable.encode())]);
-            assert_eq!(shared.metrics.connections_active.get(), 0);
-        });
-    }
-
-    #[test]
-    fn a_request_whose_source_gave_up_is_never_dialed() {
-        within(Duration::from_secs(20), || async {
-            let core = core(Duration::from_millis(300));
-            let shared = core.shared().clone();
-            let destination = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let dst = destination.local_addr().unwrap();
-            let conn = FakeConn::default();
-            let serving = tokio::spawn(serve(shared.clone(), conn.clone(), Open::new(dst, "u1")));
-            // The source times out and falls back while the request waits for its announce.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            conn.kill();
-            core.handle(started(dst)).await;
-            serving.await.unwrap();
-            assert_eq!(conn.calls(), []);
-            let dialed =
-                tokio::time::timeout(Duration::from_millis(300), destination.accept()).await;
-            assert!(dialed.is_err(), "the destination saw a connection");
-        });
-    }
-
-    #[test]
-    fn a_request_waits_for_its_announce_then_carries_until_the_abort() {
-        within(Duration::from_secs(20), || async {
-            let core = core(Duration::from_secs(5));
-            let shared = core.shared().clone();
-            let destination = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let dst = destination.local_addr().unwrap();
-            let conn = FakeConn::default();
-            // The request comes first; the migration is announced 100 ms later.
-            let serving = tokio::spawn(serve(shared.clone(), conn.clone(), Open::new(dst, "u1")));
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            core.handle(started(dst)).await;
-            let (mut server, _) = destination.accept().await.unwrap();
-            while conn.calls().len() < 2 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            assert_eq!(
-                conn.calls(),
-                [Call::Accept(Answer::Ok.encode()), Call::Attach]
-            );
-            assert_eq!(shared.metrics.connections_active.get(), 1);
-            // The attached socket is the dialed one: the destination's bytes reach the stream.
-            server.write_all(b"ping").await.unwrap();
-            let echo = {
-                let conn = conn.clone();
-                tokio::task::spawn_blocking(move || conn.echo(4))
-                    .await
-                    .unwrap()
-                    .unwrap()
-            };
-            assert_eq!(echo, b"ping");
-            assert_eq!(shared.metrics.connections_of("target", PathKind::Rdma), 1);
-            let mut back = [0u8; 4];
-            server.read_exact(&mut back).await.unwrap();
-            // The migration is aborted: its stream is reset, the destination sees the end.
-            core.handle(MigrationEvent::Ended {
-                uid: "u1".into(),
-                aborted: true,
-                migration: None,
-            })
-            .await;
-            serving.await.unwrap();
-            assert_eq!(conn.calls().last(), Some(&Call::Abort));
-            let mut rest = Vec::new();
-            assert_eq!(server.read_to_end(&mut rest).await.unwrap_or(0), 0);
-            assert_eq!(shared.metrics.connections_active.get(), 0);
-        });
-    }
-
-    #[test]
-    fn a_stream_gone_before_it_took_the_destination_connection_is_not_counted() {
-        within(Duration::from_secs(20), || async {
-            let core = core(Duration::from_secs(5));
-            let shared = core.shared().clone();
-            let destination = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let dst = destination.local_addr().unwrap();
-            core.handle(started(dst)).await;
-            let conn = FakeConn::default();
-            let serving = tokio::spawn(serve(shared.clone(), conn.clone(), Open::new(dst, "u1")));
-            let (mut server, _) = destination.accept().await.unwrap();
-            while conn.calls().len() < 2 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            // The source aborted right after the accept: the engine finds the stream gone at
-            // the attach and gives the destination's connection back.
-            conn.give_back();
-            serving.await.unwrap();
-            let mut rest = Vec::new();
-            let read = server.read_to_end(&mut rest).await;
-            assert!(rest.is_empty(), "the destination got bytes: {read:?}");
-            assert_eq!(shared.metrics.connections_of("target", PathKind::Rdma), 0);
-            assert_eq!(shared.metrics.connections_active.get(), 0);
-        });
-    }
-}
+#[path = "target_tests.rs"]
+mod tests;

@@ -73,7 +73,7 @@ fn scenario_env(a_env: &str, gw_a: &str, gw_b: Option<&str>, body: &str) -> Run 
          echo TCP_A=$(metric nodeA 'rdma_gw_connections_total{{role=\"source\",path=\"tcp\"}}')\n\
          echo TCP_BYTES_A=$(metric nodeA 'rdma_gw_bytes_total{{path=\"tcp\",direction=\"to_target\"}}')\n\
          echo USABLE_A=$(metric nodeA rdma_gw_rdma_usable)\n\
-         for r in NO_PEER NO_PROVIDER NO_DEVICE PEER_REFUSED TIMEOUT RDMA_ERROR; do \
+         for r in NO_PEER NO_PROVIDER NO_DEVICE PEER_REFUSED TIMEOUT RDMA_ERROR NO_PEER_KEY PEER_AUTH_FAILED; do \
            echo FALLBACK_$r=$(metric nodeA \"rdma_gw_fallbacks_total{{reason=\\\"$r\\\"}}\"); done\n"
     );
     run(&script, LIMIT)
@@ -237,6 +237,93 @@ fn non_migration_connections_are_never_redirected() {
         "only the migration connection\n{run}"
     );
     assert_eq!(run.num("UNMATCHED"), 0.0, "{run}");
+}
+
+#[test]
+fn a_killed_gateway_leaves_no_redirect_behind() {
+    let _s = serial();
+    // Gateway A captures the migration port, then dies without a word (SIGKILL): the kernel
+    // removes its table with the netlink socket that owned it, so virt-handler's next
+    // connection reaches its destination straight, instead of a dead capture port.
+    let script = "ip netns exec vhB $PY $S/hashsrv.py 0.0.0.0 49190 >$T/hs.out &\n\
+        for _ in $(seq 100); do grep -q ready $T/hs.out && break; sleep 0.05; done\n\
+        gw nodeA --peer 10.2.0.2=198.18.0.2:7471\n\
+        started nodeA source u8 49190; wait_table vhA\n\
+        echo TABLES_BEFORE=$(tables vhA | wc -l)\n\
+        ip netns exec vhA $PY $S/hashcli.py 1 10.2.0.2:49190 >$T/before.out\n\
+        echo PEER_BEFORE=$(awk '$1==\"10.2.0.2:49190\" {print $2}' $T/before.out)\n\
+        A=$(cat $T/gw-nodeA.pid); kill -KILL $A; wait $A 2>/dev/null || true\n\
+        for _ in $(seq 100); do [ -z \"$(tables vhA)\" ] && break; sleep 0.05; done\n\
+        echo TABLES_AFTER=$(tables vhA | wc -l)\n\
+        ip netns exec vhA $PY $S/hashcli.py 1 10.2.0.2:49190 | tee $T/after.out\n\
+        echo MATCHED=$(sed -n 's/^matched=//p' $T/after.out)\n\
+        echo PEER_AFTER=$(awk '$1==\"10.2.0.2:49190\" {print $2}' $T/after.out)";
+    let run = run(script, LIMIT);
+    run.assert_ok();
+    assert_eq!(run.num("TABLES_BEFORE"), 1.0, "{run}");
+    assert_eq!(
+        run.value("PEER_BEFORE").as_deref(),
+        Some("198.18.0.1"),
+        "captured while gateway A lived\n{run}"
+    );
+    assert_eq!(
+        run.num("TABLES_AFTER"),
+        0.0,
+        "the table outlived its gateway\n{run}"
+    );
+    assert_eq!(run.num("MATCHED"), 1.0, "{run}");
+    assert_eq!(
+        run.value("PEER_AFTER").as_deref(),
+        Some("10.1.0.2"),
+        "the connection went straight to the destination\n{run}"
+    );
+}
+
+#[test]
+fn the_capture_listener_waits_out_an_fd_limit() {
+    let _s = serial();
+    // Gateway A is left 3 file descriptors: one relayed connection at a time (the captured
+    // socket and the dialed one). 8 parallel connections: the listener backs off while the
+    // limit holds (no spinning), the connections wait in its backlog or for a descriptor to
+    // dial with, and every one arrives sha256-exact.
+    let script = "ip netns exec vhB $PY $S/hashsrv.py 0.0.0.0 49191 >$T/hs.out &\n\
+        for _ in $(seq 100); do grep -q ready $T/hs.out && break; sleep 0.05; done\n\
+        gw nodeA --peer 10.2.0.2=198.18.0.2:7471\n\
+        started nodeA source u9 49191; wait_table vhA\n\
+        A=$(cat $T/gw-nodeA.pid); F=$(ls /proc/$A/fd | wc -l)\n\
+        prlimit --pid $A --nofile=$((F + 3)):$((F + 3))\n\
+        cpu() { awk '{print $14 + $15}' /proc/$A/stat; }\n\
+        C0=$(cpu); T0=$(date +%s%N)\n\
+        d=10.2.0.2:49191\n\
+        ip netns exec vhA $PY $S/hashcli.py 2 $d $d $d $d $d $d $d $d | tee $T/hc.out\n\
+        echo CPU_TICKS=$(( $(cpu) - C0 )); echo WALL_MS=$(( ($(date +%s%N) - T0) / 1000000 ))\n\
+        echo MATCHED=$(sed -n 's/^matched=//p' $T/hc.out)\n\
+        echo VIA_A=$(grep -c ' 198.18.0.1 True' $T/hc.out)\n\
+        echo ALIVE=$(kill -0 $A && echo 1 || echo 0)\n\
+        grep -E 'WARN|ERROR' $T/gw-nodeA.log | tail -5 >&2 || true\n\
+        echo ACCEPT_ERRORS=$(metric nodeA rdma_gw_capture_accept_errors_total)\n\
+        echo TCP_A=$(metric nodeA 'rdma_gw_connections_total{role=\"source\",path=\"tcp\"}')";
+    let run = run(script, LIMIT);
+    run.assert_ok();
+    assert_eq!(run.num("MATCHED"), 8.0, "{run}");
+    assert_eq!(
+        run.num("VIA_A"),
+        8.0,
+        "every one captured and relayed\n{run}"
+    );
+    assert_eq!(run.num("TCP_A"), 8.0, "{run}");
+    assert_eq!(run.num("ALIVE"), 1.0, "{run}");
+    assert!(
+        run.num("ACCEPT_ERRORS") >= 1.0,
+        "the limit was never hit: the test proves nothing\n{run}"
+    );
+    // A listener spinning on EMFILE burns a core for as long as the limit holds.
+    let cpu_s = run.num("CPU_TICKS") / 100.0;
+    let wall_s = run.num("WALL_MS") / 1000.0;
+    assert!(
+        cpu_s < 0.5 * wall_s + 0.2,
+        "gateway A used {cpu_s} s of CPU in {wall_s} s\n{run}"
+    );
 }
 
 #[test]

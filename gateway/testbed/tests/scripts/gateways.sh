@@ -29,17 +29,32 @@ node_listen() {
 node_admin() {
 	if [ "${GW_NODES:-netns}" = initial ] && [ "$1" = nodeB ]; then echo 127.0.0.1:9104; else echo 127.0.0.1:9103; fi
 }
+# new_key: a fresh peer key (32 random bytes, standard base64).
+new_key() { head -c 32 /dev/urandom | base64 -w0; echo; }
+# put_keys FILE KEY..: writes a peer keys file at once (a rename: the gateway never reads half
+# of it), the first key first.
+put_keys() {
+	local f=$1; shift
+	{ echo "# peer keys: the first signs, all verify"; printf '%s\n' "$@"; } >"$f.tmp"
+	mv "$f.tmp" "$f"
+}
 # gw NODE [ARGS..]: start the gateway of nodeA or nodeB (env from the caller: PROVIDER, the
 # librdmacm to load, default the system's; CAPTURE_ARGS instead of --capture-netns
-# /run/netns/vhX), log in $T/gw-NODE.log, pid in $T/gw-NODE.pid.
+# /run/netns/vhX; NO_KEYS=1: no --peer-keys-file), log in $T/gw-NODE.log, pid in
+# $T/gw-NODE.pid. Its peer keys file is $T/keys-NODE, made with the key both nodes share
+# ($T/key) unless the caller wrote one.
 gw() {
 	local node=$1; shift
 	local vh=vh${node#node}
 	rm -f "$T/$node.sock"
+	[ -s "$T/key" ] || new_key >"$T/key"
+	[ -e "$T/keys-$node" ] || put_keys "$T/keys-$node" "$(cat "$T/key")"
+	local keys=(--peer-keys-file "$T/keys-$node")
+	[ -z "${NO_KEYS:-}" ] || keys=()
 	# shellcheck disable=SC2206 # CAPTURE_ARGS is words
 	local args=(--listen $(node_listen $node) --admin-listen $(node_admin $node)
 		--provider ${PROVIDER:-librdmacm.so.1} ${CAPTURE_ARGS:---capture-netns /run/netns/$vh}
-		--test-events-socket $T/$node.sock --log-level ${GW_LOG:-info} --log-format json "$@")
+		"${keys[@]}" --test-events-socket $T/$node.sock --log-level ${GW_LOG:-info} --log-format json "$@")
 	# The gateway's own pid in the pid file (`ip netns exec` execs it), not a subshell's.
 	if [ "${GW_NODES:-netns}" = initial ]; then
 		$GW "${args[@]}" 2>>$T/gw-$node.log &

@@ -45,6 +45,16 @@
 #   no-peer      gateway A knows no peer (NO_PEER, judged only where RDMA is usable): TCP
 #   timeout      --stream-timeout-ms 1 (TIMEOUT): TCP, and gateway B never dials a request whose
 #                source gave up (the destination QEMU takes only one connection)
+#   no-key       gateway A has no peer keys file: NO_PEER_KEY, over TCP
+#   wrong-key    the two gateways hold different keys: PEER_AUTH_FAILED (B refused A's proof,
+#                dialed nothing), over TCP, the migration byte-exact
+#   rotation     the keys files are rewritten while the gateways run, through a whole rotation
+#                (new key second on both, first on A, first on B, old one gone from A, a bad
+#                file on B that keeps its keys); every connection takes a stream; then A alone
+#                moves to a key B lacks: PEER_AUTH_FAILED, over TCP
+#
+# Both gateways get a peer keys file with one key they share ($T/keys-nodeA, $T/keys-nodeB)
+# unless a scenario says otherwise.
 #
 # By hand on a development machine (no RDMA: in a Soft-RoCE loop guest of tests/softroce):
 #   cargo build -p rdma-gateway-testbed
@@ -62,7 +72,7 @@ set -euo pipefail
 
 usage() { sed -n '2,/^$/{s/^# \{0,1\}//;p}' "$0"; }
 
-scenarios=rdma,parallel,abort,peer-killed,peer-down,no-peer,timeout
+scenarios=rdma,parallel,abort,peer-killed,peer-down,no-peer,timeout,no-key,wrong-key,rotation
 RAM_MIB=64
 args=()
 while [ $# -gt 0 ]; do
@@ -353,6 +363,86 @@ scenario_timeout() {
 	check "B: nothing open" wait_for 30 idle nodeB
 }
 
+scenario_no_key() {
+	gw_b
+	NO_KEYS=1 gw_a --peer $PEER_B
+	check "A: no peer key" eq "$(metric nodeA rdma_gw_peer_keys)" 0
+	announce
+	falls_back NO_PEER_KEY
+	check "B: asked for nothing" eq "$(metric nodeB 'rdma_gw_peer_requests_total{outcome="challenged"}')" 0
+}
+
+scenario_wrong_key() {
+	put_keys "$T/keys-nodeA" "$(new_key)"
+	gw_b
+	gw_a --peer $PEER_B
+	announce
+	local r
+	r=$(migrate | tail -1)
+	say "qemu: $r"
+	figure tcp_migration_s "$(field "$r" seconds)"
+	completed "$r"
+	check "A: over TCP" eq "$(conns nodeA source tcp)" 1
+	check "A: not over RDMA" eq "$(conns nodeA source rdma)" 0
+	check "A: reason PEER_AUTH_FAILED ($(metrics nodeA | grep -E '^rdma_gw_fallbacks_total.* [1-9]' | tr '\n' ' '))" \
+		eq "$(metric nodeA 'rdma_gw_fallbacks_total{reason="PEER_AUTH_FAILED"}')" 1
+	check "B: challenged A once" eq "$(metric nodeB 'rdma_gw_peer_requests_total{outcome="challenged"}')" 1
+	check "B: refused its proof" eq "$(metric nodeB 'rdma_gw_peer_requests_total{outcome="bad_proof"}')" 1
+	check "B: admitted nothing" eq "$(metric nodeB 'rdma_gw_peer_requests_total{outcome="admitted"}')" 0
+	check "B: no stream" eq "$(conns nodeB target rdma)" 0
+	check "A: the RAM took the TCP relay" ge "$(bytes nodeA tcp to_target)" $RAM_BYTES
+}
+
+# reloaded NODE N: the node's gateway has applied N key files since it started (or refused N,
+# with `failed`).
+reloaded() { [ "$(metric "$1" rdma_gw_peer_keys_config_reloads_total)" = "$2" ]; }
+refused_keys() { [ "$(metric "$1" rdma_gw_peer_keys_config_reload_failures_total)" = "$2" ]; }
+
+scenario_rotation() {
+	local k1 k2 k3 n=0
+	gw_b
+	gw_a --peer $PEER_B
+	# The key both started with (gw made it).
+	k1=$(cat "$T/key") k2=$(new_key) k3=$(new_key)
+	check "k1 is a key" [ -n "$k1" ]
+	ip netns exec vhB "$PY" "$S/hashsrv.py" 0.0.0.0 49180 >"$T/hs.out" &
+	wait_for 60 grep -q ready "$T/hs.out"
+	check "B: the migration started" started nodeB target u7 49180
+	check "A: the migration started" started nodeA source u7 49180
+	# one_stream WHAT: one more sha256-checked connection, carried on a stream.
+	one_stream() {
+		n=$((n + 1))
+		ip netns exec vhA "$PY" "$S/hashcli.py" 1 10.2.0.2:49180 >"$T/hc.out"
+		check "$1: sha256-exact" [ "$(sed -n 's/^matched=//p' "$T/hc.out")" = 1 ]
+		check "$1: on a stream ($(conns nodeA source rdma) of $n)" eq "$(conns nodeA source rdma)" $n
+	}
+	one_stream "both [k1]"
+	put_keys "$T/keys-nodeA" "$k1" "$k2"
+	put_keys "$T/keys-nodeB" "$k1" "$k2"
+	check "both reloaded [k1, k2]" wait_for 30 eval 'reloaded nodeA 1 && reloaded nodeB 1'
+	check "A: 2 keys" wait_for 30 eval '[ "$(metric nodeA rdma_gw_peer_keys)" = 2 ]'
+	one_stream "both [k1, k2]"
+	put_keys "$T/keys-nodeA" "$k2" "$k1"
+	check "A reloaded [k2, k1]" wait_for 30 reloaded nodeA 2
+	one_stream "A [k2, k1], B [k1, k2]"
+	put_keys "$T/keys-nodeB" "$k2" "$k1"
+	put_keys "$T/keys-nodeA" "$k2"
+	check "A reloaded [k2], B [k2, k1]" wait_for 30 eval 'reloaded nodeA 3 && reloaded nodeB 2'
+	one_stream "A [k2], B [k2, k1]"
+	printf 'not base64!\n' >"$T/keys-nodeB.tmp" && mv "$T/keys-nodeB.tmp" "$T/keys-nodeB"
+	check "B refused a bad file" wait_for 30 refused_keys nodeB 1
+	check "B kept its 2 keys" wait_for 30 eval '[ "$(metric nodeB rdma_gw_peer_keys)" = 2 ]'
+	one_stream "A [k2], B keeping [k2, k1]"
+	put_keys "$T/keys-nodeA" "$k3"
+	check "A reloaded [k3]" wait_for 30 reloaded nodeA 4
+	ip netns exec vhA "$PY" "$S/hashcli.py" 1 10.2.0.2:49180 >"$T/hc.out"
+	check "A [k3], B [k2, k1]: sha256-exact" [ "$(sed -n 's/^matched=//p' "$T/hc.out")" = 1 ]
+	check "... over TCP" eq "$(conns nodeA source tcp)" 1
+	check "... with PEER_AUTH_FAILED" eq "$(metric nodeA 'rdma_gw_fallbacks_total{reason="PEER_AUTH_FAILED"}')" 1
+	check "A: no other fallback" eq "$(fallbacks nodeA)" 1
+	check "B: $n streams" eq "$(conns nodeB target rdma)" $n
+}
+
 ## Run
 
 passed=() failures=()
@@ -363,7 +453,7 @@ for name in ${scenarios//,/ }; do
 		exit 2
 	fi
 	echo "== $name (at $SECONDS s)"
-	rm -f "$T"/gw-*.log "$T"/*.sock
+	rm -f "$T"/gw-*.log "$T"/*.sock "$T"/key "$T"/keys-*
 	t0=$SECONDS started=$SECONDS
 	rc=0
 	(

@@ -60,10 +60,22 @@ pub const SCENARIOS: &[Scenario] = &[
         run: loop_peer_killed,
     },
     Scenario {
-        name: "gateway_loop_fallbacks_peer_down_no_peer_stream_timeout",
+        name: "gateway_loop_fallbacks_peer_down_no_peer_stream_timeout_no_key",
         topology: Topology::Loop,
-        timeout: Duration::from_secs(600),
+        timeout: Duration::from_secs(780),
         run: loop_fallbacks,
+    },
+    Scenario {
+        name: "gateway_loop_peer_keys_differ",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(480),
+        run: loop_wrong_key,
+    },
+    Scenario {
+        name: "gateway_loop_peer_keys_rotated_while_running",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(420),
+        run: loop_rotation,
     },
     Scenario {
         name: "gateway_wire_kubevirt_migration_between_two_guests",
@@ -196,9 +208,20 @@ fn loop_peer_killed(ctx: &Ctx) -> anyhow::Result<()> {
     script(ctx, &["peer-killed"])
 }
 
-/// The three fallbacks in one run of the script (one topology and RAM file for the three).
+/// The four fallbacks in one run of the script (one topology and RAM file for them).
 fn loop_fallbacks(ctx: &Ctx) -> anyhow::Result<()> {
-    script(ctx, &["peer-down", "no-peer", "timeout"])
+    script(ctx, &["peer-down", "no-peer", "timeout", "no-key"])
+}
+
+/// The gateways hold different keys: every connection over TCP (`PEER_AUTH_FAILED`), the
+/// migration byte-exact.
+fn loop_wrong_key(ctx: &Ctx) -> anyhow::Result<()> {
+    script(ctx, &["wrong-key"])
+}
+
+/// The keys files rewritten while the gateways run, through a whole rotation.
+fn loop_rotation(ctx: &Ctx) -> anyhow::Result<()> {
+    script(ctx, &["rotation"])
 }
 
 // ---- The wire: two nodes ---------------------------------------------------------------------
@@ -211,6 +234,15 @@ const TARGET: &str = "10.2.0.2";
 const GW_PORT: u16 = 7471;
 /// Installing a capture (setns threads, nft) took 8 s in a TCG guest.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(120);
+/// The peer key both gateways hold (32 bytes, standard base64; a test key).
+const PEER_KEY: &str = "cmRtYS1zdHJlYW1zIHNvZnRyb2NlIHdpcmUga2V5ISE=";
+
+/// A peer keys file with [`PEER_KEY`] in the guest's scratch directory; its path.
+fn peer_keys_file(ctx: &Ctx) -> anyhow::Result<PathBuf> {
+    let path = ctx.tmp.join("peer-keys");
+    fs::write(&path, format!("# the wire scenario's key\n{PEER_KEY}\n"))?;
+    Ok(path)
+}
 
 /// A virt-handler network namespace: held by a `sleep` started with `unshare --net` (so it,
 /// its veth and its nft tables vanish when the scenario's processes die, however it ends),
@@ -493,10 +525,11 @@ fn wire_side(ctx: &Ctx, gateway: &mut Option<Gateway>) -> anyhow::Result<()> {
                 "127.0.0.1:9103",
                 &format!(
                     "--listen {}:{GW_PORT} --capture-netns {} --peer {TARGET}={}:{GW_PORT} \
-                     --stream-timeout-ms 10000",
+                     --stream-timeout-ms 10000 --peer-keys-file {}",
                     ctx.addr_a,
                     vh.path(),
-                    ctx.addr_b
+                    ctx.addr_b,
+                    peer_keys_file(ctx)?.display()
                 ),
             )?);
             ensure!(
@@ -583,9 +616,10 @@ fn wire_side(ctx: &Ctx, gateway: &mut Option<Gateway>) -> anyhow::Result<()> {
                 "b",
                 "127.0.0.1:9104",
                 &format!(
-                    "--listen {}:{GW_PORT} --capture-netns {}",
+                    "--listen {}:{GW_PORT} --capture-netns {} --peer-keys-file {}",
                     ctx.addr_b,
-                    vh.path()
+                    vh.path(),
+                    peer_keys_file(ctx)?.display()
                 ),
             )?);
             ensure!(
