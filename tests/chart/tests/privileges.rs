@@ -1,4 +1,4 @@
-//! docs/security-privileges.md against the chart: every RBAC rule, capability, host namespace,
+//! docs/security.md against the chart: every RBAC rule, capability, host namespace,
 //! host path, privileged container, root user, RDMA device request and mounted API token that
 //! any value set renders has its row there, and every row there is rendered by some value set.
 
@@ -15,7 +15,7 @@ use rdma_streams_testkit::within;
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(300);
-const DOC: &str = "docs/security-privileges.md";
+const DOC: &str = "docs/security.md";
 /// The release's name prefix, as the doc writes it.
 const RELEASE_PREFIX: &str = "<release>";
 

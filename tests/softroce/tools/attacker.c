@@ -29,6 +29,10 @@
  *   disconnect NAME
  *   sleep MS
  *   wait_file PATH MS                   until PATH exists (another program's cue), at most MS
+ *   raw_connect NAME HOST PORT SRC HEX  an RDMA connect whose app payload (after the transport's
+ *                                       header) is the bytes HEX (a gateway's request, say);
+ *                                       prints "NAME established|rejected ... payload HEX" with
+ *                                       the peer's answer
  *   flood HOST PORT SRC N HOLD_MS       N connect requests with HELLOs for random ports of SRC,
  *                                       none ever completed (no QP, no RTU); prints the count
  *                                       of accepts, rejects and errors
@@ -76,6 +80,8 @@ struct conn {
 	int tcp;             /* our TCP socket ("own"), -1 otherwise */
 	int last_status;
 	int write_done;
+	uint8_t answer[64]; /* the peer's app payload (accept or reject) */
+	int answer_len;
 };
 
 static struct conn conns[MAX_CONNS];
@@ -155,13 +161,21 @@ static void post_recv(struct conn *c, uint64_t slot)
 		die("ibv_post_recv");
 }
 
-/* Takes every completion of every connection, and every CM event, for up to `ms`. */
-static void pump(int ms)
+/* Takes every completion of every connection, and (unless `cq_only`) every CM event, for up
+ * to `ms`. Waiting for a write's own completion takes no CM event: librdmacm moves the QP to
+ * the error state when it hands out DISCONNECTED, which would flush the write before the
+ * peer's NAK says why it failed. */
+static void pump_events(int ms, int cq_only)
 {
 	uint64_t end = now_ms() + ms;
 	do {
 		struct pollfd p = { .fd = channel->fd, .events = POLLIN };
-		poll(&p, 1, 1);
+		if (cq_only) {
+			usleep(1000);
+			p.revents = 0;
+		} else {
+			poll(&p, 1, 1);
+		}
 		struct rdma_cm_event *ev;
 		while (p.revents && rdma_get_cm_event(channel, &ev) == 0) {
 			struct conn *c = by_id(ev->id);
@@ -172,10 +186,21 @@ static void pump(int ms)
 					c->peer_addr = get64(d + 4);
 					c->peer_rkey = (uint32_t)d[12] << 24 | d[13] << 16 | d[14] << 8 | d[15];
 					c->peer_log = d[16];
+					if (20 + d[19] <= ev->param.conn.private_data_len && d[19] <= sizeof(c->answer)) {
+						memcpy(c->answer, d + 20, d[19]);
+						c->answer_len = d[19];
+					}
 				}
 				c->established = 1;
 			} else if (c && (kind == RDMA_CM_EVENT_REJECTED || kind == RDMA_CM_EVENT_UNREACHABLE ||
 					 kind == RDMA_CM_EVENT_CONNECT_ERROR)) {
+				const uint8_t *d = ev->param.conn.private_data;
+				if (kind == RDMA_CM_EVENT_REJECTED && d && ev->param.conn.private_data_len >= 20 &&
+				    d[0] == 'R' && d[1] == 'S' && 20 + d[19] <= ev->param.conn.private_data_len &&
+				    d[19] <= sizeof(c->answer)) {
+					memcpy(c->answer, d + 20, d[19]);
+					c->answer_len = d[19];
+				}
 				c->rejected = kind == RDMA_CM_EVENT_REJECTED ? (ev->status ? ev->status : -1) : -1000 - kind;
 			} else if (c && kind == RDMA_CM_EVENT_DISCONNECTED) {
 				c->disconnected = 1;
@@ -229,6 +254,11 @@ static void pump(int ms)
 			}
 		}
 	} while (now_ms() < end);
+}
+
+static void pump(int ms)
+{
+	pump_events(ms, 0);
 }
 
 static struct conn *add(const char *name)
@@ -307,6 +337,17 @@ static int resolve(struct rdma_cm_id *id, struct sockaddr_in *src, struct sockad
 	return 0;
 }
 
+/* The payload of the next connect instead of a HELLO (raw_connect), and its length. */
+static uint8_t raw_payload[36];
+static int raw_len = -1;
+
+static void hex_answer(const struct conn *c, char *out)
+{
+	for (int k = 0; k < c->answer_len; k++)
+		sprintf(out + 2 * k, "%02x", c->answer[k]);
+	out[2 * c->answer_len] = 0;
+}
+
 static void step_connect(char **a)
 {
 	struct conn *c = add(a[0]);
@@ -355,6 +396,12 @@ static void step_connect(char **a)
 	struct rdma_conn_param p = { .retry_count = 6, .rnr_retry_count = 7, .flow_control = 1 };
 	p.private_data = pd;
 	p.private_data_len = hello(c, &client, pd);
+	if (raw_len >= 0) {
+		memcpy(pd + 20, raw_payload, raw_len);
+		pd[19] = raw_len;
+		p.private_data_len = 20 + raw_len;
+		raw_len = -1;
+	}
 	if (rdma_connect(c->id, &p))
 		die("rdma_connect");
 	uint64_t end = now_ms() + 10000;
@@ -364,12 +411,14 @@ static void step_connect(char **a)
 	channel = shared;
 	rdma_migrate_id(c->id, channel);
 	rdma_destroy_event_channel(own);
+	char answer[2 * sizeof(c->answer) + 1];
+	hex_answer(c, answer);
 	if (c->established)
-		out("%s established ring 0x%llx 0x%x %u client %s:%u", c->name,
+		out("%s established ring 0x%llx 0x%x %u client %s:%u payload %s", c->name,
 		    (unsigned long long)c->peer_addr, c->peer_rkey, c->peer_log,
-		    inet_ntoa(client.sin_addr), ntohs(client.sin_port));
+		    inet_ntoa(client.sin_addr), ntohs(client.sin_port), answer);
 	else if (c->rejected)
-		out("%s rejected %d", c->name, c->rejected);
+		out("%s rejected %d payload %s", c->name, c->rejected, answer);
 	else
 		out("%s error timeout", c->name);
 }
@@ -398,7 +447,7 @@ static void post_write(struct conn *via, uint64_t raddr, uint32_t rkey, const vo
 	}
 	uint64_t end = now_ms() + 15000;
 	while (!via->write_done && now_ms() < end)
-		pump(5);
+		pump_events(5, 1);
 	out("%s write-status %d", via->name, via->write_done ? via->last_status : -1);
 }
 
@@ -610,6 +659,19 @@ int main(int argc, char **argv)
 		} else if (!strcmp(s, "sleep")) {
 			NEED(1);
 			pump(atoi(a[0]));
+		} else if (!strcmp(s, "raw_connect")) {
+			NEED(5);
+			const char *hex = a[4];
+			size_t n = strlen(hex) / 2;
+			if (n > sizeof(raw_payload)) {
+				out("fatal payload of %zu bytes (at most %zu)", n, sizeof(raw_payload));
+				return 2;
+			}
+			for (size_t k = 0; k < n; k++)
+				sscanf(hex + 2 * k, "%2hhx", &raw_payload[k]);
+			raw_len = n;
+			char *args[5] = { a[0], a[1], a[2], a[3], "0.0.0.0:0" };
+			step_connect(args);
 		} else if (!strcmp(s, "flood")) {
 			NEED(5);
 			step_flood(a);

@@ -692,6 +692,29 @@ impl Conn {
 mod tests {
     use super::{EngineConfig, MAX_UNACKED};
 
+    /// The pinned memory per connection the docs state, for the default rings and the two
+    /// smaller ones they name, is what the budget counts.
+    #[test]
+    fn the_docs_state_the_pinned_memory_the_budget_counts() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let kib = |ring_kib: usize| {
+            EngineConfig {
+                ring_bytes: ring_kib * 1024,
+                ..EngineConfig::default()
+            }
+            .pinned_per_connection()
+                / 1024
+        };
+        let figures = [kib(2048), kib(1024), kib(256)];
+        assert_eq!(figures, [4168, 2120, 584]);
+        for doc in ["docs/shim-protocol.md", "docs/shim.md", "docs/operations.md"] {
+            let text = std::fs::read_to_string(root.join(doc)).unwrap();
+            for f in figures {
+                assert!(text.contains(&format!("{f} KiB")), "{doc} does not say {f} KiB");
+            }
+        }
+    }
+
     #[test]
     fn a_chunk_is_a_quarter_of_the_ring_and_half_of_what_may_be_in_flight() {
         let config = |ring_bytes| EngineConfig {

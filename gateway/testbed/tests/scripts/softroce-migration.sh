@@ -52,6 +52,11 @@
 #                (new key second on both, first on A, first on B, old one gone from A, a bad
 #                file on B that keeps its keys); every connection takes a stream; then A alone
 #                moves to a key B lacks: PEER_AUTH_FAILED, over TCP
+#   forged       an RDMA peer without the key (ATTACKER: tests/softroce/tools/attacker.c, built)
+#                asks gateway B for a stream to the announced migration, whose uid and port it
+#                knows: a version-1 request is refused (unsupported version), a HELLO gets a
+#                challenge, a forged proof and its replay are refused, and the destination sees
+#                no connection
 #
 # Both gateways get a peer keys file with one key they share ($T/keys-nodeA, $T/keys-nodeB)
 # unless a scenario says otherwise.
@@ -72,7 +77,7 @@ set -euo pipefail
 
 usage() { sed -n '2,/^$/{s/^# \{0,1\}//;p}' "$0"; }
 
-scenarios=rdma,parallel,abort,peer-killed,peer-down,no-peer,timeout,no-key,wrong-key,rotation
+scenarios=rdma,parallel,abort,peer-killed,peer-down,no-peer,timeout,no-key,wrong-key,rotation,forged
 RAM_MIB=64
 args=()
 while [ $# -gt 0 ]; do
@@ -441,6 +446,50 @@ scenario_rotation() {
 	check "... with PEER_AUTH_FAILED" eq "$(metric nodeA 'rdma_gw_fallbacks_total{reason="PEER_AUTH_FAILED"}')" 1
 	check "A: no other fallback" eq "$(fallbacks nodeA)" 1
 	check "B: $n streams" eq "$(conns nodeB target rdma)" $n
+}
+
+# hex BYTES..: random bytes as hex.
+rand_hex() { head -c "$1" /dev/urandom | od -An -tx1 -v | tr -d ' \n'; }
+
+scenario_forged() {
+	[ -x "${ATTACKER:-}" ] || { say "ATTACKER (the built tests/softroce/tools/attacker.c) is not set"; return 1; }
+	gw_b
+	check "B: the migration started" started nodeB target u1 $PORT
+	# The destination the target would dial: it counts the connections it gets.
+	ip netns exec vhB "$PY" -c '
+import socket, sys
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("10.2.0.2", int(sys.argv[1]))); l.listen(8); print("ready", flush=True)
+while True:
+    c, p = l.accept(); print("connection", p, flush=True); c.close()
+' $PORT >"$T/dest.out" &
+	check "the destination listens" wait_for 10 grep -q ready "$T/dest.out"
+	local digest port nonce out ticket
+	digest=$("$PY" -c 'import hashlib, sys; print(hashlib.sha256(sys.argv[1].encode()).hexdigest()[:16])' u1)
+	port=$(printf '%04x' $PORT)
+	# Version 1 (no peer authentication): 'G' 1 family port ip digest.
+	out=$("$ATTACKER" raw_connect v1 "$ADDR_B" 7472 "$ADDR_A" 470104${port}0a020002${digest})
+	say "v1: $out"
+	check "a version-1 request is refused (9: unsupported version)" grep -q "^v1 rejected .* payload 4709" <<<"$out"
+	out=$("$ATTACKER" raw_connect hello "$ADDR_B" 7472 "$ADDR_A" 470201${port}${digest}$(rand_hex 16))
+	say "hello: $out"
+	check "a HELLO with the known uid gets a challenge (4)" grep -q "^hello rejected .* payload 4704" <<<"$out"
+	ticket=$(sed -n 's/^hello rejected .* payload 4704\(.\{14\}\).*/\1/p' <<<"$out")
+	local proof=470202${port}${digest}${ticket}$(rand_hex 16)
+	out=$("$ATTACKER" raw_connect proof "$ADDR_B" 7472 "$ADDR_A" "$proof" raw_connect replay "$ADDR_B" 7472 "$ADDR_A" "$proof")
+	say "proof: $out"
+	check "a forged proof is refused (5: authentication failed)" grep -q "^proof rejected .* payload 4705" <<<"$out"
+	check "its replay is refused" grep -q "^replay rejected" <<<"$out"
+	check "nothing was established" eval '! grep -q established <<<"$out"'
+	sleep 1
+	check "the destination saw no connection" eval '! grep -q connection "$T/dest.out"'
+	local refused
+	refused=$(awk -v a="$(metric nodeB 'rdma_gw_peer_requests_total{outcome="bad_proof"}')" \
+		-v b="$(metric nodeB 'rdma_gw_peer_requests_total{outcome="no_challenge"}')" 'BEGIN {print a + b}')
+	check "B: refused the proof and its replay ($refused)" ge "$refused" 2
+	check "B: admitted nothing" eq "$(metric nodeB 'rdma_gw_peer_requests_total{outcome="admitted"}')" 0
+	check "B: no stream" eq "$(conns nodeB target rdma)" 0
+	ended nodeB u1 false
 }
 
 ## Run

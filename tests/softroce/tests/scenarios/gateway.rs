@@ -78,6 +78,12 @@ pub const SCENARIOS: &[Scenario] = &[
         run: loop_rotation,
     },
     Scenario {
+        name: "gateway_loop_forged_requests_with_a_known_uid_dial_nothing",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: loop_forged,
+    },
+    Scenario {
         name: "gateway_wire_kubevirt_migration_between_two_guests",
         topology: Topology::Wire,
         timeout: Duration::from_secs(600),
@@ -116,9 +122,14 @@ fn tool(rel: &str) -> String {
 /// Runs scenarios of softroce-migration.sh with the loop's two addresses, its output going to
 /// the log as it comes; reports its `figure:` lines and judges its `PASS`/`FAIL` lines.
 fn script(ctx: &Ctx, scenarios: &[&str]) -> anyhow::Result<()> {
+    script_with(ctx, scenarios, "")
+}
+
+/// [`script`] with more `K=V` words in its environment.
+fn script_with(ctx: &Ctx, scenarios: &[&str], env: &str) -> anyhow::Result<()> {
     let gw = gateway_binary()?;
     let cmd = format!(
-        "PY={} exec bash {} --scenario {} --ram-mib {LOOP_RAM_MIB} {} {} {} {}",
+        "PY={} {env} exec bash {} --scenario {} --ram-mib {LOOP_RAM_MIB} {} {} {} {}",
         python(),
         tool("gateway/testbed/tests/scripts/softroce-migration.sh"),
         scenarios.join(","),
@@ -189,6 +200,17 @@ fn script(ctx: &Ctx, scenarios: &[&str]) -> anyhow::Result<()> {
         } else {
             failed.join("; ")
         }
+    )
+}
+
+/// An RDMA peer without the peer key, which knows a migration's uid and port (attacks.rs's
+/// attacker program): refused at every step, and the destination is never dialed.
+fn loop_forged(ctx: &Ctx) -> anyhow::Result<()> {
+    let attacker = super::attacks::attacker(ctx)?;
+    script_with(
+        ctx,
+        &["forged"],
+        &format!("ATTACKER={}", attacker.display()),
     )
 }
 
