@@ -60,6 +60,10 @@
 #define RECVS 32
 #define CTRL 48
 #define SECRET 16
+/* Work request ids: receives are their slot (below RECVS); sends are these. An error
+ * completion's opcode is undefined, so the id tells a write's from a flushed receive's. */
+#define WR_WRITE 0x1000
+#define WR_CONTROL 0x2000
 
 struct conn {
 	char name[32];
@@ -219,7 +223,7 @@ static void pump_events(int ms, int cq_only)
 				continue;
 			while ((n = ibv_poll_cq(c->cq, 16, wc)) > 0) {
 				for (int k = 0; k < n; k++) {
-					if (wc[k].opcode & IBV_WC_RECV) {
+					if (wc[k].wr_id < RECVS) {
 						if (wc[k].status) {
 							continue;
 						}
@@ -246,7 +250,8 @@ static void pump_events(int ms, int cq_only)
 							out("%s control %d", c->name, m[0]);
 						}
 						post_recv(c, wc[k].wr_id);
-					} else {
+					} else if (!c->write_done) {
+						/* The first completion of the send: flushes come after. */
 						c->last_status = wc[k].status;
 						c->write_done = 1;
 					}
@@ -432,7 +437,7 @@ static void post_write(struct conn *via, uint64_t raddr, uint32_t rkey, const vo
 	memcpy(src, data, len);
 	struct ibv_sge sge = { .addr = (uintptr_t)src, .length = len, .lkey = via->mr->lkey };
 	struct ibv_send_wr wr = {
-		.wr_id = 1,
+		.wr_id = WR_WRITE,
 		.sg_list = len ? &sge : NULL,
 		.num_sge = len ? 1 : 0,
 		.opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
@@ -458,7 +463,7 @@ static void post_control(struct conn *c, uint8_t type)
 	m[0] = type;
 	struct ibv_sge sge = { .addr = (uintptr_t)m, .length = CTRL, .lkey = c->mr->lkey };
 	struct ibv_send_wr wr = {
-		.wr_id = 2, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+		.wr_id = WR_CONTROL, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
 		.send_flags = IBV_SEND_SIGNALED,
 	}, *bad;
 	c->write_done = 0;

@@ -707,10 +707,17 @@ mod tests {
         };
         let figures = [kib(2048), kib(1024), kib(256)];
         assert_eq!(figures, [4168, 2120, 584]);
-        for doc in ["docs/shim-protocol.md", "docs/shim.md", "docs/operations.md"] {
+        for doc in [
+            "docs/shim-protocol.md",
+            "docs/shim.md",
+            "docs/operations.md",
+        ] {
             let text = std::fs::read_to_string(root.join(doc)).unwrap();
             for f in figures {
-                assert!(text.contains(&format!("{f} KiB")), "{doc} does not say {f} KiB");
+                assert!(
+                    text.contains(&format!("{f} KiB")),
+                    "{doc} does not say {f} KiB"
+                );
             }
         }
     }

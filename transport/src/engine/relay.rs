@@ -252,34 +252,30 @@ mod tests {
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
 
-    #[test]
-    fn relays_both_ways_with_half_close() {
+    /// A relay between a fresh app side and a fresh far side (guarded when `guard` says so),
+    /// and the app's and the far peer's ends.
+    fn relay(guard: Option<(Secret, Instant)>) -> (Relay, UnixStream, UnixStream) {
         let (app, local) = UnixStream::pair().unwrap();
-        let (far, mut peer) = UnixStream::pair().unwrap();
+        let (far, peer) = UnixStream::pair().unwrap();
         local.set_nonblocking(true).unwrap();
         far.set_nonblocking(true).unwrap();
-        let mut r = Relay::new(local.into(), Arc::new(far.into()));
-        let mut app = app;
+        let far = Arc::new(far.into());
+        let r = match guard {
+            Some((secret, until)) => Relay::guarded(local.into(), far, secret, until),
+            None => Relay::new(local.into(), far),
+        };
+        (r, app, peer)
+    }
+
+    #[test]
+    fn relays_both_ways_with_half_close() {
+        let (mut r, mut app, mut peer) = relay(None);
         app.write_all(b"hello").unwrap();
         app.shutdown(Shutdown::Write).unwrap();
         peer.write_all(b"world").unwrap();
         drop(peer.try_clone().unwrap());
         peer.shutdown(Shutdown::Write).unwrap();
-        let mut step = Step::Idle;
-        for _ in 0..10 {
-            r.local_ready = Ready {
-                readable: true,
-                writable: true,
-            };
-            r.far_ready = Ready {
-                readable: true,
-                writable: true,
-            };
-            step = r.step(false);
-            if matches!(step, Step::Finished) {
-                break;
-            }
-        }
+        let step = step_until(&mut r, |s, _| matches!(s, Step::Finished));
         assert!(matches!(step, Step::Finished), "{step:?}");
         let mut got = String::new();
         app.read_to_string(&mut got).unwrap();
@@ -316,11 +312,7 @@ mod tests {
     fn a_guarded_relay_fails_on_a_late_proof_and_hands_on_anything_else() {
         let until = Instant::now() + std::time::Duration::from_secs(10);
         // A late proof: nothing of it reaches the app, both sides fail.
-        let (app, local) = UnixStream::pair().unwrap();
-        let (far, mut peer) = UnixStream::pair().unwrap();
-        local.set_nonblocking(true).unwrap();
-        far.set_nonblocking(true).unwrap();
-        let mut r = Relay::guarded(local.into(), Arc::new(far.into()), SECRET, until);
+        let (mut r, app, mut peer) = relay(Some((SECRET, until)));
         peer.write_all(&SECRET.0).unwrap();
         peer.write_all(b"stream bytes").unwrap();
         let step = step_until(&mut r, |s, _| matches!(s, Step::Failed(_)));
@@ -332,11 +324,7 @@ mod tests {
         assert!(got.is_empty(), "the app got {got:?}");
 
         // A TCP client: its bytes go on untouched, even when they start like the secret.
-        let (app, local) = UnixStream::pair().unwrap();
-        let (far, mut peer) = UnixStream::pair().unwrap();
-        local.set_nonblocking(true).unwrap();
-        far.set_nonblocking(true).unwrap();
-        let mut r = Relay::guarded(local.into(), Arc::new(far.into()), SECRET, until);
+        let (mut r, app, mut peer) = relay(Some((SECRET, until)));
         peer.write_all(b"0123").unwrap();
         assert!(matches!(r.step(false), Step::Idle));
         assert_eq!(r.moved(), (0, 0), "the secret's start waits for the rest");
@@ -353,12 +341,8 @@ mod tests {
 
     #[test]
     fn a_guard_gives_up_waiting_at_its_deadline() {
-        let (app, local) = UnixStream::pair().unwrap();
-        let (far, mut peer) = UnixStream::pair().unwrap();
-        local.set_nonblocking(true).unwrap();
-        far.set_nonblocking(true).unwrap();
         let until = Instant::now() + std::time::Duration::from_millis(30);
-        let mut r = Relay::guarded(local.into(), Arc::new(far.into()), SECRET, until);
+        let (mut r, app, mut peer) = relay(Some((SECRET, until)));
         assert_eq!(r.deadline(), Some(until));
         peer.write_all(b"01").unwrap();
         assert!(matches!(r.step(false), Step::Idle));

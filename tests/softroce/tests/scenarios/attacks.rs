@@ -11,7 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use rdma_streams_softroce::helpers::Running;
+use rdma_streams_softroce::helpers::{Captured, Running};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
 use super::support::{WAIT_PORT, counts, file, python, shimmed, wait_line};
@@ -90,6 +90,59 @@ fn victim(ctx: &Ctx) -> anyhow::Result<PathBuf> {
     file(ctx, "victim.py", VICTIM_PY)
 }
 
+/// Starts `victim.py ARGS` under the shim (stats tag `tag`), its stdout to `out` when given,
+/// and waits until it listens on `port`.
+fn serve(
+    ctx: &Ctx,
+    tag: &str,
+    extra: &str,
+    port: u16,
+    args: &str,
+    out: Option<&Path>,
+) -> anyhow::Result<Running> {
+    let to = out
+        .map(|o| format!(" > {}", o.display()))
+        .unwrap_or_default();
+    let run = ctx.spawn(&format!(
+        "exec {} {} {} {args}{to}",
+        shimmed(ctx, tag, extra)?,
+        python(),
+        victim(ctx)?.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port {port}"))?;
+    Ok(run)
+}
+
+/// Runs a `victim.py` client to its end: under the shim with stats tag `tag` (None: plain),
+/// `env` (`K=V` words) before it.
+fn client(ctx: &Ctx, tag: Option<&str>, env: &str, args: &str) -> anyhow::Result<Captured> {
+    let shim = match tag {
+        Some(tag) => shimmed(ctx, tag, "")?,
+        None => String::from("env"),
+    };
+    ctx.sh(&format!(
+        "{shim} {env} {} {} {args}",
+        python(),
+        victim(ctx)?.display()
+    ))
+}
+
+/// A `stream` client's bytes came back whole: its "echoed" line has the sha256 it sent and
+/// `size` bytes, then EOF.
+fn intact(c: &Captured, size: u64, what: &str) -> anyhow::Result<()> {
+    let sent = c
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sent "))
+        .unwrap_or("?");
+    ensure!(
+        c.stdout.contains(&format!("echoed {sent} {size} eof")),
+        "{what} did not come back intact: {}",
+        c.stdout
+    );
+    Ok(())
+}
+
 /// The server's line starting with `word` (the first one after `nth` earlier ones).
 fn nth_line<'a>(text: &'a str, word: &str, nth: usize) -> Option<&'a str> {
     text.lines().filter(|l| l.starts_with(word)).nth(nth)
@@ -103,16 +156,23 @@ fn nth_line<'a>(text: &'a str, word: &str, nth: usize) -> Option<&'a str> {
 /// request's own source is refused outright.
 fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
     let (a, b) = (ctx.addr_a, ctx.addr_b);
-    let py = python();
-    let v = victim(ctx)?;
     let srv_out = ctx.tmp.join("srv.out");
-    let srv = ctx.spawn(&format!(
-        "exec {} {py} {} server {a} 9100 echo 2 > {}",
-        shimmed(ctx, "srv", "STREAMSHIM_LOG=debug")?,
-        v.display(),
-        srv_out.display()
-    ))?;
-    ctx.sh(&format!("{WAIT_PORT} wait_port 9100"))?;
+    let srv = serve(
+        ctx,
+        "srv",
+        "STREAMSHIM_LOG=debug",
+        9100,
+        &format!("server {a} 9100 echo 2"),
+        Some(&srv_out),
+    )?;
+    let served_victim = |cli: &Captured, who: &str| {
+        ensure!(
+            cli.stdout.contains("got b'reply-to:VICTIM-DATA'"),
+            "{who} was not served: {}",
+            cli.stdout
+        );
+        Ok(())
+    };
 
     // 1. CONFIRM and a write before any CLAIM: the registration dies with the stream, the
     // victim (plain, speaking first) is served over TCP.
@@ -133,15 +193,8 @@ fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
         text.contains("a1 disconnected"),
         "CONFIRM before CLAIM did not end the stream: {text}"
     );
-    let cli = ctx.sh(&format!(
-        "{py} {} client {a} 9100 {b} 40123 echo",
-        v.display()
-    ))?;
-    ensure!(
-        cli.stdout.contains("got b'reply-to:VICTIM-DATA'"),
-        "the victim was not served: {}",
-        cli.stdout
-    );
+    let cli = client(ctx, None, "", &format!("client {a} 9100 {b} 40123 echo"))?;
+    served_victim(&cli, "the victim")?;
 
     // 2. The protocol's order (CLAIM, then CONFIRM and bytes) without the proof: the victim
     // speaks first and is relayed.
@@ -154,10 +207,7 @@ fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
         ),
     )?;
     wait_line(ctx, &out, "a2 established", Duration::from_secs(60))?;
-    let cli = ctx.sh(&format!(
-        "{py} {} client {a} 9100 {b} 40124 echo",
-        v.display()
-    ))?;
+    let cli = client(ctx, None, "", &format!("client {a} 9100 {b} 40124 echo"))?;
     let text = finished(ctx, "ordered", run, &out)?;
     ensure!(
         text.contains("a2 claim "),
@@ -167,11 +217,7 @@ fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
         !text.contains("a2 got"),
         "the server app wrote to the attacker: {text}"
     );
-    ensure!(
-        cli.stdout.contains("got b'reply-to:VICTIM-DATA'"),
-        "the victim was not served: {}",
-        cli.stdout
-    );
+    served_victim(&cli, "the victim")?;
     ensure!(ctx.wait("server", srv)?.success(), "the server failed");
     let served = std::fs::read_to_string(&srv_out)?;
     ctx.log(format_args!("server:\n{served}"));
@@ -193,13 +239,14 @@ fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
     );
 
     // 3. A victim that waits for the server's banner: served after the bound for the proof.
-    let srv = ctx.spawn(&format!(
-        "exec {} {py} {} server {a} 9101 banner 1 > {}",
-        shimmed(ctx, "bsrv", "")?,
-        v.display(),
-        srv_out.display()
-    ))?;
-    ctx.sh(&format!("{WAIT_PORT} wait_port 9101"))?;
+    let srv = serve(
+        ctx,
+        "bsrv",
+        "",
+        9101,
+        &format!("server {a} 9101 banner 1"),
+        Some(&srv_out),
+    )?;
     let (run, out) = attack(
         ctx,
         "silent",
@@ -209,10 +256,7 @@ fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
         ),
     )?;
     wait_line(ctx, &out, "a3 established", Duration::from_secs(60))?;
-    let cli = ctx.sh(&format!(
-        "{py} {} client {a} 9101 {b} 40125 banner",
-        v.display()
-    ))?;
+    let cli = client(ctx, None, "", &format!("client {a} 9101 {b} 40125 banner"))?;
     let text = finished(ctx, "silent", run, &out)?;
     ensure!(text.contains("a3 claim "), "no CLAIM: {text}");
     ensure!(
@@ -231,11 +275,7 @@ fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
         .and_then(|l| l.split_whitespace().next())
         .and_then(|s| s.parse::<f64>().ok())
         .with_context(|| format!("no banner: {}", cli.stdout))?;
-    ensure!(
-        cli.stdout.contains("got b'reply-to:VICTIM-DATA'"),
-        "the silent victim was not served: {}",
-        cli.stdout
-    );
+    served_victim(&cli, "the silent victim")?;
     ensure!(
         delay < 15.0,
         "the banner came after {delay} s (bound: 10 s for the proof)"
@@ -246,13 +286,14 @@ fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
 
     // 4. A shimmed victim whose address was registered first: its own HELLO is refused, it
     // stays on TCP; and a HELLO naming an address that is not its source is refused.
-    let srv = ctx.spawn(&format!(
-        "exec {} {py} {} server {a} 9102 echo 1 > {}",
-        shimmed(ctx, "ssrv", "")?,
-        v.display(),
-        srv_out.display()
-    ))?;
-    ctx.sh(&format!("{WAIT_PORT} wait_port 9102"))?;
+    let srv = serve(
+        ctx,
+        "ssrv",
+        "",
+        9102,
+        &format!("server {a} 9102 echo 1"),
+        Some(&srv_out),
+    )?;
     let (run, out) = attack(
         ctx,
         "first",
@@ -262,11 +303,12 @@ fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
         ),
     )?;
     wait_line(ctx, &out, "a4 established", Duration::from_secs(60))?;
-    let cli = ctx.sh(&format!(
-        "{} {py} {} client {a} 9102 {b} 40126 echo",
-        shimmed(ctx, "scli", "")?,
-        v.display()
-    ))?;
+    let cli = client(
+        ctx,
+        Some("scli"),
+        "",
+        &format!("client {a} 9102 {b} 40126 echo"),
+    )?;
     let text = finished(ctx, "first", run, &out)?;
     ensure!(
         text.contains("a5 rejected"),
@@ -278,11 +320,7 @@ fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
         !served.contains("EVIL") && !text.contains("a4 got"),
         "{served}\n{text}"
     );
-    ensure!(
-        cli.stdout.contains("got b'reply-to:VICTIM-DATA'"),
-        "the shimmed victim was not served: {}",
-        cli.stdout
-    );
+    served_victim(&cli, "the shimmed victim")?;
     let victim_counts = counts(ctx, "scli", "client")?;
     ensure!(
         victim_counts.get("tcp PEER_REFUSED") == Some(&1),
@@ -297,14 +335,14 @@ fn spoofed_hello(ctx: &Ctx) -> anyhow::Result<()> {
 /// (remote access error); the victim's stream, running meanwhile, arrives intact.
 fn foreign_rkeys(ctx: &Ctx) -> anyhow::Result<()> {
     let (a, b) = (ctx.addr_a, ctx.addr_b);
-    let py = python();
-    let v = victim(ctx)?;
-    let srv = ctx.spawn(&format!(
-        "exec {} {py} {} stream-server {a} 9200 1",
-        shimmed(ctx, "srv", "")?,
-        v.display()
-    ))?;
-    ctx.sh(&format!("{WAIT_PORT} wait_port 9200"))?;
+    let srv = serve(
+        ctx,
+        "srv",
+        "",
+        9200,
+        &format!("stream-server {a} 9200 1"),
+        None,
+    )?;
     let paused = ctx.tmp.join("paused");
     let (run, out) = attack(
         ctx,
@@ -318,12 +356,12 @@ fn foreign_rkeys(ctx: &Ctx) -> anyhow::Result<()> {
     )?;
     wait_line(ctx, &out, "a1 disconnected-by-us", Duration::from_secs(90))?;
     // The victim takes the region a1 left (the server keeps regions for the next connection).
-    let cli = ctx.sh(&format!(
-        "{} SIZE=4194304 PAUSE_FILE={} PAUSE=4 {py} {} client {a} 9200 0.0.0.0 0 stream",
-        shimmed(ctx, "cli", "")?,
-        paused.display(),
-        v.display()
-    ))?;
+    let cli = client(
+        ctx,
+        Some("cli"),
+        &format!("SIZE=4194304 PAUSE_FILE={} PAUSE=4", paused.display()),
+        &format!("client {a} 9200 0.0.0.0 0 stream"),
+    )?;
     let text = finished(ctx, "keys", run, &out)?;
     ensure!(ctx.wait("server", srv)?.success(), "the server failed");
     // The server's device refuses the key: the attacker's write completes with a remote access
@@ -337,19 +375,7 @@ fn foreign_rkeys(ctx: &Ctx) -> anyhow::Result<()> {
         "writes with another connection's key did not fail with a remote access error: \
          {statuses:?}\n{text}"
     );
-    ctx.report(format_args!(
-        "writes with another connection's key: {statuses:?}"
-    ));
-    let sent = cli
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("sent "))
-        .unwrap_or("?");
-    ensure!(
-        cli.stdout.contains(&format!("echoed {sent} 4194304 eof")),
-        "the victim's stream did not come back intact: {}",
-        cli.stdout
-    );
+    intact(&cli, 4 << 20, "the victim's stream")?;
     let c = counts(ctx, "cli", "client")?;
     ensure!(
         c.get("rdma UPGRADED") == Some(&1),
@@ -365,22 +391,22 @@ fn foreign_rkeys(ctx: &Ctx) -> anyhow::Result<()> {
 /// previous connection.
 fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
     let (a, b) = (ctx.addr_a, ctx.addr_b);
-    let py = python();
-    let v = victim(ctx)?;
     let srv_out = ctx.tmp.join("srv.out");
-    let srv = ctx.spawn(&format!(
-        "exec {} {py} {} server {a} 9300 sink 3 > {}",
-        shimmed(ctx, "srv", "")?,
-        v.display(),
-        srv_out.display()
-    ))?;
-    ctx.sh(&format!("{WAIT_PORT} wait_port 9300"))?;
+    let srv = serve(
+        ctx,
+        "srv",
+        "",
+        9300,
+        &format!("server {a} 9300 sink 3"),
+        Some(&srv_out),
+    )?;
     // The previous peer: 1 MiB of its own through the region the attacker takes next.
-    let prev = ctx.sh(&format!(
-        "{} SIZE=1048576 {py} {} client {a} 9300 0.0.0.0 0 stream",
-        shimmed(ctx, "prev", "")?,
-        v.display()
-    ))?;
+    let prev = client(
+        ctx,
+        Some("prev"),
+        "SIZE=1048576",
+        &format!("client {a} 9300 0.0.0.0 0 stream"),
+    )?;
     let prev_sha = prev
         .stdout
         .lines()
@@ -456,22 +482,23 @@ fn footprint(pid: u32) -> anyhow::Result<(u64, usize)> {
 /// upgrade again once the flood is over.
 fn flood(ctx: &Ctx) -> anyhow::Result<()> {
     let (a, b) = (ctx.addr_a, ctx.addr_b);
-    let py = python();
-    let v = victim(ctx)?;
-    // The paced stream, three connections during the flood and three after it.
-    let srv = ctx.spawn(&format!(
-        "exec {} {py} {} stream-server {a} 9400 8",
-        shimmed(ctx, "srv", "")?,
-        v.display()
-    ))?;
-    ctx.sh(&format!("{WAIT_PORT} wait_port 9400"))?;
+    // The paced stream, three connections during the flood and three after it, and a last one.
+    let srv = serve(
+        ctx,
+        "srv",
+        "",
+        9400,
+        &format!("stream-server {a} 9400 8"),
+        None,
+    )?;
     let pid = srv.pid();
     thread::sleep(Duration::from_millis(500));
     let (pin0, fds0) = footprint(pid)?;
     let stream = ctx.spawn(&format!(
-        "exec {} SIZE=16777216 PACE=1 {py} {} client {a} 9400 0.0.0.0 0 stream",
+        "exec {} SIZE=16777216 PACE=1 {} {} client {a} 9400 0.0.0.0 0 stream",
         shimmed(ctx, "long", "")?,
-        v.display()
+        python(),
+        victim(ctx)?.display()
     ))?;
     thread::sleep(Duration::from_secs(3));
     let (run, out) = attack(ctx, "flood", &format!("flood {a} 9400 {b} 2000 25000"))?;
@@ -492,13 +519,17 @@ fn flood(ctx: &Ctx) -> anyhow::Result<()> {
         })
     };
     thread::sleep(Duration::from_secs(3));
+    let short = |tag: String| {
+        client(
+            ctx,
+            Some(&tag),
+            "SIZE=65536",
+            &format!("client {a} 9400 0.0.0.0 0 stream"),
+        )
+    };
     let mut during = Vec::new();
     for i in 0..3 {
-        during.push(ctx.sh(&format!(
-            "{} SIZE=65536 {py} {} client {a} 9400 0.0.0.0 0 stream",
-            shimmed(ctx, &format!("during{i}"), "")?,
-            v.display()
-        ))?);
+        during.push(short(format!("during{i}"))?);
     }
     let text = finished(ctx, "flood", run, &out)?;
     stop.store(true, Ordering::Release);
@@ -507,52 +538,25 @@ fn flood(ctx: &Ctx) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("the sampler panicked"))?;
     let long = ctx.wait("the paced stream", stream)?;
     for (i, c) in during.iter().enumerate() {
-        let sent = c
-            .stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("sent "))
-            .unwrap_or("?");
-        ensure!(
-            c.stdout.contains(&format!("echoed {sent} 65536 eof")),
-            "connection {i} during the flood: {}",
-            c.stdout
-        );
+        intact(c, 65536, &format!("connection {i} during the flood"))?;
     }
     // After the flood (its requests expire with the unattached bound, 10 s).
     thread::sleep(Duration::from_secs(12));
     for i in 0..3 {
-        let c = ctx.sh(&format!(
-            "{} SIZE=65536 {py} {} client {a} 9400 0.0.0.0 0 stream",
-            shimmed(ctx, &format!("after{i}"), "")?,
-            v.display()
-        ))?;
-        let sent = c
-            .stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("sent "))
-            .unwrap_or("?");
-        ensure!(
-            c.stdout.contains(&format!("echoed {sent} 65536 eof")),
-            "connection {i} after the flood: {}",
-            c.stdout
-        );
+        intact(
+            &short(format!("after{i}"))?,
+            65536,
+            &format!("connection {i} after the flood"),
+        )?;
     }
     let (pin_end, fds_end) = footprint(pid)?;
     // The server's last connection: a plain one that ends at once.
     ctx.sh(&format!(
-        "{py} -c 'import socket; socket.create_connection((\"{a}\", 9400)).close()'"
+        "{} -c 'import socket; socket.create_connection((\"{a}\", 9400)).close()'",
+        python()
     ))?;
     ensure!(ctx.wait("server", srv)?.success(), "the server failed");
-    let sent = long
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("sent "))
-        .unwrap_or("?");
-    ensure!(
-        long.stdout.contains(&format!("echoed {sent} 16777216 eof")),
-        "the stream that was moving did not arrive intact: {}",
-        long.stdout
-    );
+    intact(&long, 16 << 20, "the stream that was moving")?;
     let counted = |tag: &str| counts(ctx, tag, "client");
     ensure!(
         counted("long")?.get("rdma UPGRADED") == Some(&1),
@@ -569,13 +573,16 @@ fn flood(ctx: &Ctx) -> anyhow::Result<()> {
             "connection {i} after the flood counted {c:?}"
         );
     }
-    // Accepted requests hold a region each (4164 KiB) until the unattached bound: at most the
+    // Accepted requests hold a region each (4168 KiB) until the unattached bound: at most the
     // per-peer cap (64) of them at once, plus the streams' and the kept ones.
-    let per = 4164 * 1024;
+    let per = 4168 * 1024;
     let bound = pin0 + (64 + 4 + 8) * per;
     ctx.report(format_args!(
-        "flood: {} | server VmPin {} -> max {} -> {} MiB (bound {} MiB), fds {fds0} -> max {fds_max} -> {fds_end} | during the flood: {during_counts:?}",
-        text.lines().find(|l| l.starts_with("flood ")).unwrap_or("?"),
+        "flood: {} | server VmPin {} -> max {} -> {} MiB (bound {} MiB), fds {fds0} -> max \
+         {fds_max} -> {fds_end} | during the flood: {during_counts:?}",
+        text.lines()
+            .find(|l| l.starts_with("flood "))
+            .unwrap_or("?"),
         pin0 >> 20,
         pin_max >> 20,
         pin_end >> 20,
