@@ -581,9 +581,23 @@ impl Policy {
 
     /// Parses policy YAML. An empty document (or only comments) is [`Policy::allow_all`].
     pub fn parse(text: &str) -> Result<Policy, PolicyError> {
+        Self::from_yaml(text, None)
+    }
+
+    /// Parses `text` (from `path`, if given). Flow collections nested deeper than YAML parsers
+    /// read in linear time are refused first (see `rdma_streams_yaml_guard`).
+    fn from_yaml(text: &str, path: Option<&Path>) -> Result<Policy, PolicyError> {
+        if let Err(e) = rdma_streams_yaml_guard::check(text) {
+            return Err(PolicyError::Parse {
+                path: path.map(Path::to_owned),
+                line: Some(e.line),
+                column: Some(e.column),
+                message: e.to_string(),
+            });
+        }
         match serde_yaml::from_str::<Option<Policy>>(text) {
             Ok(p) => Ok(p.unwrap_or_default()),
-            Err(e) => Err(PolicyError::from_yaml(None, &e)),
+            Err(e) => Err(PolicyError::from_yaml(path, &e)),
         }
     }
 
@@ -603,10 +617,7 @@ impl Policy {
                 path: path.to_owned(),
             });
         }
-        match serde_yaml::from_str::<Option<Policy>>(&text) {
-            Ok(p) => Ok(p.unwrap_or_default()),
-            Err(e) => Err(PolicyError::from_yaml(Some(path), &e)),
-        }
+        Self::from_yaml(&text, Some(path))
     }
 
     /// [`PolicySource::from_env`] then [`PolicySource::load`]: `STREAMSHIM_POLICY` unset or empty
