@@ -47,6 +47,9 @@
 pub mod selector;
 pub(crate) mod watch;
 
+#[cfg(test)]
+mod fuzz;
+
 use std::collections::HashSet;
 use std::fmt;
 use std::path::{Component, Path, PathBuf};

@@ -23,6 +23,9 @@
 
 pub mod watch;
 
+#[cfg(test)]
+mod fuzz;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
