@@ -25,6 +25,8 @@ pub enum InjectError {
         #[source]
         source: serde_yaml::Error,
     },
+    #[error("the YAML at line {line} column {column}: {0}", line = .0.line, column = .0.column)]
+    Nesting(#[source] rdma_streams_yaml_guard::TooDeep),
     #[error("document {index} ({kind} {name}): {message}")]
     Denied {
         index: usize,
@@ -234,8 +236,12 @@ fn inject_doc(
     Ok(report(outcome, warnings))
 }
 
-/// Parses every document of a multi-document YAML text (empty documents are dropped).
+/// Parses every document of a multi-document YAML text (empty documents are dropped). Flow
+/// collections nested deeper than [`rdma_streams_yaml_guard::MAX_FLOW_DEPTH`] are refused
+/// before the YAML parser reads them.
 pub fn parse_documents(text: &str) -> Result<Vec<Value>, InjectError> {
+    // Nesting that serde_yaml's scanner would take minutes over is refused first.
+    rdma_streams_yaml_guard::check(text).map_err(InjectError::Nesting)?;
     let mut docs = Vec::new();
     for (index, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let v: Value = serde::Deserialize::deserialize(de)
@@ -304,6 +310,31 @@ fn strip_managed_fields(obj: &mut Map<String, Value>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `inject -f` of a manifest nested deep in flow style: serde_yaml's scanner takes
+    /// minutes over a few hundred KB of it (quadratic and worse in the nesting); it is refused
+    /// at once.
+    #[test]
+    fn regression_a_manifest_of_deeply_nested_flow_mappings_took_minutes() {
+        let text = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {}",
+            "{a: ".repeat(1 << 18)
+        );
+        let (err, _) = rdma_streams_testkit::fuzz::timed(
+            "inject -f of 1 MiB of nested flow mappings",
+            std::time::Duration::from_secs(10),
+            move || {
+                parse_documents(&text)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            },
+        );
+        assert_eq!(
+            err.unwrap_err(),
+            "the YAML at line 3 column 1035: flow collections ([...], {...}) nested deeper \
+             than 256 levels"
+        );
+    }
 
     #[test]
     fn the_items_of_a_list_are_injected_in_place() {

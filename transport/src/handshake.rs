@@ -233,6 +233,9 @@ pub fn negotiate_timeout_from_value(value: Option<&OsStr>) -> Duration {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::wire::MAX_CONNECT_PAYLOAD;

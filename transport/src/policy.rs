@@ -581,9 +581,23 @@ impl Policy {
 
     /// Parses policy YAML. An empty document (or only comments) is [`Policy::allow_all`].
     pub fn parse(text: &str) -> Result<Policy, PolicyError> {
+        Self::from_yaml(text, None)
+    }
+
+    /// Parses `text` (from `path`, if given). Flow collections nested deeper than YAML parsers
+    /// read in linear time are refused first (see `rdma_streams_yaml_guard`).
+    fn from_yaml(text: &str, path: Option<&Path>) -> Result<Policy, PolicyError> {
+        if let Err(e) = rdma_streams_yaml_guard::check(text) {
+            return Err(PolicyError::Parse {
+                path: path.map(Path::to_owned),
+                line: Some(e.line),
+                column: Some(e.column),
+                message: e.to_string(),
+            });
+        }
         match serde_yaml::from_str::<Option<Policy>>(text) {
             Ok(p) => Ok(p.unwrap_or_default()),
-            Err(e) => Err(PolicyError::from_yaml(None, &e)),
+            Err(e) => Err(PolicyError::from_yaml(path, &e)),
         }
     }
 
@@ -603,10 +617,7 @@ impl Policy {
                 path: path.to_owned(),
             });
         }
-        match serde_yaml::from_str::<Option<Policy>>(&text) {
-            Ok(p) => Ok(p.unwrap_or_default()),
-            Err(e) => Err(PolicyError::from_yaml(Some(path), &e)),
-        }
+        Self::from_yaml(&text, Some(path))
     }
 
     /// [`PolicySource::from_env`] then [`PolicySource::load`]: `STREAMSHIM_POLICY` unset or empty
@@ -693,7 +704,7 @@ impl PolicySource {
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     /// The file could not be opened or read (or is not UTF-8).
-    #[error("policy {}: cannot read: {source}", path.display())]
+    #[error("policy {}: cannot read: {source}", escape_controls(&path.display().to_string()))]
     Read {
         /// The policy file.
         path: PathBuf,
@@ -701,7 +712,10 @@ pub enum PolicyError {
         source: io::Error,
     },
     /// The file is larger than [`MAX_POLICY_BYTES`].
-    #[error("policy {}: larger than {MAX_POLICY_BYTES} bytes", path.display())]
+    #[error(
+        "policy {}: larger than {MAX_POLICY_BYTES} bytes",
+        escape_controls(&path.display().to_string())
+    )]
     TooLarge {
         /// The policy file.
         path: PathBuf,
@@ -720,11 +734,29 @@ pub enum PolicyError {
     },
 }
 
+/// `text` with its control characters escaped (`\n`, `\u{1b}`): a line break in the
+/// `STREAMSHIM_POLICY` path, or an escape sequence spelled in the policy and quoted back by the
+/// YAML error, must neither split the one-line message nor reach a terminal.
+fn escape_controls(text: &str) -> String {
+    if !text.contains(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn fmt_parse(path: Option<&Path>, line: Option<usize>, column: Option<usize>, msg: &str) -> String {
     let mut s = String::from("policy");
     if let Some(p) = path {
         s.push(' ');
-        s.push_str(&p.display().to_string());
+        s.push_str(&escape_controls(&p.display().to_string()));
     }
     match (line, column) {
         (Some(l), Some(c)) => s.push_str(&format!(": line {l} column {c}")),
@@ -743,7 +775,7 @@ impl PolicyError {
             loc.as_ref().map(|l| l.line()),
             loc.as_ref().map(|l| l.column()),
         );
-        let mut message = e.to_string().replace(['\n', '\r'], " ");
+        let mut message = escape_controls(&e.to_string().replace(['\n', '\r'], " "));
         if let (Some(l), Some(c)) = (line, column) {
             let suffix = format!(" at line {l} column {c}");
             if let Some(stripped) = message.strip_suffix(&suffix) {
@@ -770,6 +802,9 @@ impl PolicyError {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

@@ -2,6 +2,8 @@
 //! only.
 //!
 //! - [`within`]: run a test body under a time limit;
+//! - `fuzz` (feature `fuzz`): bounded property runs over hostile input (fixed case counts, a
+//!   time limit, no failure files) and the generators the decoders' fuzz tests share;
 //! - `mock_api` (feature `kube`): a mocked Kubernetes API server for kube-side unit tests;
 //! - `h2_raw` (feature `h2`): a raw HTTP/2 client for unary gRPC calls over a unix socket;
 //! - [`stats`]: the benchmarks' medians and percentiles;
@@ -15,6 +17,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
 #[cfg(feature = "h2")]
 pub mod h2_raw;
 #[cfg(feature = "kube")]

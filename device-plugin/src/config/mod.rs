@@ -47,6 +47,9 @@
 pub mod selector;
 pub(crate) mod watch;
 
+#[cfg(test)]
+mod fuzz;
+
 use std::collections::HashSet;
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
@@ -311,7 +314,18 @@ pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
 /// Parses and validates config text; `origin` names it in errors (usually the file path).
 ///
 /// A top-level `configList` key selects the Mellanox format, anything else the native one.
+/// Flow collections nested deeper than [`rdma_streams_yaml_guard::MAX_FLOW_DEPTH`] are refused
+/// before the YAML parser reads them (it would take minutes over a large file).
 pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    // Nesting that serde_yaml's scanner would take minutes over is refused first.
+    rdma_streams_yaml_guard::check(text).map_err(|e| ConfigError::Parse {
+        path: PathBuf::from(origin),
+        location: Some(TextLocation {
+            line: e.line,
+            column: e.column,
+        }),
+        message: e.to_string(),
+    })?;
     let peek: serde_yaml::Value =
         serde_yaml::from_str(text).map_err(|e| ConfigError::parse(origin, &e))?;
     let config = match &peek {

@@ -362,4 +362,6 @@ pub async fn serve(
 }
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;

@@ -23,6 +23,9 @@
 
 pub mod watch;
 
+#[cfg(test)]
+mod fuzz;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -310,6 +313,13 @@ pub fn load(path: &Path) -> Result<Config, ProfileError> {
 
 /// Parses and validates config text; `origin` names it in errors (a file name, `<builtin>`).
 pub fn parse(text: &str, origin: &str) -> Result<Config, ProfileError> {
+    // Nesting that serde_yaml's scanner would take minutes over is refused first.
+    rdma_streams_yaml_guard::check(text).map_err(|e| ProfileError::Syntax {
+        origin: origin.to_owned(),
+        line: Some(e.line),
+        column: Some(e.column),
+        message: e.to_string(),
+    })?;
     let config: Config =
         serde_yaml::from_str(text).map_err(|error| syntax_error(&error, origin))?;
     config.validate_as(origin)?;

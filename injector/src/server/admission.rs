@@ -514,6 +514,46 @@ mod tests {
         assert_eq!(parse_go_duration("5x"), None);
     }
 
+    /// The API server's `?timeout=` is peer input: whatever it says, the parse ends, and the
+    /// deadline is never zero and never longer than the configured one.
+    #[test]
+    fn timeouts_of_any_text_give_a_bounded_deadline() {
+        use proptest::prelude::*;
+        let admission = Admission {
+            handler: Arc::new(|_: &AdmissionRequest<DynamicObject>| Reviewed::skipped("test")),
+            config: AdmissionConfig::default(),
+            metrics: AdmissionMetrics::default(),
+        };
+        let number = "[0-9]{0,25}(\\.[0-9]{0,25})?";
+        let unit = "(h|m|s|ms|us|µs|ns|x|\\.|)";
+        let text = prop_oneof![
+            "(?s).{0,40}",
+            proptest::collection::vec((number, unit), 0..6)
+                .prop_map(|parts| parts.into_iter().map(|(n, u)| n + &u).collect::<String>()),
+        ];
+        rdma_streams_testkit::fuzz::run(
+            "admission timeout query",
+            5_000,
+            Duration::from_secs(30),
+            move || text,
+            move |text| {
+                let parsed = parse_go_duration(&text);
+                let whole_seconds = text.strip_suffix('s').filter(|n| {
+                    !n.is_empty() && n.len() < 10 && n.bytes().all(|b| b.is_ascii_digit())
+                });
+                if let Some(n) = whole_seconds {
+                    prop_assert_eq!(parsed, Some(Duration::from_secs(n.parse().unwrap())));
+                }
+                let deadline = admission.deadline(Some(&format!("a=b&timeout={text}")));
+                prop_assert!(
+                    !deadline.is_zero() && deadline <= DEFAULT_DEADLINE,
+                    "{deadline:?}"
+                );
+                Ok(())
+            },
+        );
+    }
+
     #[test]
     fn base64_rfc4648_vectors() {
         let cases = [

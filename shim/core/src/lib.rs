@@ -27,3 +27,6 @@ pub mod ops;
 pub mod ring;
 pub mod sys;
 pub mod upgrade;
+
+#[cfg(test)]
+mod env_fuzz;

@@ -1,8 +1,10 @@
 //! Tests of the admission server: the router in-process (`oneshot`), the real HTTPS server over
 //! HTTP/1.1 and HTTP/2 with a client trusting only a test CA, certificate rotation in the
-//! kubelet layout, and arbitrary bodies (proptest).
+//! kubelet layout, arbitrary bodies (proptest), and hostile reviews through the injector's own
+//! handler.
 
 mod fuzz;
+mod hostile_reviews;
 mod https;
 mod rotation;
 mod router;
