@@ -130,6 +130,9 @@ pub enum BadPrivateData {
     /// The payload length points past the data.
     #[error("payload length {0} past the data")]
     Payload(u8),
+    /// A payload longer than any message of ours carries ([`MAX_PAYLOAD`]).
+    #[error("payload of {0} bytes, longer than {MAX_PAYLOAD}")]
+    TooLong(u8),
 }
 
 impl PrivateData {
@@ -174,6 +177,9 @@ impl PrivateData {
             return Err(BadPrivateData::Ring(size_log, receives));
         }
         let len = h[19];
+        if usize::from(len) > MAX_PAYLOAD {
+            return Err(BadPrivateData::TooLong(len));
+        }
         let payload = buf
             .get(HEADER_LEN..HEADER_LEN + usize::from(len))
             .ok_or(BadPrivateData::Payload(len))?
@@ -348,6 +354,9 @@ pub fn data_imm(end: u64) -> u32 {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -462,113 +471,5 @@ mod tests {
         assert_eq!(data_imm(5), 5);
         assert_eq!(data_imm((7 << 32) + 9), 9);
         assert_eq!(data_imm(u64::MAX), u32::MAX);
-    }
-
-    mod fuzz {
-        //! Every decoder of bytes a peer sends (private data of each kind, control messages):
-        //! arbitrary bytes and mutated valid messages never panic, decode to a bounded result,
-        //! and valid messages round-trip.
-        use super::*;
-        use proptest::prelude::*;
-
-        fn kind() -> impl Strategy<Value = Kind> {
-            prop_oneof![Just(Kind::Connect), Just(Kind::Accept), Just(Kind::Reject)]
-        }
-
-        fn ring_info() -> impl Strategy<Value = RingInfo> {
-            (
-                any::<u64>(),
-                any::<u32>(),
-                MIN_RING_LOG..=MAX_RING_LOG,
-                2u16..,
-            )
-                .prop_map(|(addr, rkey, size_log, receives)| RingInfo {
-                    addr,
-                    rkey,
-                    size_log,
-                    receives,
-                })
-        }
-
-        fn control_kind() -> impl Strategy<Value = ControlKind> {
-            prop_oneof![
-                Just(ControlKind::Credit),
-                Just(ControlKind::Fin),
-                any::<[u8; SECRET_LEN]>().prop_map(|s| ControlKind::Claim(Secret(s))),
-                Just(ControlKind::Confirm),
-            ]
-        }
-
-        proptest! {
-            #![proptest_config(ProptestConfig {
-                cases: 2048,
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            })]
-
-            #[test]
-            fn arbitrary_private_data_decodes_or_is_refused(
-                bytes in proptest::collection::vec(any::<u8>(), 0..256),
-                k in kind(),
-            ) {
-                if let Ok(d) = PrivateData::decode(&bytes, k) {
-                    prop_assert_eq!(d.kind, k);
-                    prop_assert!(d.payload.len() <= bytes.len() - HEADER_LEN);
-                    if k != Kind::Reject {
-                        prop_assert!((MIN_RING_LOG..=MAX_RING_LOG).contains(&d.ring.size_log));
-                        prop_assert!(d.ring.receives >= 2);
-                    }
-                }
-            }
-
-            #[test]
-            fn valid_private_data_round_trips_and_mutations_never_panic(
-                k in kind(),
-                ring in ring_info(),
-                payload in proptest::collection::vec(any::<u8>(), 0..=MAX_PAYLOAD),
-                flip in any::<(usize, u8)>(),
-                cut in any::<usize>(),
-            ) {
-                let ring = if k == Kind::Reject { RingInfo::default() } else { ring };
-                let bytes = PrivateData::encode(k, ring, &payload);
-                let d = PrivateData::decode(&bytes, k).map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert_eq!(d, PrivateData { kind: k, ring, payload: payload.clone() });
-                // IB CMs pad with zeros: still the same message.
-                let mut padded = bytes.clone();
-                padded.resize(bytes.len() + 36, 0);
-                prop_assert!(PrivateData::decode(&padded, k).is_ok());
-                let mut flipped = bytes.clone();
-                let at = flip.0 % flipped.len();
-                flipped[at] ^= flip.1 | 1;
-                let _ = PrivateData::decode(&flipped, k);
-                let _ = PrivateData::decode(&bytes[..cut % (bytes.len() + 1)], k);
-            }
-
-            #[test]
-            fn arbitrary_control_messages_decode_or_are_refused(
-                bytes in proptest::collection::vec(any::<u8>(), 0..96),
-            ) {
-                let decoded = Control::decode(&bytes);
-                prop_assert!(decoded.is_none() || bytes.len() == CONTROL_LEN);
-                if let Some(c) = decoded {
-                    prop_assert_eq!(Control::decode(&c.encode()), Some(c));
-                }
-            }
-
-            #[test]
-            fn valid_control_messages_round_trip(
-                kind in control_kind(),
-                consumed in any::<u64>(),
-                reposted in any::<u64>(),
-                flip in any::<(usize, u8)>(),
-            ) {
-                let c = Control { kind, consumed, reposted };
-                let bytes = c.encode();
-                prop_assert_eq!(Control::decode(&bytes), Some(c));
-                let mut flipped = bytes;
-                flipped[flip.0 % CONTROL_LEN] ^= flip.1;
-                let _ = Control::decode(&flipped);
-            }
-        }
     }
 }
