@@ -75,6 +75,25 @@ fn report(name: &str, cases: u32, elapsed: Duration) {
     eprintln!("fuzz {name}: {cases} cases in {elapsed:.2?}");
 }
 
+/// Arbitrary text for a YAML decoder: anything, text of YAML's own characters (so the parser
+/// gets past the first token), and arbitrary bytes read as text.
+pub fn yaml_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "(?s).{0,200}",
+        "[-a-zA-Z0-9_:{}\\[\\],&*!|>'\"#%@` \n\t./]{0,200}",
+        vec(any::<u8>(), 0..200).prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
+    ]
+}
+
+/// [`mutated`] over text seeds with the shared [`TOKENS`]: files as a user could write them
+/// wrong, bytes that are not text included.
+pub fn mutated_files(seeds: &[&str]) -> impl Strategy<Value = Vec<u8>> + use<> {
+    mutated(
+        seeds.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        TOKENS,
+    )
+}
+
 /// Times `f` and fails when it takes longer than `limit` (for single huge or deep inputs that
 /// must be refused quickly, not only eventually). Returns `f`'s value and the time it took.
 pub fn timed<T: Send + 'static>(

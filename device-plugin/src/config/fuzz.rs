@@ -123,14 +123,7 @@ fn arbitrary_text_is_a_config_or_an_error() {
         "device-plugin config arbitrary text",
         2_000,
         LIMIT,
-        || {
-            prop_oneof![
-                "(?s).{0,200}",
-                "[-a-zA-Z0-9_:{}\\[\\],&*!|>'\"#%@` \n\t./]{0,200}",
-                proptest::collection::vec(any::<u8>(), 0..200)
-                    .prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
-            ]
-        },
+        fuzz::yaml_text,
         |text| check(&text, parse(&text, "fuzz")),
     );
 }
@@ -174,12 +167,7 @@ fn config_files_of_arbitrary_bytes_load_or_fail() {
         "device-plugin config files",
         300,
         LIMIT,
-        || {
-            fuzz::mutated(
-                SEEDS.iter().map(|s| s.as_bytes().to_vec()).collect(),
-                fuzz::TOKENS,
-            )
-        },
+        || fuzz::mutated_files(SEEDS),
         move |bytes| {
             std::fs::write(&path, &bytes).unwrap();
             let loaded = load(Some(&path));

@@ -121,14 +121,7 @@ fn arbitrary_text_is_a_config_or_an_error() {
         "injector profiles arbitrary text",
         2_000,
         LIMIT,
-        || {
-            prop_oneof![
-                "(?s).{0,200}",
-                "[-a-zA-Z0-9_:{}\\[\\],&*!|>'\"#%@` \n\t./]{0,200}",
-                proptest::collection::vec(any::<u8>(), 0..200)
-                    .prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
-            ]
-        },
+        fuzz::yaml_text,
         |text| check(&text, parse(&text, "fuzz")),
     );
 }

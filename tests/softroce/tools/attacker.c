@@ -517,8 +517,12 @@ static void step_flood(char **a)
 		} else if (kind == RDMA_CM_EVENT_ROUTE_RESOLVED) {
 			uint8_t pd[56];
 			client.sin_port = htons(1024 + rand() % 60000);
+			/* A made-up QP number from the top of the 24-bit space, far from the ones rxe
+			 * hands out: a request that reuses a live connection's number from the same
+			 * address makes the kernel's CM tear that connection down as stale (another
+			 * attack, docs/security.md), which this one is not about. */
 			struct rdma_conn_param cp = { .retry_count = 6, .rnr_retry_count = 7,
-						      .qp_num = 0x100 + sent };
+						      .qp_num = 0xf00000 + sent };
 			cp.private_data = pd;
 			cp.private_data_len = hello(NULL, &client, pd);
 			if (rdma_connect(id, &cp))

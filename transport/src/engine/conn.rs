@@ -31,15 +31,46 @@ const TAG_CONTROL: u64 = 2 << TAG_SHIFT;
 const TAG_PROBE: u64 = 3 << TAG_SHIFT;
 const TAG_MASK: u64 = (1 << TAG_SHIFT) - 1;
 
-/// A connection's region, its protection domain and the registration of everything in it but
-/// the receive ring: kept for the next connection when this one ends ([`super::pool`]). The
-/// receive ring, the one range the peer may write, is registered anew for each connection (a
-/// fresh remote key) after it was zeroed (none of the last peer's bytes).
+/// A connection's region, its protection domain and their registrations, ready for the next
+/// connection ([`super::pool`]): after its connection ended (its QP destroyed), the receive
+/// ring, the one range a peer may write, was zeroed (none of the last peer's bytes) and
+/// registered anew (a remote key no earlier peer learned). Done when the region is kept, not
+/// when it is taken, so it costs the next connection's setup nothing.
 pub(super) struct Buffers {
-    // Drop order: the MR, then its PD, then the memory it registers.
+    // Drop order: the MRs, then their PD, then the memory they register.
+    recv_mr: Mr,
     mr: Mr,
     pd: Pd,
     region: Arc<Region>,
+}
+
+/// What a finished connection leaves of its region before it is renewed for the next one.
+pub(super) struct Leftover {
+    mr: Mr,
+    pd: Pd,
+    region: Arc<Region>,
+    ring: usize,
+}
+
+impl Leftover {
+    /// The region made ready for another peer (see [`Buffers`]); None when that failed (the
+    /// caller drops the rest and releases its budget share).
+    pub(super) fn renewed(self) -> Option<Buffers> {
+        let Leftover {
+            mr,
+            pd,
+            region,
+            ring,
+        } = self;
+        region.zero(0, ring).ok()?;
+        let recv_mr = pd.register(&region, 0, ring, Access::RemoteWrite).ok()?;
+        Some(Buffers {
+            recv_mr,
+            mr,
+            pd,
+            region,
+        })
+    }
 }
 
 /// A connection's verbs resources and stream accounting.
@@ -142,8 +173,8 @@ impl Rdma {
         made
     }
 
-    /// A new region in a protection domain of its own, everything but the receive ring
-    /// registered (locally) on `device`.
+    /// A new region (zeroed by the kernel) in a protection domain of its own, registered on
+    /// `device`: the receive ring for the peer's writes, the rest for local access only.
     fn register(config: &EngineConfig, device: &Device) -> Result<Buffers, SetupError> {
         let ring = config.ring();
         let region = Arc::new(
@@ -156,7 +187,15 @@ impl Rdma {
         let mr = pd
             .register(&region, ring, config.region_bytes() - ring, Access::Local)
             .map_err(reg_error)?;
-        Ok(Buffers { mr, pd, region })
+        let recv_mr = pd
+            .register(&region, 0, ring, Access::RemoteWrite)
+            .map_err(reg_error)?;
+        Ok(Buffers {
+            recv_mr,
+            mr,
+            pd,
+            region,
+        })
     }
 
     fn make(
@@ -170,21 +209,16 @@ impl Rdma {
     ) -> Result<Rdma, SetupError> {
         let ring = config.ring();
         let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
-        let Buffers { mr, pd, region } = match buffers {
-            Some(b) => {
-                // The last peer's bytes go before the next peer can be told where the ring is.
-                b.region
-                    .zero(0, ring)
-                    .map_err(|e| SetupError::Local("clearing a kept ring", e))?;
-                b
-            }
+        // A kept region was renewed when it was kept: its ring is zeroed and its key fresh.
+        let Buffers {
+            recv_mr,
+            mr,
+            pd,
+            region,
+        } = match buffers {
+            Some(b) => b,
             None => Rdma::register(config, device)?,
         };
-        // The receive ring gets a registration (and so a remote key) of its own for every
-        // connection: a key an earlier peer learned reaches nothing.
-        let recv_mr = pd
-            .register(&region, 0, ring, Access::RemoteWrite)
-            .map_err(reg_error)?;
         let cq = device
             .create_cq(i32::try_from(rq + sq).unwrap_or(i32::MAX), token)
             .map_err(|e| SetupError::Local("ibv_create_cq", e))?;
@@ -244,11 +278,11 @@ impl Rdma {
     }
 
     /// What outlives the connection once its QP is destroyed (the caller destroyed it): the
-    /// region with its PD and local registration, and its budget share. The CQ and the receive
-    /// ring's registration go. None for the region while an app thread still copies from or
-    /// into it (a direct read or write): it is not reused, and unmapped when that thread lets
-    /// go.
-    pub(super) fn into_buffers(self) -> (Option<Buffers>, u64) {
+    /// region with its PD and local registration, to be renewed for another connection
+    /// ([`Leftover::renewed`]), and its budget share. The CQ and the receive ring's
+    /// registration go. None for the region while an app thread still copies from or into it
+    /// (a direct read or write): it is not reused, and unmapped when that thread lets go.
+    pub(super) fn into_leftover(self) -> (Option<Leftover>, u64) {
         let reusable = {
             let mut state = self.recv.lock();
             state.direct = false;
@@ -261,11 +295,18 @@ impl Rdma {
             pd,
             region,
             pinned,
+            ring,
             ..
         } = self;
         drop(cq);
         drop(recv_mr);
-        (reusable.then_some(Buffers { mr, pd, region }), pinned)
+        let leftover = Leftover {
+            mr,
+            pd,
+            region,
+            ring,
+        };
+        (reusable.then_some(leftover), pinned)
     }
 
     fn control_recv_off(&self) -> usize {

@@ -963,8 +963,13 @@ impl Loop {
             if let Some(rdma) = conn.rdma.take() {
                 // The QP is gone: the region may serve the next connection.
                 let device = rdma.device;
-                match rdma.into_buffers() {
-                    (Some(buffers), pinned) => {
+                let (leftover, pinned) = rdma.into_leftover();
+                // Renewed (zeroed, its ring registered anew) only when the pool takes it.
+                let kept = leftover
+                    .filter(|_| self.pool.has_room())
+                    .and_then(|l| l.renewed());
+                match kept {
+                    Some(buffers) => {
                         if let Some((buffers, pinned)) =
                             self.pool.put(device, buffers, pinned, Instant::now())
                         {
@@ -972,7 +977,7 @@ impl Loop {
                             drop(buffers);
                         }
                     }
-                    (None, pinned) => self.inner.budget.release(pinned),
+                    None => self.inner.budget.release(pinned),
                 }
             }
             id.destroy();

@@ -1,10 +1,11 @@
 //! Registered buffers kept for the next connection: registering a connection's region (pinning
 //! and mapping every page of both rings) is most of what a connect costs beyond the connection
 //! manager's round trips, and a program that opens short connections one after another pays
-//! it each time. A connection that ends gives its region and MR here (its QP is already
-//! destroyed, so no work request can touch them); the next connection on the same device takes
-//! them as they are (every region of an engine has its configuration's size). The old bytes in them are never read: a new
-//! stream's positions start at 0 and it reads only what its own peer wrote.
+//! it each time. A connection that ends gives its region here, with its protection domain and
+//! registrations (its QP is already destroyed, so no work request can touch them), once its
+//! receive ring was zeroed and registered anew (`conn::Leftover::renewed`): the next connection
+//! on the same device takes it as it is (every region of an engine has its configuration's
+//! size), and no key or byte of the last peer's reaches the next one.
 //!
 //! At most `max` entries, each kept at most `idle`: a process that stops connecting gives its
 //! pinned memory back after that. An entry keeps its share of the pinned-memory budget (the
@@ -43,6 +44,11 @@ impl<T> Pool<T> {
         Some((e.item, e.pinned))
     }
 
+    /// True when [`Pool::put`] would keep an entry.
+    pub(super) fn has_room(&self) -> bool {
+        self.entries.len() < self.max && !self.idle.is_zero()
+    }
+
     /// Keeps `item`; gives it back when there is no room (the caller drops it).
     pub(super) fn put(
         &mut self,
@@ -51,7 +57,7 @@ impl<T> Pool<T> {
         pinned: u64,
         now: Instant,
     ) -> Option<(T, u64)> {
-        if self.entries.len() >= self.max || self.idle.is_zero() {
+        if !self.has_room() {
             return Some((item, pinned));
         }
         self.entries.push(Entry {
@@ -116,11 +122,14 @@ mod tests {
         let mut p = Pool::new(2, IDLE);
         assert!(p.put(0, 'a', 1, now).is_none());
         assert!(p.put(0, 'b', 1, now).is_none());
+        assert!(!p.has_room());
         assert_eq!(p.put(0, 'c', 7, now), Some(('c', 7)));
         assert_eq!(p.len(), 2);
         let mut none = Pool::new(0, IDLE);
+        assert!(!none.has_room());
         assert_eq!(none.put(0, 'x', 3, now), Some(('x', 3)));
         let mut no_time = Pool::new(8, Duration::ZERO);
+        assert!(!no_time.has_room());
         assert_eq!(no_time.put(0, 'y', 4, now), Some(('y', 4)));
     }
 

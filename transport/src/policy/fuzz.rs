@@ -169,15 +169,7 @@ fn arbitrary_text_is_a_policy_or_a_one_line_error() {
         "policy arbitrary text",
         2_000,
         LIMIT,
-        || {
-            prop_oneof![
-                "(?s).{0,200}",
-                // YAML's own characters, so the parser gets past the first token.
-                "[-a-z0-9_:{}\\[\\],&*!|>'\"#%@` \n\t./]{0,200}",
-                proptest::collection::vec(any::<u8>(), 0..200)
-                    .prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
-            ]
-        },
+        fuzz::yaml_text,
         |text| check(&text, Policy::parse(&text)),
     );
 }
@@ -223,12 +215,7 @@ fn policy_files_of_arbitrary_bytes_load_or_fail_in_one_line() {
         "policy files",
         300,
         LIMIT,
-        || {
-            fuzz::mutated(
-                SEEDS.iter().map(|s| s.as_bytes().to_vec()).collect(),
-                fuzz::TOKENS,
-            )
-        },
+        || fuzz::mutated_files(SEEDS),
         move |bytes| {
             std::fs::write(&path, &bytes).unwrap();
             let loaded = Policy::load(&path);
