@@ -822,7 +822,8 @@ mod tests {
         s.parse().unwrap()
     }
 
-    const FULL: &str = r#"
+    /// The documented example, whole (also a seed of the fuzz tests).
+    pub(super) const FULL: &str = r#"
 # full example
 version: 1
 programs: [iperf3, "qemu-system-*"]

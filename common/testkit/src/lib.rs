@@ -8,7 +8,9 @@
 //! - `h2_raw` (feature `h2`): a raw HTTP/2 client for unary gRPC calls over a unix socket;
 //! - [`stats`]: the benchmarks' medians and percentiles;
 //! - [`shipped`]: the check that a shipped binary carries no test double;
-//! - [`process`]: a command run to its end under a time limit.
+//! - [`process`]: a command run to its end under a time limit;
+//! - `shared_runtime` (features `h2` or `kube`): one current-thread tokio runtime per test
+//!   binary, for property runs that drive async code case after case.
 #![warn(missing_docs)]
 // Only tests link this crate: a panic is how its helpers fail the calling test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -27,6 +29,19 @@ pub mod mock_api;
 pub mod process;
 pub mod shipped;
 pub mod stats;
+
+/// One current-thread tokio runtime (timers and I/O on) for the whole test binary: property
+/// runs block on it case after case instead of building a runtime each time.
+#[cfg(any(feature = "h2", feature = "kube"))]
+pub fn shared_runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    })
+}
 
 /// Runs `f` on a thread and fails the test if it takes longer than `limit`. A panic in `f`
 /// is propagated as is.

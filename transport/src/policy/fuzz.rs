@@ -23,26 +23,7 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// Valid policies in the shapes people write: the documented example, flow and JSON forms,
 /// IPv6 and mapped addresses, nulls, anchors and aliases, comments, an explicit document.
 const SEEDS: &[&str] = &[
-    r#"
-# the documented example
-version: 1
-programs: [iperf3, "qemu-system-*"]
-exclude_programs: [sshd, "kube*"]
-loopback: false
-client:
-  enabled: true
-  allow:
-    - {cidr: 10.0.0.0/8, ports: [5201, "8000-8100"]}
-    - {cidr: "fd00::/8"}
-  deny:
-    - {cidr: 10.0.5.0/24}
-    - {ports: [22]}
-server:
-  allow:
-    - {ports: [5201]}
-  deny:
-    - {cidr: 10.9.0.0/16, ports: [5201]}
-"#,
+    super::tests::FULL,
     r#"{"version": 1, "programs": ["python3.?"], "loopback": true,
         "client": {"allow": [{"cidr": "::ffff:10.0.0.0/104", "ports": ["1-65535"]}]},
         "server": {"enabled": false, "deny": [{}]}}"#,

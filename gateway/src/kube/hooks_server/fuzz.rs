@@ -10,8 +10,6 @@
 //! the same VMI (so the core de-duplicates the two triggers). A VMI nested ten thousand deep
 //! and one of almost 4 MiB (tonic's default message limit) are answered in bounded time.
 
-use std::sync::OnceLock;
-
 use proptest::prelude::*;
 use proptest::sample::select;
 use prost::Message;
@@ -35,13 +33,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 const BOUND: Duration = Duration::from_secs(20);
 
 fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-    })
+    rdma_streams_testkit::shared_runtime()
 }
 
 /// Answers `request` with a server on `node` whose core is gone (a call that would start a

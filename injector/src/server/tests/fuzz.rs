@@ -1,7 +1,5 @@
 //! Arbitrary bodies never panic the router and are always answered 200, 400 or 413.
 
-use std::sync::OnceLock;
-
 use axum::body::Body;
 use http::{Request, StatusCode};
 use proptest::prelude::*;
@@ -10,15 +8,8 @@ use tower::ServiceExt;
 use super::{FixedPatch, fixtures};
 use crate::server::{AdmissionConfig, AdmissionMetrics, admission::router};
 
-/// One runtime for all cases; the router needs one for `spawn_blocking`.
 fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-    })
+    rdma_streams_testkit::shared_runtime()
 }
 
 /// Posts `body` to `/mutate` with a 16 KiB limit and returns the status.

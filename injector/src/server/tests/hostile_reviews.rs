@@ -10,10 +10,7 @@
 //! and its patch applies to the object as the API server holds it. A review of a mebibyte,
 //! nesting ten thousand deep and a body over the limit are answered in bounded time.
 
-use std::{
-    sync::{Arc, OnceLock},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use axum::body::Body;
 use http::{Request, StatusCode};
@@ -35,15 +32,8 @@ use crate::{
 const LIMIT: Duration = Duration::from_secs(60);
 const BOUND: Duration = Duration::from_secs(20);
 
-/// One runtime for every case.
 fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-    })
+    rdma_streams_testkit::shared_runtime()
 }
 
 /// Posts `body` to `/mutate` of a router with the default limits and the injector's handler
