@@ -21,6 +21,7 @@ pub mod policy;
 pub mod probe;
 pub mod rdma;
 pub mod reason;
+pub mod route;
 mod sockaddr;
 pub mod stats;
 pub mod wire;

@@ -3,9 +3,10 @@
 //! serde_yaml 0.9 parses with unsafe-libyaml (libyaml 0.2.5 translated to Rust). For every token
 //! its scanner walks the stack of possible simple keys, which holds one entry per open flow
 //! collection (`[`, `{`), so flow collections nested n deep cost O(n²) or worse. Measured on a
-//! release build: 160 KB of `{a: ` took 2.6 s, 320 KB 16 s, 640 KB 4 minutes; a 1 MiB policy
-//! file would stall every shimmed process of a pod for about half an hour (upstream:
-//! yaml/yaml-serde#1, "Parsing deeply nested flow collection is quadratically slow"). serde_yaml's
+//! release build: 160 KiB of `{a: ` took 3.2 s, 320 KiB 32.5 s (`cargo test --release -p
+//! rdma-streams-transport --lib -- --ignored --nocapture serde_yaml_alone`); a 1 MiB policy
+//! file would stall every shimmed process of a pod far longer (upstream: yaml/yaml-serde#1,
+//! "Parsing deeply nested flow collection is quadratically slow"). serde_yaml's
 //! own nesting limit (128) does not help: it is applied while deserializing, after the scanner
 //! has read the whole document.
 //!

@@ -263,6 +263,17 @@ fn nft(args: &[&str], stdin: Option<&str>) -> Result<String, NftError> {
 mod tests {
     use super::*;
 
+    /// Migration u1's rule: two ports of 10.2.0.2 to port 35000.
+    fn u1_rule() -> CaptureRule {
+        CaptureRule {
+            table: table_name("u1"),
+            target: "10.2.0.2".parse().unwrap(),
+            ports: vec![40001, 40002],
+            redirect_port: 35000,
+            mark: 0x52474d57,
+        }
+    }
+
     #[test]
     fn table_names_are_nft_identifiers() {
         assert_eq!(
@@ -273,13 +284,7 @@ mod tests {
 
     #[test]
     fn the_rules_redirect_only_the_ports_and_skip_the_mark() {
-        let rule = CaptureRule {
-            table: table_name("u1"),
-            target: "10.2.0.2".parse().unwrap(),
-            ports: vec![40001, 40002],
-            redirect_port: 35000,
-            mark: 0x52474d57,
-        };
+        let rule = u1_rule();
         let rules = rule.rules();
         assert_eq!(rules.len(), 3, "the mark, then one per port");
         assert_eq!(rules[0][2], Expr::Return);
@@ -306,13 +311,7 @@ mod tests {
             let ns = crate::testing::TestNetns::start();
             // A table of that name left by an older gateway (no owner) is replaced.
             ns.nft("add table ip rdma_gw_u1");
-            let rule = CaptureRule {
-                table: table_name("u1"),
-                target: "10.2.0.2".parse().unwrap(),
-                ports: vec![40001, 40002],
-                redirect_port: 35000,
-                mark: 0x52474d57,
-            };
+            let rule = u1_rule();
             let table = install(&ns.path(), &rule).unwrap();
             let text = ns.nft("list table ip rdma_gw_u1");
             for want in [

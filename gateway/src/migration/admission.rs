@@ -24,9 +24,8 @@ use std::{
 use super::state::{Handles, NoTarget, Shared};
 use crate::streams::{
     challenges::IssueError,
-    outbound::random_nonce,
     payload::{Answer, Hello, Open, PayloadError, Proof},
-    transcript::{Label, Tag, Transcript},
+    transcript::{Label, Tag, Transcript, random_nonce},
 };
 
 /// What became of a request (metric label `outcome`).

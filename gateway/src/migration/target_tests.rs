@@ -170,7 +170,7 @@ async fn open(
             &source_keys,
             &opening(dst),
             Instant::now() + bound,
-            outbound::random_nonce,
+            crate::streams::transcript::random_nonce,
         )
     })
     .await

@@ -9,7 +9,7 @@
 
 use std::{
     io,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
+    net::{IpAddr, SocketAddr},
     time::{Duration, Instant},
 };
 
@@ -21,7 +21,7 @@ use super::{
     fallback::Fallback,
     keys::PeerKeys,
     payload::{Answer, Hello, Open, Proof, UidDigest, ticket_of},
-    transcript::{Label, Nonce, Transcript},
+    transcript::{Label, Nonce, Transcript, random_nonce},
 };
 
 /// How long the source waits before it asks again when the peer does not know the migration
@@ -88,13 +88,6 @@ pub struct Opening {
     pub target_gateway: IpAddr,
 }
 
-/// A fresh random nonce (`getrandom`).
-pub fn random_nonce() -> Option<Nonce> {
-    let mut n = [0u8; 16];
-    getrandom::fill(&mut n).ok()?;
-    Some(n)
-}
-
 /// The address this gateway opens streams to `peer` from: `configured` (the `--listen`
 /// address) when it is of the peer's family, else the kernel's choice for the route to the
 /// peer (what the connection manager would pick), found with an unsent UDP connect.
@@ -102,14 +95,7 @@ pub fn source_address(peer: SocketAddr, configured: Option<IpAddr>) -> io::Resul
     if let Some(ip) = configured.filter(|ip| ip.is_ipv4() == peer.is_ipv4()) {
         return Ok(ip);
     }
-    let any: SocketAddr = if peer.is_ipv4() {
-        (Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    let probe = UdpSocket::bind(any)?;
-    probe.connect(peer)?;
-    Ok(probe.local_addr()?.ip())
+    rdma_streams_transport::route::source_for(peer)
 }
 
 /// Opens a stream to the gateway at `peer` for `opening.destination` within `timeout`, from

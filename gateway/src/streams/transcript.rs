@@ -33,6 +33,13 @@ pub const TAG_LEN: usize = 16;
 
 /// A side's fresh random nonce.
 pub type Nonce = [u8; NONCE_LEN];
+
+/// A fresh random nonce (`getrandom`); None when the kernel gives none.
+pub fn random_nonce() -> Option<Nonce> {
+    let mut n = [0u8; NONCE_LEN];
+    getrandom::fill(&mut n).ok()?;
+    Some(n)
+}
 /// A truncated HMAC.
 pub type Tag = [u8; TAG_LEN];
 

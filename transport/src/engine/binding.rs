@@ -139,6 +139,11 @@ impl Binding {
     pub(super) fn confirm_seen(&self) -> bool {
         self.confirm_seen
     }
+
+    /// The peer's FIN came.
+    pub(super) fn peer_fin(&self) -> bool {
+        self.fin
+    }
 }
 
 #[cfg(test)]
@@ -198,6 +203,7 @@ mod tests {
         assert!(b.on_control(ControlKind::Confirm).is_err(), "a second");
         assert_eq!(b.on_data(), Ok(()));
         assert_eq!(b.on_control(ControlKind::Fin), Ok(()));
+        assert!(b.peer_fin());
         assert_eq!(b.on_data(), Err(Violation::AfterFin));
     }
 }

@@ -117,8 +117,8 @@ pub(super) struct Rdma {
     /// posted.
     quiet: bool,
     pub(super) last_rx: Instant,
-    pub(super) peer_fin: bool,
-    /// What the peer may send, by the handshake ([`super::binding`]).
+    /// What the peer may send, by the handshake, and whether its FIN came
+    /// ([`super::binding`]).
     pub(super) binding: Binding,
 }
 
@@ -162,11 +162,14 @@ impl Rdma {
                 (None, pinned)
             }
         };
-        let made =
-            Rdma::make(config, (device, index), buffers, id, token, now, pinned).map(|mut rdma| {
-                rdma.binding = Binding::new(handshake);
-                rdma
-            });
+        let made = Rdma::make(
+            config,
+            (device, index),
+            buffers,
+            (id, token, handshake),
+            now,
+            pinned,
+        );
         if made.is_err() {
             budget.release(pinned);
         }
@@ -202,8 +205,7 @@ impl Rdma {
         config: &EngineConfig,
         (device, index): (&Device, usize),
         buffers: Option<Buffers>,
-        id: CmId,
-        token: u64,
+        (id, token, handshake): (CmId, u64, super::Handshake),
         now: Instant,
         pinned: u64,
     ) -> Result<Rdma, SetupError> {
@@ -267,8 +269,7 @@ impl Rdma {
             ready: false,
             quiet: false,
             last_rx: now,
-            peer_fin: false,
-            binding: Binding::new(super::Handshake::Open),
+            binding: Binding::new(handshake),
         };
         for slot in 0..rq {
             rdma.post_recv(u64::from(slot))
@@ -388,7 +389,7 @@ impl Rdma {
 
     fn completion(&mut self, wc: &Wc, now: Instant) -> Result<(), String> {
         if wc.status != WC_SUCCESS {
-            if self.peer_fin {
+            if self.peer_fin() {
                 // The peer's FIN is in, so every byte of its direction arrived: a failure now
                 // (a credit report, a probe, flushed receives) means the peer is gone. Nothing
                 // more is posted; what arrived is still delivered, and the stream ends once it
@@ -455,7 +456,6 @@ impl Rdma {
         self.sender.room_changed(&state);
         drop(state);
         if control.kind == ControlKind::Fin {
-            self.peer_fin = true;
             self.recv.lock().peer_fin = true;
         }
         Ok(())
@@ -634,7 +634,7 @@ impl Rdma {
         let sent = self.sender.lock().flow.as_ref().map_or(0, SendFlow::sent);
         format!(
             "peer FIN {}, our FIN {}{}, {} bytes arrived, {} sent, {} pending",
-            if self.peer_fin { "in" } else { "not in" },
+            if self.peer_fin() { "in" } else { "not in" },
             if self.fin_done() {
                 "acknowledged"
             } else if self.fin_queued() {
@@ -706,6 +706,11 @@ impl Rdma {
     /// Bytes that arrived and wait for the local side.
     pub(super) fn has_pending(&self) -> bool {
         self.recv.lock().flow.has_pending()
+    }
+
+    /// The peer's FIN came (so every byte of its direction arrived or is on its way in order).
+    pub(super) fn peer_fin(&self) -> bool {
+        self.binding.peer_fin()
     }
 
     /// FIN was sent and its completion came back (so every byte before it arrived).
@@ -1253,7 +1258,11 @@ impl StreamConn {
             return Ok(false);
         };
         rdma.poll(now)?;
-        if let Some(secret) = rdma.binding.claim() {
+        // The connecting side waits for CLAIM before it attaches: told once it came, and
+        // nothing to tell after the attach.
+        if matches!(app, App::Unattached)
+            && let Some(secret) = rdma.binding.claim()
+        {
             shared.claimed(secret);
         }
         let App::Stream(a) = app else {
@@ -1271,7 +1280,7 @@ impl StreamConn {
             (a.on_event)(Event::Decided(StreamPath::Rdma));
         }
         pump(rdma, a, draining).map_err(|e| format!("local side: {e}"))?;
-        let inbound_done = rdma.peer_fin && a.local_shut && !rdma.has_pending();
+        let inbound_done = rdma.peer_fin() && a.local_shut && !rdma.has_pending();
         // A peer gone after its FIN (its process exited, say) ends the stream once the app has
         // every byte it sent and its EOF, as a TCP socket's would: what the app writes from now
         // on has nowhere to go (the closed local side answers EPIPE, or a reset when it held
@@ -1369,7 +1378,7 @@ impl StreamConn {
 fn pump(rdma: &mut Rdma, a: &mut Attached, draining: bool) -> io::Result<()> {
     rdma.set_direct(true);
     let received = rdma.deliver_to(&a.local, &mut a.local_ready)? + rdma.take_direct_bytes();
-    if rdma.peer_fin && !rdma.has_pending() && !a.local_shut {
+    if rdma.peer_fin() && !rdma.has_pending() && !a.local_shut {
         fd::shutdown_quietly(a.local.as_fd(), Shutdown::Write);
         a.local_shut = true;
     }

@@ -891,7 +891,7 @@ impl Loop {
         if conn.peer_gone
             && conn.error.is_none()
             && matches!(conn.app, App::Stream(_) | App::Unattached)
-            && !conn.rdma.as_ref().is_some_and(|r| r.peer_fin)
+            && !conn.rdma.as_ref().is_some_and(Rdma::peer_fin)
         {
             let state = conn.rdma.as_ref().map(Rdma::describe).unwrap_or_default();
             conn.fail(format!("the peer disconnected ({state})"), &mut fds);

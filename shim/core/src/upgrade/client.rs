@@ -12,13 +12,14 @@
 //!    then CONFIRM, swap. Nothing: the stream is aborted (the server, without the proof and
 //!    CONFIRM, stays on TCP) and so does the client.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr};
 
 use libc::c_int;
 use rdma_streams_transport::engine::{Attach, ConnectError, ConnectRequest, Handshake, RejectedBy};
 use rdma_streams_transport::handshake::{self, Hello, Message};
 use rdma_streams_transport::policy::canonical_ip;
 use rdma_streams_transport::reason::{Path, Reason, Role};
+use rdma_streams_transport::route;
 use rdma_streams_transport::wire::TransportReject;
 
 use super::engine::engine;
@@ -219,16 +220,10 @@ fn ensure_bound(fd: c_int, peer: SocketAddr) -> Option<SocketAddr> {
     sys::local_addr(fd).filter(|a| a.port() != 0)
 }
 
-/// The source address the kernel would pick for `peer` (a connected UDP socket; no packet is
-/// sent), in the family of the app's socket (`local`).
+/// The source address the kernel would pick for `peer`, in the family of the app's socket
+/// (`local`).
 fn route_source(peer: SocketAddr, local: SocketAddr) -> Option<IpAddr> {
-    let any: SocketAddr = match peer {
-        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
-    };
-    let udp = UdpSocket::bind(any).ok()?;
-    udp.connect(peer).ok()?;
-    let ip = udp.local_addr().ok()?.ip();
+    let ip = route::source_for(peer).ok()?;
     Some(match (local, ip) {
         // An AF_INET6 app socket reaching an IPv4 peer (v4-mapped): bind the mapped form.
         (SocketAddr::V6(_), IpAddr::V4(v4)) => IpAddr::V6(v4.to_ipv6_mapped()),
@@ -239,6 +234,7 @@ fn route_source(peer: SocketAddr, local: SocketAddr) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     #[test]
     fn connect_errors_map_to_reasons() {
