@@ -2,8 +2,10 @@
 //! cases and a wall-clock limit, and the input generators the decoders' fuzz tests share.
 //!
 //! - [`run`]: `cases` inputs through a test body under a time limit; a failure is shrunk and
-//!   printed in the panic message, nothing is written into the source tree (no failure
-//!   persistence). Each run prints one line with its case count and its time.
+//!   printed in the panic message with the seed that replays it, nothing is written into the
+//!   source tree (no failure persistence). The cases are fixed per run name unless
+//!   `PROPTEST_RNG_SEED` says otherwise. Each run prints one line with its case count and its
+//!   time.
 //! - [`mutated`]: a valid input with bytes set, flipped, inserted, removed, repeated (long
 //!   strings, deep nesting), hostile tokens spliced in, truncated or extended.
 //! - [`hostile_token`]: a scalar or fragment as text (huge, negative and non-finite numbers in
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 use serde_json::{Map, Value};
 
 /// Largest input [`mutated`] produces: the repeats stop growing it past this.
@@ -49,12 +51,14 @@ pub fn run<S, F>(
     F: Fn(S::Value) -> Result<(), TestCaseError> + Send + 'static,
 {
     let started = Instant::now();
+    let seed = seed(name);
     let result = crate::within(limit, move || {
         let config = Config {
             cases,
             failure_persistence: None,
             // Shrinking a failure must not turn it into a timeout.
             max_shrink_time: u32::try_from(limit.as_millis() / 3).unwrap_or(u32::MAX),
+            rng_seed: RngSeed::Fixed(seed),
             ..Config::default()
         };
         TestRunner::new(config)
@@ -62,17 +66,32 @@ pub fn run<S, F>(
             .map_err(|e| e.to_string())
     });
     if let Err(failure) = result {
-        panic!("fuzz {name}: {failure}");
+        panic!("fuzz {name} (PROPTEST_RNG_SEED={seed}): {failure}");
     }
-    report(name, cases, started.elapsed());
+    report(name, cases, seed, started.elapsed());
+}
+
+/// The run's seed: `PROPTEST_RNG_SEED` when set (to explore, or to replay a failure), otherwise
+/// one fixed per run name, so `make test` draws the same cases every time and a failure
+/// reproduces with the seed its message prints.
+fn seed(name: &str) -> u64 {
+    if let Ok(text) = std::env::var("PROPTEST_RNG_SEED")
+        && let Ok(seed) = text.trim().parse()
+    {
+        return seed;
+    }
+    // `DefaultHasher::new` has fixed keys: the same seed on every run of one build.
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(name, &mut hasher);
+    std::hash::Hasher::finish(&hasher)
 }
 
 #[allow(
     clippy::print_stderr,
     reason = "the run's time is the point of the line; cargo test shows it with --nocapture"
 )]
-fn report(name: &str, cases: u32, elapsed: Duration) {
-    eprintln!("fuzz {name}: {cases} cases in {elapsed:.2?}");
+fn report(name: &str, cases: u32, seed: u64, elapsed: Duration) {
+    eprintln!("fuzz {name}: {cases} cases in {elapsed:.2?} (PROPTEST_RNG_SEED={seed})");
 }
 
 /// Arbitrary text for a YAML decoder: anything, text of YAML's own characters (so the parser
