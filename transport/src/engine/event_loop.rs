@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 
-use super::conn::{App, Buffers, CmPhase, Fds, Offer, Rdma, SetupError, StreamConn};
+use super::link::{Buffers, Link, SetupError};
 use super::pool::Pool;
 use super::shared::{ConnShared, ConnectError, RejectedBy};
+use super::stream::{App, CmPhase, Fds, Offer, StreamConn};
 use super::{Acceptor, Attach, Command, Conn, Decision, EngineError, Handshake, Inner, Request};
 use crate::rdma::{CmId, ConnSettings, Context, Device, EventChannel, EventKind, Lib};
 use crate::wire::{Kind, PrivateData, RingInfo, TransportReject};
@@ -251,12 +252,7 @@ impl Loop {
 
     fn commands(&mut self) {
         loop {
-            let next = self
-                .inner
-                .commands
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .pop_front();
+            let next = self.inner.commands.lock().pop_front();
             let Some(command) = next else { return };
             match command {
                 Command::Connect {
@@ -445,13 +441,13 @@ impl Loop {
         let (Some(id), Some(offer)) = (conn.id, conn.offer) else {
             return;
         };
-        if conn.rdma.is_none() {
+        if conn.link.is_none() {
             match self.setup(id, token, offer.handshake) {
-                Ok(mut rdma) => {
-                    rdma.set_peer(offer.ring);
+                Ok(mut link) => {
+                    link.set_peer(offer.ring);
                     if let Some(conn) = self.conns.get_mut(&token) {
-                        conn.shared.set_sides(rdma.receiver(), rdma.sender());
-                        conn.rdma = Some(rdma);
+                        conn.shared.set_sides(link.receiver(), link.sender());
+                        conn.link = Some(link);
                     }
                 }
                 Err(e) => {
@@ -475,10 +471,10 @@ impl Loop {
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
-        let Some(rdma) = conn.rdma.as_mut() else {
+        let Some(link) = conn.link.as_mut() else {
             return;
         };
-        let data = PrivateData::encode(Kind::Accept, rdma.ring_info(), payload);
+        let data = PrivateData::encode(Kind::Accept, link.ring_info(), payload);
         let settings = ConnSettings {
             private_data: &data,
             retry_count: RETRIES,
@@ -486,8 +482,7 @@ impl Loop {
         };
         match id.accept(&settings) {
             Ok(()) => {
-                rdma.ready = true;
-                rdma.last_rx = now;
+                link.set_ready(now);
                 conn.cm = CmPhase::Accepted;
                 conn.shared.established(Vec::new());
                 if matches!(conn.app, App::Unattached) {
@@ -528,13 +523,13 @@ impl Loop {
         Ok(i)
     }
 
-    fn setup(&mut self, id: CmId, token: u64, handshake: Handshake) -> Result<Rdma, SetupError> {
+    fn setup(&mut self, id: CmId, token: u64, handshake: Handshake) -> Result<Link, SetupError> {
         let dev = self
             .device_for(id.verbs())
             .map_err(|e| SetupError::Local("opening the device", e))?;
         let device = &self.devices[dev];
         let kept = self.pool.take(dev);
-        Rdma::new(
+        Link::new(
             &self.inner.config,
             &self.inner.budget,
             (device, dev),
@@ -660,76 +655,19 @@ impl Loop {
         all >= config.max_unattached || theirs >= config.max_unattached_per_peer
     }
 
+    /// A CM event for an active or established connection (incoming requests are
+    /// [`Self::incoming`]'s): each kind advances its connection one step.
     fn conn_event(&mut self, token: u64, kind: EventKind, status: i32, data: &[u8]) {
-        let now = Instant::now();
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
         let Some(id) = conn.id else { return };
-        let fail_connect = |conn: &mut StreamConn, e: ConnectError| {
-            conn.error = Some(e.to_string());
-            conn.shared.fail(e);
-        };
         match kind {
             EventKind::AddrResolved if conn.cm == CmPhase::Resolving => {
-                if id.verbs().is_some_and(Context::is_iwarp) {
-                    fail_connect(conn, ConnectError::Iwarp);
-                } else {
-                    let ms = self.connecting.get(&token).map_or(1000, |c| c.1);
-                    if let Err(e) = id.resolve_route(ms) {
-                        fail_connect(
-                            conn,
-                            ConnectError::Unreachable {
-                                what: "rdma_resolve_route",
-                                status: e.raw_os_error().unwrap_or(0),
-                            },
-                        );
-                    }
-                }
+                self.addr_resolved(token, id);
             }
             EventKind::RouteResolved if conn.cm == CmPhase::Resolving => {
-                let (payload, handshake) = self
-                    .connecting
-                    .remove(&token)
-                    .map_or((Vec::new(), Handshake::Open), |c| (c.0, c.2));
-                // `setup` borrows the whole engine, so the connection is looked up again after
-                // it (`setup` removes none; were it gone, there would be nothing to connect).
-                let setup = self.setup(id, token, handshake);
-                let Some(conn) = self.conns.get_mut(&token) else {
-                    return;
-                };
-                match setup {
-                    Ok(rdma) => {
-                        let data = PrivateData::encode(Kind::Connect, rdma.ring_info(), &payload);
-                        let settings = ConnSettings {
-                            private_data: &data,
-                            retry_count: RETRIES,
-                            rnr_retry_count: RNR_RETRIES,
-                        };
-                        conn.shared.set_sides(rdma.receiver(), rdma.sender());
-                        conn.rdma = Some(rdma);
-                        match id.connect(&settings) {
-                            Ok(()) => conn.cm = CmPhase::Connecting,
-                            Err(e) => fail_connect(
-                                conn,
-                                ConnectError::Local {
-                                    what: "rdma_connect",
-                                    error: e.to_string(),
-                                },
-                            ),
-                        }
-                    }
-                    Err(e) => fail_connect(
-                        conn,
-                        match e {
-                            SetupError::Memlock => ConnectError::Memlock,
-                            SetupError::Local(what, error) => ConnectError::Local {
-                                what,
-                                error: error.to_string(),
-                            },
-                        },
-                    ),
-                }
+                self.route_resolved(token, id);
             }
             EventKind::AddrError
             | EventKind::RouteError
@@ -753,29 +691,10 @@ impl Loop {
                 };
                 fail_connect(conn, ConnectError::Rejected(by));
             }
-            EventKind::Established => match conn.cm {
-                CmPhase::Connecting => match PrivateData::decode(data, Kind::Accept) {
-                    Ok(accept) => {
-                        if let Some(rdma) = conn.rdma.as_mut() {
-                            rdma.set_peer(accept.ring);
-                            rdma.ready = true;
-                            rdma.last_rx = now;
-                        }
-                        conn.cm = CmPhase::Established;
-                        conn.shared.set_peer(id.peer_addr());
-                        conn.shared.established(accept.payload);
-                        conn.unattached_deadline = Some(now + self.inner.config.unattached_timeout);
-                    }
-                    Err(bad) => fail_connect(conn, ConnectError::NotOurPeer(bad)),
-                },
-                CmPhase::Accepted => {
-                    conn.cm = CmPhase::Established;
-                    if let Some(rdma) = conn.rdma.as_mut() {
-                        rdma.last_rx = now;
-                    }
-                }
-                _ => {}
-            },
+            EventKind::Established => {
+                let unattached_timeout = self.inner.config.unattached_timeout;
+                established(conn, id, data, Instant::now(), unattached_timeout);
+            }
             EventKind::Disconnected => {
                 conn.peer_gone = true;
                 if matches!(conn.cm, CmPhase::Disconnecting(_)) {
@@ -795,6 +714,65 @@ impl Loop {
         self.dirty.push(token);
     }
 
+    /// The active side's address resolved: the route next (iWARP is refused: its port space
+    /// is the kernel's TCP ports).
+    fn addr_resolved(&mut self, token: u64, id: CmId) {
+        let ms = self.connecting.get(&token).map_or(1000, |c| c.1);
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if id.verbs().is_some_and(Context::is_iwarp) {
+            fail_connect(conn, ConnectError::Iwarp);
+        } else if let Err(e) = id.resolve_route(ms) {
+            fail_connect(
+                conn,
+                ConnectError::Unreachable {
+                    what: "rdma_resolve_route",
+                    status: e.raw_os_error().unwrap_or(0),
+                },
+            );
+        }
+    }
+
+    /// The active side's route resolved: its resources are set up and the connect request
+    /// sent, with our ring in its private data.
+    fn route_resolved(&mut self, token: u64, id: CmId) {
+        let (payload, handshake) = self
+            .connecting
+            .remove(&token)
+            .map_or((Vec::new(), Handshake::Open), |c| (c.0, c.2));
+        // `setup` borrows the whole engine, so the connection is looked up after it (`setup`
+        // removes none; were it gone, there would be nothing to connect).
+        let setup = self.setup(id, token, handshake);
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let link = match setup {
+            Ok(link) => link,
+            Err(SetupError::Memlock) => return fail_connect(conn, ConnectError::Memlock),
+            Err(SetupError::Local(what, error)) => {
+                let error = error.to_string();
+                return fail_connect(conn, ConnectError::Local { what, error });
+            }
+        };
+        let data = PrivateData::encode(Kind::Connect, link.ring_info(), &payload);
+        let settings = ConnSettings {
+            private_data: &data,
+            retry_count: RETRIES,
+            rnr_retry_count: RNR_RETRIES,
+        };
+        conn.shared.set_sides(link.receiver(), link.sender());
+        conn.link = Some(link);
+        match id.connect(&settings) {
+            Ok(()) => conn.cm = CmPhase::Connecting,
+            Err(e) => {
+                let error = e.to_string();
+                let what = "rdma_connect";
+                fail_connect(conn, ConnectError::Local { what, error });
+            }
+        }
+    }
+
     fn cq_events(&mut self, dev: usize) {
         let Some(device) = self.devices.get(dev) else {
             return;
@@ -802,8 +780,8 @@ impl Loop {
         loop {
             match device.next_cq_event() {
                 Ok(Some(token)) => {
-                    if let Some(rdma) = self.conns.get_mut(&token).and_then(|c| c.rdma.as_mut()) {
-                        rdma.note_cq_event();
+                    if let Some(link) = self.conns.get_mut(&token).and_then(|c| c.link.as_mut()) {
+                        link.note_cq_event();
                     }
                     self.dirty.push(token);
                 }
@@ -891,9 +869,9 @@ impl Loop {
         if conn.peer_gone
             && conn.error.is_none()
             && matches!(conn.app, App::Stream(_) | App::Unattached)
-            && !conn.rdma.as_ref().is_some_and(Rdma::peer_fin)
+            && !conn.link.as_ref().is_some_and(Link::peer_fin)
         {
-            let state = conn.rdma.as_ref().map(Rdma::describe).unwrap_or_default();
+            let state = conn.link.as_ref().map(Link::describe).unwrap_or_default();
             conn.fail(format!("the peer disconnected ({state})"), &mut fds);
         }
         let stream_over = conn.error.is_some()
@@ -955,15 +933,15 @@ impl Loop {
             return;
         };
         if let Some(id) = conn.id.take() {
-            if let Some(rdma) = &conn.rdma {
+            if let Some(link) = &mut conn.link {
                 // No writer posts on the QP from now on.
-                rdma.stop_writers();
+                link.set_writing(false);
                 id.destroy_qp();
             }
-            if let Some(rdma) = conn.rdma.take() {
+            if let Some(link) = conn.link.take() {
                 // The QP is gone: the region may serve the next connection.
-                let device = rdma.device;
-                let (leftover, pinned) = rdma.into_leftover();
+                let device = link.device();
+                let (leftover, pinned) = link.into_leftover();
                 // Renewed (zeroed, its ring registered anew) only when the pool takes it.
                 let kept = leftover
                     .filter(|_| self.pool.has_room())
@@ -981,11 +959,51 @@ impl Loop {
                 }
             }
             id.destroy();
-        } else if let Some(rdma) = conn.rdma.take() {
-            self.inner.budget.release(rdma.pinned);
+        } else if let Some(link) = conn.link.take() {
+            self.inner.budget.release(link.pinned());
         }
         if matches!(conn.app, App::Unattached) {
             conn.shared.closed();
         }
+    }
+}
+
+/// The connection was not established: its handles are told why.
+fn fail_connect(conn: &mut StreamConn, e: ConnectError) {
+    conn.error = Some(e.to_string());
+    conn.shared.fail(e);
+}
+
+/// ESTABLISHED: the active side takes the peer's ring from its accept (private data that is
+/// not ours fails the connect) and waits for its attach until `unattached_timeout`; the
+/// passive side, which sent its accept, just hears the peer.
+fn established(
+    conn: &mut StreamConn,
+    id: CmId,
+    data: &[u8],
+    now: Instant,
+    unattached_timeout: Duration,
+) {
+    match conn.cm {
+        CmPhase::Connecting => match PrivateData::decode(data, Kind::Accept) {
+            Ok(accept) => {
+                if let Some(link) = conn.link.as_mut() {
+                    link.set_peer(accept.ring);
+                    link.set_ready(now);
+                }
+                conn.cm = CmPhase::Established;
+                conn.shared.set_peer(id.peer_addr());
+                conn.shared.established(accept.payload);
+                conn.unattached_deadline = Some(now + unattached_timeout);
+            }
+            Err(bad) => fail_connect(conn, ConnectError::NotOurPeer(bad)),
+        },
+        CmPhase::Accepted => {
+            conn.cm = CmPhase::Established;
+            if let Some(link) = conn.link.as_mut() {
+                link.heard(now);
+            }
+        }
+        _ => {}
     }
 }

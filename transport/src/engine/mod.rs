@@ -1,12 +1,6 @@
 //! The stream engine: RDMA streams over the connection manager and verbs, driven by one event
 //! loop thread per process.
 //!
-//! An [`Engine`] owns one thread that sleeps in `epoll_wait` on the CM event channel, each
-//! device's completion channel, a wake-up eventfd, and every attached connection's local fd
-//! (the app's socketpair end, or a TCP socket) and kept TCP socket. Every CM call, every verb
-//! and every byte moved happens on that thread; other threads talk to it through [`Conn`] and
-//! [`Listener`] handles (a command queue plus the eventfd) and wait on a connection's state.
-//!
 //! A connection is one RC queue pair with a receive ring the peer writes into and a send ring
 //! its own writes come from ([`crate::flow`] has the arithmetic, [`crate::wire`] the bytes).
 //! Its life: connect (or an incoming request the listener's [`Acceptor`] decides on), then
@@ -14,36 +8,75 @@
 //! (FIN each way, then a CM disconnect) or one failed (disconnect at once; the local fd is shut
 //! down and a kept TCP socket reset). A peer that vanishes is noticed by a zero-length RDMA
 //! WRITE after [`EngineConfig::keepalive`] of silence, which fails after the QP's retries.
+//!
+//! # Threads
+//!
+//! An [`Engine`] owns one thread that sleeps in `epoll_wait` on the CM event channel, each
+//! device's completion channel, a wake-up eventfd, and every attached connection's local fd
+//! (the app's socketpair end, or a TCP socket) and kept TCP socket. That thread makes every CM
+//! call, creates and destroys every verbs resource, polls every CQ and moves the bytes the app
+//! sends and reads through its socketpair. Other threads talk to it through [`Conn`] and
+//! [`Listener`] handles (a command queue plus the eventfd) and wait on a connection's state
+//! (`shared`).
+//!
+//! Two things happen on the app's threads, and only these: a [`Reader`] copies received bytes
+//! out of the receive ring (`rx`), and a [`Writer`] copies bytes into the send ring and posts
+//! the RDMA write itself (`tx`). Each half keeps its state behind its own lock, private to
+//! its module; the locks are taken in one order, written down and checked in debug builds in
+//! `lock_order`. The engine turns both off, under those locks, before a connection's queue
+//! pair is destroyed or its region serves another connection.
+//!
+//! # Modules
+//!
+//! The cut follows the kernel's `net/smc`:
+//!
+//! | module | concern | net/smc |
+//! | --- | --- | --- |
+//! | `tx` | the send half: data writes, control messages and probes posted, signalling, direct writes | `smc_tx.c` |
+//! | `rx` | the receive half: arrivals, delivery, credits owed, direct reads | `smc_rx.c` |
+//! | `cdc` | control messages: queued, posted, completed; a peer's checked | `smc_cdc.c` |
+//! | `wr` | work request ids and completions told apart | `smc_wr.c` |
+//! | `link` | one queue pair's resources; completions handed to the halves | `smc_core.c` (link) |
+//! | `stream` | one connection's life: attach, binding, relay, fail, finish | `smc_close.c`, `af_smc.c` |
+//! | `binding`, `proof` | what the peer may send by the handshake; the TCP proof | (SMC's CLC handshake) |
+//! | `event_loop` | the thread: epoll, CM events, commands, timers | |
+//! | `relay` | a connection that stays on TCP, relayed | |
+//! | `pool`, `budget`, `pin_limits` | kept regions and the pinned-memory budget | |
 
 mod binding;
 mod budget;
-mod conn;
-mod direct;
+mod cdc;
 mod event_loop;
+mod link;
+mod lock_order;
 mod pin_limits;
 mod pool;
 mod proof;
 mod relay;
-mod sender;
+mod rx;
 mod shared;
+mod stream;
+mod tx;
+mod wr;
 
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 pub use budget::Budget;
-pub use direct::Reader;
 pub use pin_limits::{MEMORY_SHARE, PinLimits};
-pub use sender::Writer;
+pub use rx::Reader;
 pub use shared::{ConnectError, RejectedBy, WaitError};
+pub use tx::Writer;
 
 use crate::rdma::{Lib, PortSpace};
+use lock_order::{Level, OrderedMutex};
 use shared::ConnShared;
 
 /// Tunables of an engine.
@@ -387,7 +420,7 @@ const NOT_COUNTED: usize = usize::MAX;
 
 struct Inner {
     config: EngineConfig,
-    commands: Mutex<VecDeque<Command>>,
+    commands: OrderedMutex<VecDeque<Command>>,
     wake: EventFd,
     next_token: AtomicU64,
     budget: Budget,
@@ -406,10 +439,7 @@ struct Inner {
 
 impl Inner {
     fn send(&self, command: Command) {
-        self.commands
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push_back(command);
+        self.commands.lock().push_back(command);
         let _ = self.wake.write(1);
     }
 
@@ -447,7 +477,7 @@ impl Engine {
         let inner = Arc::new(Inner {
             budget: Budget::new(config.memlock_limit),
             config,
-            commands: Mutex::new(VecDeque::new()),
+            commands: OrderedMutex::new(Level::Commands, VecDeque::new()),
             wake,
             next_token: AtomicU64::new(1),
             draining: AtomicBool::new(false),

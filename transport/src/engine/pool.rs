@@ -3,7 +3,7 @@
 //! manager's round trips, and a program that opens short connections one after another pays
 //! it each time. A connection that ends gives its region here, with its protection domain and
 //! registrations (its QP is already destroyed, so no work request can touch them), once its
-//! receive ring was zeroed and registered anew (`conn::Leftover::renewed`): the next connection
+//! receive ring was zeroed and registered anew (`link::Leftover::renewed`): the next connection
 //! on the same device takes it as it is (every region of an engine has its configuration's
 //! size), and no key or byte of the last peer's reaches the next one.
 //!

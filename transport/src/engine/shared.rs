@@ -1,12 +1,14 @@
 //! What a connection's handles and the engine thread share: its phase, the peer's CLAIM (its
-//! secret) once it arrived, and a condition variable to wait on both.
+//! secret) once it arrived, and a condition variable to wait on both. Its lock is a leaf of
+//! the engine's lock order ([`super::lock_order`]): nothing is taken under it.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Weak};
 use std::time::Instant;
 
-use super::direct::Receiver;
-use super::sender::Sender;
+use super::lock_order::{Guard, Level, OrderedMutex};
+use super::rx::Receiver;
+use super::tx::Sender;
 use crate::wire::{BadPrivateData, Secret};
 
 /// Who refused a connection.
@@ -102,26 +104,29 @@ struct State {
 /// See the module docs.
 #[derive(Debug)]
 pub(super) struct ConnShared {
-    state: Mutex<State>,
+    state: OrderedMutex<State>,
     changed: Condvar,
 }
 
 impl ConnShared {
     pub(super) fn connecting(peer: Option<SocketAddr>) -> ConnShared {
         ConnShared {
-            state: Mutex::new(State {
-                phase: Phase::Connecting,
-                claimed: None,
-                peer,
-                receiver: Weak::new(),
-                sender: Weak::new(),
-            }),
+            state: OrderedMutex::new(
+                Level::Shared,
+                State {
+                    phase: Phase::Connecting,
+                    claimed: None,
+                    peer,
+                    receiver: Weak::new(),
+                    sender: Weak::new(),
+                },
+            ),
             changed: Condvar::new(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> Guard<'_, State> {
+        self.state.lock()
     }
 
     fn update(&self, f: impl FnOnce(&mut State)) {
@@ -206,11 +211,7 @@ impl ConnShared {
             if left.is_zero() {
                 return None;
             }
-            state = self
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = state.wait_timeout(&self.changed, left);
         }
     }
 

@@ -1,5 +1,11 @@
-//! Direct reads: an app thread takes received bytes straight from the receive ring instead of
-//! waiting for the engine to copy them into its socketpair end.
+//! The receive half of one connection (net/smc's `smc_rx.c`): the stream bytes and control
+//! receives that arrived, their delivery into the app's socketpair, the credits owed to the
+//! peer, and direct reads, where an app thread takes received bytes straight from the receive
+//! ring instead of waiting for the engine to copy them into its socketpair end.
+//!
+//! Its state ([`RecvState`]) is private to this module: the engine and readers change it only
+//! through [`Receiver`]'s and [`Reader`]'s methods. The receive lock comes after the send lock
+//! in the engine's lock order ([`super::lock_order`]) and nothing is taken under it.
 //!
 //! Every received byte normally takes two copies to reach the app: the engine writes it from
 //! the ring into the socketpair, and the app reads it out. A [`Reader`] lets the shim's `read`,
@@ -30,50 +36,53 @@
 //! any other), the engine hears of it (its end of the socketpair becomes writable) and wakes
 //! the next waiter the same way, so a waiting reader is always woken while bytes arrive.
 //!
-//! A reader copies only while the engine allows it ([`RecvState::direct`]): the stream runs
+//! A reader copies only while the engine allows it ([`Receiver::set_readers`]): the stream runs
 //! attached with its handshake done. The engine turns it off before the connection's region can
 //! serve another connection, under the same lock, so a reader never copies another stream's
 //! bytes; the region itself stays mapped while any reader holds it.
 
-use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Weak};
 
+use super::lock_order::{Guard, Level, OrderedMutex};
+use super::relay::Ready;
 use super::{Command, Inner};
 use crate::fd;
 use crate::flow::RecvFlow;
-use crate::rdma::Region;
+use crate::rdma::{Region, unread_by_peer};
 
 /// The receive side of one connection, shared by the engine and its [`Reader`]s.
 pub(super) struct Receiver {
     /// The connection's region; its receive ring starts at offset 0.
     region: Arc<Region>,
-    state: Mutex<RecvState>,
+    state: OrderedMutex<RecvState>,
 }
 
 /// What the lock guards.
-pub(super) struct RecvState {
-    pub(super) flow: RecvFlow,
+struct RecvState {
+    flow: RecvFlow,
     /// Direct reads are allowed (the stream runs attached, the region is this connection's).
-    pub(super) direct: bool,
+    readers_on: bool,
     /// Bytes readers took that the engine has not counted yet.
-    pub(super) direct_bytes: u64,
+    read_by_app: u64,
     /// The peer's FIN arrived: once every byte was read, the engine shuts the app's side.
-    pub(super) peer_fin: bool,
+    peer_fin: bool,
     /// Readers holding the stream ([`Reader::hold`]): the engine leaves arrived bytes in the
     /// ring while this is above zero.
-    pub(super) held: u32,
+    held: u32,
     /// Holding readers now blocked on the socketpair ([`Reader::wait`]).
-    pub(super) waiting: u32,
+    waiting: u32,
 }
 
 /// What the engine delivers to a waiting reader to wake it (it takes the rest from the ring).
-pub(super) const WAKE_BYTES: usize = 1;
+const WAKE_BYTES: usize = 1;
 
 impl RecvState {
     /// At most how many bytes the engine copies into the socketpair now, given what the app's
     /// end has not read yet (`unread`, None when unknown): none while a reader holds the
     /// stream; a wake-up for a waiting reader, when nothing unread would wake it; else all.
-    pub(super) fn deliverable(&self, unread: impl FnOnce() -> Option<usize>) -> usize {
+    fn deliverable(&self, unread: impl FnOnce() -> Option<usize>) -> usize {
         if self.held > 0 {
             0
         } else if self.waiting == 0 {
@@ -90,19 +99,103 @@ impl Receiver {
     pub(super) fn new(region: Arc<Region>, flow: RecvFlow) -> Arc<Receiver> {
         Arc::new(Receiver {
             region,
-            state: Mutex::new(RecvState {
-                flow,
-                direct: false,
-                direct_bytes: 0,
-                peer_fin: false,
-                held: 0,
-                waiting: 0,
-            }),
+            state: OrderedMutex::new(
+                Level::Receive,
+                RecvState {
+                    flow,
+                    readers_on: false,
+                    read_by_app: 0,
+                    peer_fin: false,
+                    held: 0,
+                    waiting: 0,
+                },
+            ),
         })
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, RecvState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> Guard<'_, RecvState> {
+        self.state.lock()
+    }
+
+    /// Stream bytes arrived: an RDMA write of `len` bytes whose immediate is `imm` (taken only
+    /// when it is the next write, whole: [`RecvFlow::arrived`]).
+    pub(super) fn arrived(&self, len: u32, imm: u32) -> Result<(), String> {
+        self.lock()
+            .flow
+            .arrived(len, imm)
+            .map_err(|e| e.to_string())
+    }
+
+    /// A receive was posted again (the peer may send one more message).
+    pub(super) fn reposted(&self) {
+        self.lock().flow.reposted();
+    }
+
+    /// The peer's FIN arrived.
+    pub(super) fn peer_fin(&self) {
+        self.lock().peer_fin = true;
+    }
+
+    /// The credit report for the next control message (consumed, reposted); it counts as sent.
+    pub(super) fn report(&self) -> (u64, u64) {
+        self.lock().flow.report()
+    }
+
+    /// The peer is owed a credit report.
+    pub(super) fn credit_due(&self) -> bool {
+        self.lock().flow.credit_due()
+    }
+
+    /// Writes what arrived to `local` while it takes it, as far as readers leave it to the
+    /// engine (see the module docs); the byte count.
+    pub(super) fn deliver_to(&self, local: &OwnedFd, ready: &mut Ready) -> io::Result<u64> {
+        let mut moved = 0u64;
+        // Held while writing: a direct read never runs between a delivery and its accounting.
+        let mut state = self.lock();
+        let mut budget = state.deliverable(|| unread_by_peer(local.as_raw_fd()).ok());
+        while ready.writable && state.flow.has_pending() && budget > 0 {
+            let (off, len) = state.flow.pending();
+            let len = len.min(budget);
+            match self.region.send_to(local.as_raw_fd(), off, len) {
+                Ok(n) => {
+                    state.flow.delivered(n);
+                    moved += n as u64;
+                    budget = budget.saturating_sub(n);
+                }
+                Err(e) if fd::transient(&e) => ready.writable = false,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Turns direct reads on or off (see the module docs).
+    pub(super) fn set_readers(&self, on: bool) {
+        self.lock().readers_on = on;
+    }
+
+    /// Bytes the app's direct reads took since the last call.
+    pub(super) fn take_read(&self) -> u64 {
+        std::mem::take(&mut self.lock().read_by_app)
+    }
+
+    /// Bytes arrived and wait for the local side.
+    pub(super) fn has_pending(&self) -> bool {
+        self.lock().flow.has_pending()
+    }
+
+    /// Stream bytes arrived so far, and whether some wait for the local side.
+    pub(super) fn arrived_total(&self) -> (u64, bool) {
+        let state = self.lock();
+        (state.flow.arrived_total(), state.flow.has_pending())
+    }
+
+    /// Direct reads end for good (the connection is over); true when no reader is copying
+    /// from the ring, so the region may serve another connection.
+    pub(super) fn retire(&self) -> bool {
+        let mut state = self.lock();
+        state.readers_on = false;
+        !state.flow.claim_open()
     }
 }
 
@@ -140,7 +233,7 @@ impl Reader {
         let recv = self.recv.upgrade()?;
         let (off, n) = {
             let mut state = recv.lock();
-            if !state.direct || !state.flow.has_pending() || state.flow.claim_open() {
+            if !state.readers_on || !state.flow.has_pending() || state.flow.claim_open() {
                 return None;
             }
             if !fd::holds_nothing(app) {
@@ -160,7 +253,7 @@ impl Reader {
         // The range is inside the region by construction; a failure would lose those bytes, so
         // it cannot go unnoticed.
         assert!(loaded.is_ok(), "ring range {off}+{n} outside the region");
-        state.direct_bytes += n as u64;
+        state.read_by_app += n as u64;
         // The engine owes a credit, or may shut the app's side (the peer's FIN, all read);
         // otherwise it sleeps on.
         let tell = state.flow.credit_due() || (state.peer_fin && !state.flow.has_pending());
@@ -233,7 +326,7 @@ mod tests {
         Arc::new(Inner {
             budget: Budget::new(None),
             config: EngineConfig::default(),
-            commands: Mutex::new(VecDeque::new()),
+            commands: OrderedMutex::new(Level::Commands, VecDeque::new()),
             wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap(),
             next_token: AtomicU64::new(1),
             draining: AtomicBool::new(false),
@@ -256,13 +349,13 @@ mod tests {
                 .flow
                 .arrived(bytes.len() as u32, crate::wire::data_imm(end))
                 .unwrap();
-            state.direct = true;
+            state.readers_on = true;
         }
         recv
     }
 
     fn pokes(inner: &Inner) -> usize {
-        inner.commands.lock().unwrap().len()
+        inner.commands.lock().len()
     }
 
     #[test]
@@ -288,11 +381,11 @@ mod tests {
             "drained after FIN: the engine shuts the app's side"
         );
         assert!(matches!(
-            inner.commands.lock().unwrap().front(),
+            inner.commands.lock().front(),
             Some(Command::Consumed { token: 7 })
         ));
         assert_eq!(
-            recv.lock().direct_bytes,
+            recv.lock().read_by_app,
             12,
             "counted for the engine's stats"
         );
@@ -319,9 +412,9 @@ mod tests {
         let reader = Reader::new(&recv, inner, 1);
         let (app, _engine) = UnixStream::pair().unwrap();
         let mut buf = [0u8; 16];
-        recv.lock().direct = false;
+        recv.lock().readers_on = false;
         assert_eq!(reader.read(app.as_raw_fd(), &mut buf), None);
-        recv.lock().direct = true;
+        recv.lock().readers_on = true;
         assert_eq!(
             reader.read(app.as_raw_fd(), &mut []),
             None,

@@ -1,6 +1,12 @@
-//! The send side of one connection, and direct writes: an app thread copies its bytes straight
-//! into the send ring and posts them, instead of writing them into its socketpair end for the
-//! engine to read out and post.
+//! The send half of one connection (net/smc's `smc_tx.c`): the engine's data writes from the
+//! app's socketpair, control messages and probes, the signalling of work requests, and direct
+//! writes, where an app thread copies its bytes straight into the send ring and posts them
+//! instead of writing them into its socketpair end for the engine to read out and post.
+//!
+//! Its state ([`SendState`]) is private to this module: the engine and writers change it only
+//! through [`Sender`]'s and [`Writer`]'s methods, which keep the invariants below. The send lock
+//! comes first in the engine's lock order ([`super::lock_order`]): posting a control message
+//! takes the receive lock under it, for the credit report the message carries.
 //!
 //! Every sent byte normally takes two copies before the device reads it: the app writes it into
 //! the socketpair, and the engine reads it out into the send ring. A [`Writer`] lets the shim's
@@ -17,7 +23,7 @@
 //! range and announce it to the peer before it was written): it notes that it waited, and the
 //! writer wakes it after posting. Control messages carry no stream bytes and go out meanwhile.
 //!
-//! A writer copies only while the engine allows it ([`SendState::direct`]): the stream runs
+//! A writer copies only while the engine allows it ([`Sender::set_writers`]): the stream runs
 //! attached with its handshake done and the local side has not ended. The engine turns it off
 //! when the stream fails or ends and before the QP is destroyed, under the same lock, so no
 //! writer posts on a QP that is gone, and the region of a connection whose writer was copying
@@ -46,17 +52,20 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::RawFd;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Condvar, Weak};
 use std::time::Instant;
 
-use super::{Command, Inner};
+use super::cdc::Controls;
+use super::lock_order::{Guard, Level, OrderedMutex};
+use super::relay::Ready;
+use super::rx::Receiver;
+use super::wr::{TAG_CONTROL, TAG_DATA, TAG_PROBE};
+use super::{Command, Inner, SLOT};
+use crate::fd;
 use crate::flow::{SendFlow, Window};
 use crate::rdma::{Local, Qp, Region, unread_by_peer};
-use crate::wire::RingInfo;
-
-/// The wr_id tag of data writes (the rest of the id is the position after the write).
-pub(super) const TAG_DATA: u64 = 1 << 60;
+use crate::wire::{Control, ControlKind, RingInfo};
 
 /// The smallest in-flight limit (the smaller ring) at which a writer waits for room instead of
 /// writing the rest into the socketpair. With smaller rings the socketpair's buffer is a large
@@ -68,11 +77,13 @@ pub const WAIT_MIN_RING: u64 = 2 << 20;
 /// The send side of one connection, shared by the engine and its [`Writer`]s.
 pub(super) struct Sender {
     qp: Qp,
-    /// The connection's region; the send ring starts at `ring_off`.
+    /// The connection's region; the send ring starts at `ring_off`, the control slots we send
+    /// from at `control_off` (one per send queue entry).
     region: Arc<Region>,
     ring_off: usize,
+    control_off: usize,
     lkey: u32,
-    state: Mutex<SendState>,
+    state: OrderedMutex<SendState>,
     /// Told when the window may have grown or direct writes ended, while writers wait.
     room: Condvar,
 }
@@ -90,7 +101,7 @@ struct Signaled {
 
 /// A send work request, for the accounting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Request {
+enum Request {
     /// A data write of this many bytes.
     Data(usize),
     /// A control message (it uses one of the peer's receives).
@@ -100,15 +111,15 @@ pub(super) enum Request {
 }
 
 /// What the lock guards.
-pub(super) struct SendState {
+struct SendState {
     /// The flow, once the peer's ring is known.
-    pub(super) flow: Option<SendFlow>,
-    pub(super) peer: RingInfo,
+    flow: Option<SendFlow>,
+    peer: RingInfo,
     /// Send work requests posted and not completed, of `sq`.
-    pub(super) sq_used: u32,
-    pub(super) sq: u32,
+    sq_used: u32,
+    sq: u32,
     /// Writers may post (see the module docs).
-    pub(super) direct: bool,
+    writers_on: bool,
     /// A writer copies into a claimed window.
     claimed: bool,
     /// The engine left the socketpair unread while a claim was open.
@@ -116,9 +127,12 @@ pub(super) struct SendState {
     /// Writers waiting for room in the window ([`Writer::write`]).
     waiting: u32,
     /// Bytes writers posted that the engine has not counted yet.
-    pub(super) direct_bytes: u64,
-    /// Control messages posted.
-    pub(super) controls: u64,
+    written_by_app: u64,
+    /// Control messages: queued, posted (their count is the next one's sequence number) and
+    /// completed.
+    controls: Controls,
+    /// A probe is posted and not completed.
+    probe_outstanding: bool,
     /// Signaled requests not completed yet, oldest first.
     signaled: VecDeque<Signaled>,
     /// Unsignaled requests posted since the last signaled one.
@@ -137,12 +151,13 @@ impl SendState {
             peer: RingInfo::default(),
             sq_used: 0,
             sq,
-            direct: false,
+            writers_on: false,
             claimed: false,
             engine_waits: false,
             waiting: 0,
-            direct_bytes: 0,
-            controls: 0,
+            written_by_app: 0,
+            controls: Controls::default(),
+            probe_outstanding: false,
             signaled: VecDeque::new(),
             unsignaled: 0,
             mark_sent: 0,
@@ -158,16 +173,17 @@ impl SendState {
 
     /// Data bytes and control messages posted once `request` is.
     fn after(&self, request: Request) -> (u64, u64) {
+        let controls = self.controls.posted();
         match request {
-            Request::Data(n) => (self.sent() + n as u64, self.controls),
-            Request::Control => (self.sent(), self.controls + 1),
-            Request::Probe => (self.sent(), self.controls),
+            Request::Data(n) => (self.sent() + n as u64, controls),
+            Request::Control => (self.sent(), controls + 1),
+            Request::Probe => (self.sent(), controls),
         }
     }
 
     /// Whether `request`, posted next, goes signaled (see the module docs): `must` when its
     /// own completion matters.
-    pub(super) fn signal_next(&self, request: Request, must: bool) -> bool {
+    fn signal_next(&self, request: Request, must: bool) -> bool {
         let half_sq = (self.sq / 2).max(1);
         let (sent, controls) = self.after(request);
         must || self.unsignaled + 1 >= half_sq
@@ -176,8 +192,8 @@ impl SendState {
     }
 
     /// `request` was posted, `signaled` or not: the flow, the counts and the send queue take
-    /// it.
-    pub(super) fn note_posted(&mut self, signaled: bool, request: Request) {
+    /// it (a control message's own count is the caller's: [`Controls::posted_one`]).
+    fn note_posted(&mut self, signaled: bool, request: Request) {
         let (sent, controls) = self.after(request);
         if let Some(flow) = &mut self.flow {
             match request {
@@ -188,7 +204,6 @@ impl SendState {
                 Request::Probe => {}
             }
         }
-        self.controls = controls;
         self.sq_used += 1;
         if !signaled {
             self.unsignaled += 1;
@@ -205,20 +220,23 @@ impl SendState {
     }
 
     /// The oldest signaled request completed, and with it every request before it: their send
-    /// queue entries and send ring bytes are free. The control messages completed so far (None
-    /// when no signaled request was outstanding).
-    pub(super) fn signaled_done(&mut self) -> Option<u64> {
-        let done = self.signaled.pop_front()?;
+    /// queue entries, send ring bytes and control slots are free. False when no signaled
+    /// request was outstanding.
+    fn signaled_done(&mut self) -> bool {
+        let Some(done) = self.signaled.pop_front() else {
+            return false;
+        };
         self.sq_used = self.sq_used.saturating_sub(done.weight);
         if let Some(flow) = &mut self.flow {
             flow.completed(done.sent);
         }
-        Some(done.controls)
+        self.controls.completed_up_to(done.controls);
+        true
     }
 
     /// The engine may post data from the socketpair now: no writer has a window claimed. If
     /// one has, the writer wakes the engine once it posted.
-    pub(super) fn engine_may_post(&mut self) -> bool {
+    fn engine_may_post(&mut self) -> bool {
         if self.claimed {
             self.engine_waits = true;
         }
@@ -226,18 +244,19 @@ impl SendState {
     }
 
     /// Room for one more send work request.
-    pub(super) fn has_room(&self) -> bool {
+    fn has_room(&self) -> bool {
         self.sq_used < self.sq
     }
 }
 
 impl Sender {
     /// The send ring is `ring` bytes at `ring_off` of `region`, of which at most `max_unacked`
-    /// are posted and not completed.
+    /// are posted and not completed; control messages go from `sq` slots at `control_off`.
     pub(super) fn new(
         qp: Qp,
         region: Arc<Region>,
         (ring_off, ring): (usize, usize),
+        control_off: usize,
         lkey: u32,
         sq: u32,
         max_unacked: u64,
@@ -246,29 +265,202 @@ impl Sender {
             qp,
             region,
             ring_off,
+            control_off,
             lkey,
-            state: Mutex::new(SendState::new(sq, (ring as u64).min(max_unacked))),
+            state: OrderedMutex::new(
+                Level::Send,
+                SendState::new(sq, (ring as u64).min(max_unacked)),
+            ),
             room: Condvar::new(),
         }
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, SendState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> Guard<'_, SendState> {
+        self.state.lock()
     }
 
-    /// The window may have grown (a credit, a signaled completion) or direct writes ended:
-    /// wakes the writers waiting for room, if any. The caller changed `state` under the lock.
-    pub(super) fn room_changed(&self, state: &SendState) {
-        tell_waiting(&self.room, state);
+    /// The peer's ring is known: data may be posted from now on, within `flow`.
+    pub(super) fn set_peer(&self, peer: RingInfo, flow: SendFlow) {
+        let mut state = self.lock();
+        state.peer = peer;
+        state.flow = Some(flow);
+    }
+
+    /// A signaled request completed (`probe`: the probe), and with it every request before it:
+    /// writers waiting for room are told.
+    pub(super) fn completed(&self, probe: bool) {
+        let mut state = self.lock();
+        if state.signaled_done() {
+            tell_waiting(&self.room, &state);
+        }
+        if probe {
+            state.probe_outstanding = false;
+        }
+    }
+
+    /// The peer's credit report (from a control message): what it consumed of our writes and
+    /// the receives it posted again. Writers waiting for room are told.
+    pub(super) fn credit(&self, consumed: u64, reposted: u64) -> Result<(), String> {
+        let mut state = self.lock();
+        if let Some(flow) = &mut state.flow {
+            flow.credit(consumed, reposted).map_err(|e| e.to_string())?;
+        }
+        tell_waiting(&self.room, &state);
+        Ok(())
+    }
+
+    /// Queues a control message (a credit only when none is queued); [`Sender::flush_controls`]
+    /// posts it.
+    pub(super) fn queue_control(&self, kind: ControlKind) {
+        self.lock().controls.queue(kind);
+    }
+
+    /// Posts the queued control messages while the send queue and the peer's control slots
+    /// have room, each with `recv`'s credit report.
+    pub(super) fn flush_controls(&self, recv: &Receiver) {
+        let mut state = self.lock();
+        while state.has_room()
+            && state.controls.in_flight() < u64::from(state.sq)
+            && let Some(kind) = state.controls.next()
+        {
+            if self.post_control(&mut state, recv, kind).is_err() {
+                // The QP is failing; its error completion reports it.
+                return;
+            }
+        }
+    }
+
+    /// Posts control message `kind`, the next queued one.
+    fn post_control(
+        &self,
+        state: &mut SendState,
+        recv: &Receiver,
+        kind: ControlKind,
+    ) -> io::Result<()> {
+        let (consumed, reposted) = recv.report();
+        let bytes = Control {
+            kind,
+            consumed,
+            reposted,
+        }
+        .encode();
+        let seq = state.controls.posted();
+        let off = self.control_off + (seq % u64::from(state.sq)) as usize * SLOT;
+        self.region.store(off, &bytes)?;
+        // FIN's completion says every byte before it arrived; a credit's says nothing needed.
+        let signaled = state.signal_next(Request::Control, kind == ControlKind::Fin);
+        self.qp.send(
+            TAG_CONTROL | seq,
+            Local {
+                addr: self.region.addr(off),
+                len: SLOT as u32,
+                lkey: self.lkey,
+            },
+            signaled,
+        )?;
+        state.note_posted(signaled, Request::Control);
+        state.controls.posted_one(kind);
+        Ok(())
+    }
+
+    /// FIN was queued.
+    pub(super) fn fin_queued(&self) -> bool {
+        self.lock().controls.fin_queued()
+    }
+
+    /// FIN was sent and its completion came back (so every byte before it arrived).
+    pub(super) fn fin_done(&self) -> bool {
+        self.lock().controls.fin_done()
+    }
+
+    /// Posts a liveness probe (a zero-length write, signaled) unless one is outstanding or the
+    /// send queue is full; true when one was posted.
+    pub(super) fn probe(&self) -> bool {
+        let mut state = self.lock();
+        if state.probe_outstanding || !state.has_room() {
+            return false;
+        }
+        let posted = self
+            .qp
+            .write_probe(TAG_PROBE, state.peer.addr, state.peer.rkey)
+            .is_ok();
+        if posted {
+            state.probe_outstanding = true;
+            state.note_posted(true, Request::Probe);
+        }
+        posted
+    }
+
+    /// A probe is outstanding.
+    pub(super) fn probing(&self) -> bool {
+        self.lock().probe_outstanding
+    }
+
+    /// Reads from `local` into the send ring and writes it to the peer while the window
+    /// allows: whether the local side reached its EOF (or, `draining`, has nothing more now),
+    /// and the bytes posted.
+    pub(super) fn send_from(
+        &self,
+        local: &OwnedFd,
+        ready: &mut Ready,
+        draining: bool,
+    ) -> io::Result<(bool, u64)> {
+        let mut moved = 0u64;
+        // Reading and posting under the send lock: a direct writer sees either none of these
+        // bytes read from the socketpair or all of them posted (see the module docs).
+        let mut state = self.lock();
+        while ready.readable && state.has_room() && state.engine_may_post() {
+            let Some(w) = state.flow.as_ref().map(SendFlow::window) else {
+                break;
+            };
+            if w.len == 0 {
+                break;
+            }
+            match self
+                .region
+                .read_from(local.as_raw_fd(), self.ring_offset(&w), w.len)
+            {
+                Ok(0) => return Ok((true, moved)),
+                Ok(n) => {
+                    self.post_data(&mut state, &w, n)?;
+                    moved += n as u64;
+                }
+                Err(e) if fd::transient(&e) => {
+                    ready.readable = false;
+                    if draining {
+                        return Ok((true, moved));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((false, moved))
+    }
+
+    /// Turns direct writes on or off (see the module docs); waiting writers are told.
+    pub(super) fn set_writers(&self, on: bool) {
+        let mut state = self.lock();
+        state.writers_on = on;
+        tell_waiting(&self.room, &state);
+    }
+
+    /// Bytes the app's direct writes posted since the last call.
+    pub(super) fn take_written(&self) -> u64 {
+        std::mem::take(&mut self.lock().written_by_app)
+    }
+
+    /// Data bytes posted so far.
+    pub(super) fn sent(&self) -> u64 {
+        self.lock().sent()
     }
 
     /// Where the engine reads socketpair bytes for window `w` into.
-    pub(super) fn ring_offset(&self, w: &Window) -> usize {
+    fn ring_offset(&self, w: &Window) -> usize {
         self.ring_off + w.local
     }
 
     /// Posts `n` bytes of the send ring at window `w` (already in place) to the peer's ring.
-    pub(super) fn post_data(&self, state: &mut SendState, w: &Window, n: usize) -> io::Result<()> {
+    fn post_data(&self, state: &mut SendState, w: &Window, n: usize) -> io::Result<()> {
         if !state.has_room() {
             // Control messages took the room since the window was claimed.
             return Err(io::Error::from_raw_os_error(libc::ENOMEM));
@@ -349,7 +541,7 @@ impl Writer {
         let w = {
             let mut state = send.lock();
             loop {
-                if !state.direct || state.claimed {
+                if !state.writers_on || state.claimed {
                     return None;
                 }
                 let w = state.flow.as_ref()?.window();
@@ -381,9 +573,10 @@ impl Writer {
         let mut state = send.lock();
         state.claimed = false;
         let wake = std::mem::take(&mut state.engine_waits);
-        let posted = stored.is_ok() && state.direct && send.post_data(&mut state, &w, n).is_ok();
+        let posted =
+            stored.is_ok() && state.writers_on && send.post_data(&mut state, &w, n).is_ok();
         if posted {
-            state.direct_bytes += n as u64;
+            state.written_by_app += n as u64;
         }
         drop(state);
         if wake {
@@ -404,17 +597,15 @@ fn tell_waiting(room: &Condvar, state: &SendState) {
 /// passed (the caller stops waiting). Counted in `waiting` meanwhile, so the engine tells it.
 fn wait_for_room<'a>(
     room: &Condvar,
-    mut state: MutexGuard<'a, SendState>,
+    mut state: Guard<'a, SendState>,
     until: Instant,
-) -> Option<MutexGuard<'a, SendState>> {
+) -> Option<Guard<'a, SendState>> {
     let left = until.checked_duration_since(Instant::now())?;
     if left.is_zero() {
         return None;
     }
     state.waiting += 1;
-    let (mut state, _) = room
-        .wait_timeout(state, left)
-        .unwrap_or_else(PoisonError::into_inner);
+    let mut state = state.wait_timeout(room, left);
     state.waiting -= 1;
     Some(state)
 }
@@ -426,7 +617,7 @@ mod tests {
     #[test]
     fn the_engine_waits_while_a_claim_is_open_and_is_told() {
         let mut state = SendState::new(4, 4096);
-        state.direct = true;
+        state.writers_on = true;
         assert!(state.engine_may_post());
         assert!(!state.engine_waits, "nothing to wait for");
         state.claimed = true;
@@ -463,7 +654,7 @@ mod tests {
                         "ring {ring}, sq {sq}: blocked with nothing signaled in flight (step {step})"
                     );
                     // The device completes the oldest signaled request.
-                    state.signaled_done().unwrap();
+                    assert!(state.signaled_done());
                     continue;
                 }
                 let request = if control {
@@ -473,7 +664,11 @@ mod tests {
                 };
                 let signaled = state.signal_next(request, false);
                 state.note_posted(signaled, request);
-                if !control {
+                if control {
+                    state.controls.queue(ControlKind::Credit);
+                    let kind = state.controls.next().unwrap();
+                    state.controls.posted_one(kind);
+                } else {
                     let flow = state.flow.as_mut().unwrap();
                     flow.credit(flow.sent(), 0).unwrap();
                 }
@@ -482,7 +677,7 @@ mod tests {
             }
             assert!(in_flight > 0);
             // Every signaled request reported: less than half of each resource stays held.
-            while state.signaled_done().is_some() {}
+            while state.signaled_done() {}
             assert!(
                 state.sq_used < sq.max(2) / 2 + 1,
                 "sq_used {}",
@@ -498,15 +693,18 @@ mod tests {
     #[test]
     fn a_waiting_writer_wakes_on_a_credit_and_gives_up_at_its_deadline() {
         use std::time::Duration;
-        let shared = Arc::new((Mutex::new(SendState::new(64, 4096)), Condvar::new()));
+        let shared = Arc::new((
+            OrderedMutex::new(Level::Send, SendState::new(64, 4096)),
+            Condvar::new(),
+        ));
         {
-            let mut state = shared.0.lock().unwrap();
+            let mut state = shared.0.lock();
             state.flow = Some(SendFlow::new(4096, 4096, 64, 1, (1024, 4096)));
             for _ in 0..4 {
                 state.note_posted(false, Request::Data(1024));
             }
             state.note_posted(true, Request::Control);
-            state.signaled_done().unwrap();
+            assert!(state.signaled_done());
             assert_eq!(
                 state.flow.as_ref().unwrap().window().len,
                 0,
@@ -518,7 +716,7 @@ mod tests {
             std::thread::spawn(move || {
                 let started = Instant::now();
                 let until = started + Duration::from_secs(30);
-                let mut state = shared.0.lock().unwrap();
+                let mut state = shared.0.lock();
                 while state.flow.as_ref().unwrap().window().len == 0 {
                     state = wait_for_room(&shared.1, state, until).expect("woken before 30 s");
                 }
@@ -527,7 +725,7 @@ mod tests {
         };
         // The engine reports the credit once the writer waits (as it would at any time).
         loop {
-            let mut state = shared.0.lock().unwrap();
+            let mut state = shared.0.lock();
             if state.waiting == 1 {
                 state.flow.as_mut().unwrap().credit(2048, 4).unwrap();
                 tell_waiting(&shared.1, &state);
@@ -541,7 +739,7 @@ mod tests {
             waited < Duration::from_secs(20),
             "woken by the credit, not the deadline: {waited:?}"
         );
-        let state = shared.0.lock().unwrap();
+        let state = shared.0.lock();
         assert_eq!(state.waiting, 0);
         assert_eq!(state.flow.as_ref().unwrap().window().len, 1024);
         let until = Instant::now() + Duration::from_millis(20);
@@ -550,7 +748,7 @@ mod tests {
             state = wait_for_room(&shared.1, s, until);
         }
         assert!(Instant::now() >= until, "gave up only at the deadline");
-        assert_eq!(shared.0.lock().unwrap().waiting, 0);
+        assert_eq!(shared.0.lock().waiting, 0);
     }
 
     #[test]
@@ -565,10 +763,15 @@ mod tests {
             "a FIN or probe must be signaled"
         );
         state.note_posted(true, Request::Control);
+        state.controls.queue(ControlKind::Fin);
+        let kind = state.controls.next().unwrap();
+        state.controls.posted_one(kind);
         assert_eq!(state.sq_used, 4);
-        assert_eq!(state.signaled_done(), Some(1));
+        assert!(!state.controls.fin_done());
+        assert!(state.signaled_done());
         assert_eq!(state.sq_used, 0);
+        assert!(state.controls.fin_done(), "the FIN's completion came");
         assert!(state.flow.as_ref().unwrap().all_completed());
-        assert_eq!(state.signaled_done(), None);
+        assert!(!state.signaled_done());
     }
 }

@@ -1,0 +1,624 @@
+//! One connection's queue pair and what hangs off it (net/smc's link and connection
+//! resources): its region, protection domain and registrations, its CQ, its send half
+//! ([`super::tx`]) and receive half ([`super::rx`]), and what the binding lets the peer send
+//! ([`super::binding`]). [`Link::poll`] takes the completions ([`super::wr`]) and hands each to
+//! the half it concerns; control messages go through [`super::cdc`].
+//!
+//! Everything here runs on the engine thread. The halves' state is behind their own locks
+//! ([`super::lock_order`]); this module takes none itself.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::binding::Binding;
+use super::cdc;
+use super::relay::Ready;
+use super::rx::Receiver;
+use super::tx::Sender;
+use super::wr::{self, Completion};
+use super::{EngineConfig, Handshake, SLOT};
+use crate::flow::{RecvFlow, SendFlow};
+use crate::rdma::{Access, CmId, Cq, Device, Local, Mr, Pd, Qp, Region, Wc};
+use crate::wire::{ControlKind, RingInfo, Secret};
+
+/// A connection's region, its protection domain and their registrations, ready for the next
+/// connection ([`super::pool`]): after its connection ended (its QP destroyed), the receive
+/// ring, the one range a peer may write, was zeroed (none of the last peer's bytes) and
+/// registered anew (a remote key no earlier peer learned). Done when the region is kept, not
+/// when it is taken, so it costs the next connection's setup nothing.
+pub(super) struct Buffers {
+    // Drop order: the MRs, then their PD, then the memory they register.
+    recv_mr: Mr,
+    mr: Mr,
+    pd: Pd,
+    region: Arc<Region>,
+}
+
+/// What a finished connection leaves of its region before it is renewed for the next one.
+pub(super) struct Leftover {
+    mr: Mr,
+    pd: Pd,
+    region: Arc<Region>,
+    ring: usize,
+}
+
+impl Leftover {
+    /// The region made ready for another peer (see [`Buffers`]); None when that failed (the
+    /// caller drops the rest and releases its budget share).
+    pub(super) fn renewed(self) -> Option<Buffers> {
+        let Leftover {
+            mr,
+            pd,
+            region,
+            ring,
+        } = self;
+        region.zero(0, ring).ok()?;
+        let recv_mr = pd.register(&region, 0, ring, Access::RemoteWrite).ok()?;
+        Some(Buffers {
+            recv_mr,
+            mr,
+            pd,
+            region,
+        })
+    }
+}
+
+/// A connection's verbs resources and its two halves.
+pub(super) struct Link {
+    qp: Qp,
+    // Drop order matters: the QP (the id's) is destroyed first by the loop, then the CQ, the
+    // MRs, the PD and the memory, in this field order.
+    cq: Cq,
+    /// The receive ring's registration, the only remotely writable one (its rkey is the
+    /// peer's).
+    recv_mr: Mr,
+    /// The send ring's and the control slots' registration (local access only).
+    mr: Mr,
+    /// This connection's own protection domain: no other connection's queue pair can use its
+    /// keys.
+    pd: Pd,
+    region: Arc<Region>,
+    pinned: u64,
+    /// The device's index in the engine (the pool's key).
+    device: usize,
+    ring: usize,
+    rq: u32,
+    reserve: u64,
+    max_chunk: u64,
+    max_unacked: u64,
+    /// The send half, shared with the app's direct writes.
+    sender: Arc<Sender>,
+    /// Direct writes are on (the engine's copy, so that it takes the send lock only to change
+    /// it).
+    writing: bool,
+    /// The receive half, shared with the app's direct reads.
+    recv: Arc<Receiver>,
+    /// Direct reads are on (the engine's copy).
+    reading: bool,
+    /// The QP may post sends (the accept was sent, or the connection is established).
+    ready: bool,
+    /// The peer FIN is in and a later work request failed (the peer is gone): nothing more is
+    /// posted.
+    quiet: bool,
+    /// When the peer was last heard from (a completion of ours or a message of its).
+    last_rx: Instant,
+    /// What the peer may send, by the handshake, and whether its FIN came.
+    binding: Binding,
+}
+
+/// Why setting a connection up failed.
+#[derive(Debug)]
+pub(super) enum SetupError {
+    Memlock,
+    Local(&'static str, io::Error),
+}
+
+/// A failed `ibv_reg_mr`: over the memlock limit, or another error.
+fn reg_error(e: io::Error) -> SetupError {
+    match e.raw_os_error() {
+        Some(libc::ENOMEM | libc::EPERM) => SetupError::Memlock,
+        _ => SetupError::Local("ibv_reg_mr", e),
+    }
+}
+
+impl Link {
+    /// The buffers, CQ and QP for `id` on `device` (index `index`), with every receive posted.
+    /// `kept`: a region a finished connection left on this device, with its budget share;
+    /// otherwise the budget is asked and a region registered.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        config: &EngineConfig,
+        budget: &super::Budget,
+        (device, index): (&Device, usize),
+        kept: Option<(Buffers, u64)>,
+        id: CmId,
+        token: u64,
+        now: Instant,
+        handshake: super::Handshake,
+    ) -> Result<Link, SetupError> {
+        let (buffers, pinned) = match kept {
+            Some((buffers, pinned)) => (Some(buffers), pinned),
+            None => {
+                let pinned = config.pinned_per_connection();
+                if !budget.reserve(pinned) {
+                    return Err(SetupError::Memlock);
+                }
+                (None, pinned)
+            }
+        };
+        let made = Link::make(
+            config,
+            (device, index),
+            buffers,
+            (id, token, handshake),
+            now,
+            pinned,
+        );
+        if made.is_err() {
+            budget.release(pinned);
+        }
+        made
+    }
+
+    /// A new region (zeroed by the kernel) in a protection domain of its own, registered on
+    /// `device`: the receive ring for the peer's writes, the rest for local access only.
+    fn register(config: &EngineConfig, device: &Device) -> Result<Buffers, SetupError> {
+        let ring = config.ring();
+        let region = Arc::new(
+            Region::new(config.region_bytes())
+                .map_err(|e| SetupError::Local("mmap of the buffers", e))?,
+        );
+        let pd = device
+            .alloc_pd()
+            .map_err(|e| SetupError::Local("ibv_alloc_pd", e))?;
+        let mr = pd
+            .register(&region, ring, config.region_bytes() - ring, Access::Local)
+            .map_err(reg_error)?;
+        let recv_mr = pd
+            .register(&region, 0, ring, Access::RemoteWrite)
+            .map_err(reg_error)?;
+        Ok(Buffers {
+            recv_mr,
+            mr,
+            pd,
+            region,
+        })
+    }
+
+    fn make(
+        config: &EngineConfig,
+        (device, index): (&Device, usize),
+        buffers: Option<Buffers>,
+        (id, token, handshake): (CmId, u64, super::Handshake),
+        now: Instant,
+        pinned: u64,
+    ) -> Result<Link, SetupError> {
+        let ring = config.ring();
+        let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
+        // A kept region was renewed when it was kept: its ring is zeroed and its key fresh.
+        let Buffers {
+            recv_mr,
+            mr,
+            pd,
+            region,
+        } = match buffers {
+            Some(b) => b,
+            None => Link::register(config, device)?,
+        };
+        let cq = device
+            .create_cq(i32::try_from(rq + sq).unwrap_or(i32::MAX), token)
+            .map_err(|e| SetupError::Local("ibv_create_cq", e))?;
+        cq.arm()
+            .map_err(|e| SetupError::Local("ibv_req_notify_cq", e))?;
+        let qp = id
+            .create_qp(&pd, &cq, sq, rq)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOMEM) => SetupError::Memlock,
+                _ => SetupError::Local("rdma_create_qp", e),
+            })?;
+        let sender = Arc::new(Sender::new(
+            qp,
+            Arc::clone(&region),
+            (ring, ring),
+            2 * ring + rq as usize * SLOT,
+            mr.lkey(),
+            sq,
+            config.max_unacked() as u64,
+        ));
+        let link = Link {
+            qp,
+            cq,
+            recv_mr,
+            mr,
+            pd,
+            recv: Receiver::new(
+                Arc::clone(&region),
+                RecvFlow::new(ring as u64, u64::from(rq)),
+            ),
+            reading: false,
+            region,
+            pinned,
+            device: index,
+            ring,
+            rq,
+            reserve: u64::from(rq / 4).max(1),
+            max_chunk: config.max_chunk() as u64,
+            max_unacked: config.max_unacked() as u64,
+            sender,
+            writing: false,
+            ready: false,
+            quiet: false,
+            last_rx: now,
+            binding: Binding::new(handshake),
+        };
+        for slot in 0..rq {
+            link.post_recv(u64::from(slot))
+                .map_err(|e| SetupError::Local("ibv_post_recv", e))?;
+        }
+        Ok(link)
+    }
+
+    /// What outlives the connection once its QP is destroyed (the caller destroyed it): the
+    /// region with its PD and local registration, to be renewed for another connection
+    /// ([`Leftover::renewed`]), and its budget share. The CQ and the receive ring's
+    /// registration go. None for the region while an app thread still copies from or into it
+    /// (a direct read or write): it is not reused, and unmapped when that thread lets go.
+    pub(super) fn into_leftover(self) -> (Option<Leftover>, u64) {
+        let reusable = self.recv.retire() && !self.sender.copying();
+        let Link {
+            cq,
+            recv_mr,
+            mr,
+            pd,
+            region,
+            pinned,
+            ring,
+            ..
+        } = self;
+        drop(cq);
+        drop(recv_mr);
+        let leftover = Leftover {
+            mr,
+            pd,
+            region,
+            ring,
+        };
+        (reusable.then_some(leftover), pinned)
+    }
+
+    fn control_recv_off(&self) -> usize {
+        2 * self.ring
+    }
+
+    fn post_recv(&self, slot: u64) -> io::Result<()> {
+        let off = self.control_recv_off() + slot as usize * SLOT;
+        self.qp.recv(
+            slot,
+            Local {
+                addr: self.region.addr(off),
+                len: SLOT as u32,
+                lkey: self.mr.lkey(),
+            },
+        )
+    }
+
+    /// Where our ring is, for the peer.
+    pub(super) fn ring_info(&self) -> RingInfo {
+        RingInfo {
+            addr: self.region.addr(0),
+            rkey: self.recv_mr.rkey(),
+            size_log: self.ring.trailing_zeros() as u8,
+            receives: u16::try_from(self.rq).unwrap_or(u16::MAX),
+        }
+    }
+
+    /// The peer's ring: sending may start once the QP is ready.
+    pub(super) fn set_peer(&mut self, peer: RingInfo) {
+        let flow = SendFlow::new(
+            peer.size(),
+            self.ring as u64,
+            u64::from(peer.receives),
+            self.reserve,
+            (self.max_chunk, self.max_unacked),
+        );
+        self.sender.set_peer(peer, flow);
+    }
+
+    /// The QP may post sends from `now` on (the accept was sent, or the connection is
+    /// established).
+    pub(super) fn set_ready(&mut self, now: Instant) {
+        self.ready = true;
+        self.last_rx = now;
+    }
+
+    /// The CM heard from the peer at `now`.
+    pub(super) fn heard(&mut self, now: Instant) {
+        self.last_rx = now;
+    }
+
+    /// The QP may post sends.
+    pub(super) fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// The peer is gone after its FIN: nothing more is posted.
+    pub(super) fn is_quiet(&self) -> bool {
+        self.quiet
+    }
+
+    /// Bytes pinned for this connection (its budget share).
+    pub(super) fn pinned(&self) -> u64 {
+        self.pinned
+    }
+
+    /// The device's index in the engine.
+    pub(super) fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The handshake the connection was set up with.
+    pub(super) fn handshake(&self) -> Handshake {
+        self.binding.handshake()
+    }
+
+    /// The peer's CLAIM, once it came (its secret).
+    pub(super) fn claim_seen(&self) -> Option<Secret> {
+        self.binding.claim()
+    }
+
+    /// The peer's CONFIRM came.
+    pub(super) fn confirm_seen(&self) -> bool {
+        self.binding.confirm_seen()
+    }
+
+    /// Keeps the CQ armed (after a completion event was taken for it).
+    pub(super) fn note_cq_event(&mut self) {
+        self.cq.note_event();
+    }
+
+    /// Takes every completion; an error completion is the connection's failure.
+    pub(super) fn poll(&mut self, now: Instant) -> Result<(), String> {
+        let mut wcs = [Wc::default(); 32];
+        loop {
+            let n = self
+                .cq
+                .poll(&mut wcs)
+                .map_err(|e| format!("polling the CQ: {e}"))?;
+            for wc in wcs.iter().take(n) {
+                self.completion(Completion::of(wc), now)?;
+            }
+            if n < wcs.len() {
+                break;
+            }
+        }
+        // Re-arm, then look again: a completion between the last poll and the arm would
+        // otherwise raise no event.
+        self.cq.arm().map_err(|e| format!("arming the CQ: {e}"))?;
+        let n = self
+            .cq
+            .poll(&mut wcs)
+            .map_err(|e| format!("polling the CQ: {e}"))?;
+        for wc in wcs.iter().take(n) {
+            self.completion(Completion::of(wc), now)?;
+        }
+        self.flush_control();
+        Ok(())
+    }
+
+    fn completion(&mut self, completion: Completion, now: Instant) -> Result<(), String> {
+        match completion {
+            Completion::Failed { .. } if self.peer_fin() => {
+                // The peer's FIN is in, so every byte of its direction arrived: a failure now
+                // (a credit report, a probe, flushed receives) means the peer is gone. Nothing
+                // more is posted; what arrived is still delivered, and the stream ends once it
+                // was (`super::stream`).
+                self.quiet = true;
+                Ok(())
+            }
+            Completion::Failed { status, wr_id } => Err(wr::failure(status, wr_id)),
+            Completion::Control { slot, len } => {
+                self.last_rx = now;
+                self.control_arrived(slot, len)
+            }
+            Completion::Data { slot, len, imm } => {
+                self.last_rx = now;
+                self.data_arrived(slot, len, imm)
+            }
+            Completion::Sent { probe } => {
+                // A signaled request (data, control or probe): it and every request before it
+                // are done.
+                self.sender.completed(probe);
+                if probe {
+                    self.last_rx = now;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A control message from the peer, `len` bytes in receive `slot`: checked against what
+    /// the connection takes now ([`Binding`]) before anything of it is used.
+    fn control_arrived(&mut self, slot: u64, len: usize) -> Result<(), String> {
+        let mut bytes = [0u8; SLOT];
+        let off = self.control_recv_off() + slot as usize * SLOT;
+        self.region
+            .load(off, &mut bytes)
+            .map_err(|e| format!("control slot {slot}: {e}"))?;
+        self.post_recv(slot)
+            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+        self.recv.reposted();
+        let control = cdc::decode(&bytes, len)?;
+        self.binding
+            .on_control(control.kind)
+            .map_err(|v| v.to_string())?;
+        self.sender.credit(control.consumed, control.reposted)?;
+        if control.kind == ControlKind::Fin {
+            self.recv.peer_fin();
+        }
+        Ok(())
+    }
+
+    /// Stream bytes from the peer (an RDMA write with immediate into the receive ring): taken
+    /// only when the stream may carry them and the write is the next one, whole
+    /// ([`crate::flow::RecvFlow::arrived`]).
+    fn data_arrived(&mut self, slot: u64, len: u32, imm: Option<u32>) -> Result<(), String> {
+        let imm = imm.ok_or_else(|| String::from("a data write without an immediate"))?;
+        self.binding.on_data().map_err(|v| v.to_string())?;
+        self.recv.arrived(len, imm)?;
+        self.post_recv(slot)
+            .map_err(|e| format!("ibv_post_recv: {e}"))?;
+        self.recv.reposted();
+        Ok(())
+    }
+
+    /// Queues our CLAIM with `secret` (the accepting side of the shim).
+    pub(super) fn claim(&mut self, secret: Secret) {
+        self.binding.claim_sent(secret);
+        self.control(ControlKind::Claim(secret));
+    }
+
+    /// Queues our CONFIRM (the connecting side of the shim): the peer may send stream bytes
+    /// from now on.
+    pub(super) fn confirm(&mut self) {
+        self.binding.confirm_sent();
+        self.control(ControlKind::Confirm);
+    }
+
+    /// Queues a control message (sent as soon as the send queue has room).
+    pub(super) fn control(&mut self, kind: ControlKind) {
+        self.sender.queue_control(kind);
+        self.flush_control();
+    }
+
+    fn flush_control(&mut self) {
+        if self.ready && !self.quiet {
+            self.sender.flush_controls(&self.recv);
+        }
+    }
+
+    /// Sends a credit report when one is owed.
+    pub(super) fn credit_if_due(&mut self) {
+        if self.recv.credit_due() {
+            self.control(ControlKind::Credit);
+        }
+    }
+
+    /// Reads from `local` into the send ring and writes it to the peer while the window
+    /// allows. Ok(true) at the local side's EOF.
+    pub(super) fn send_from(
+        &mut self,
+        local: &OwnedFd,
+        ready: &mut Ready,
+        draining: bool,
+    ) -> io::Result<(bool, u64)> {
+        if !self.ready || self.quiet {
+            return Ok((false, 0));
+        }
+        self.sender.send_from(local, ready, draining)
+    }
+
+    /// Writes what arrived to `local` while it takes it; the byte count.
+    pub(super) fn deliver_to(&mut self, local: &OwnedFd, ready: &mut Ready) -> io::Result<u64> {
+        self.recv.deliver_to(local, ready)
+    }
+
+    /// The stream's state in a few words (for error reports).
+    pub(super) fn describe(&self) -> String {
+        let (arrived, pending) = self.recv.arrived_total();
+        let sent = self.sender.sent();
+        format!(
+            "peer FIN {}, our FIN {}{}, {} bytes arrived, {} sent, {} pending",
+            if self.peer_fin() { "in" } else { "not in" },
+            if self.fin_done() {
+                "acknowledged"
+            } else if self.fin_queued() {
+                "sent"
+            } else {
+                "not sent"
+            },
+            if self.binding.claim().is_some() {
+                ", CLAIM seen"
+            } else {
+                ""
+            },
+            arrived,
+            sent,
+            if pending { "bytes" } else { "nothing" },
+        )
+    }
+
+    /// Turns direct reads on or off ([`super::rx`]).
+    pub(super) fn set_reading(&mut self, on: bool) {
+        if self.reading != on {
+            self.recv.set_readers(on);
+            self.reading = on;
+        }
+    }
+
+    /// Turns direct writes on or off ([`super::tx`]); off also before the QP is destroyed, so
+    /// no writer posts on it, and a waiting one stops waiting.
+    pub(super) fn set_writing(&mut self, on: bool) {
+        if self.writing != on {
+            self.sender.set_writers(on);
+            self.writing = on;
+        }
+    }
+
+    /// Bytes the app's direct writes posted since the last call.
+    pub(super) fn take_written_bytes(&mut self) -> u64 {
+        self.sender.take_written()
+    }
+
+    /// Bytes the app's direct reads took since the last call.
+    pub(super) fn take_read_bytes(&mut self) -> u64 {
+        if !self.reading {
+            return 0;
+        }
+        self.recv.take_read()
+    }
+
+    /// The send half, for [`super::Writer`]s.
+    pub(super) fn sender(&self) -> &Arc<Sender> {
+        &self.sender
+    }
+
+    /// The receive half, for [`super::Reader`]s.
+    pub(super) fn receiver(&self) -> &Arc<Receiver> {
+        &self.recv
+    }
+
+    /// Bytes that arrived and wait for the local side.
+    pub(super) fn has_pending(&self) -> bool {
+        self.recv.has_pending()
+    }
+
+    /// The peer's FIN came (so every byte of its direction arrived or is on its way in order).
+    pub(super) fn peer_fin(&self) -> bool {
+        self.binding.peer_fin()
+    }
+
+    /// FIN was sent and its completion came back (so every byte before it arrived).
+    pub(super) fn fin_done(&self) -> bool {
+        self.sender.fin_done()
+    }
+
+    /// FIN was queued.
+    pub(super) fn fin_queued(&self) -> bool {
+        self.sender.fin_queued()
+    }
+
+    /// Sends a liveness probe when the peer has been silent for `keepalive`; the probe fails
+    /// (an error completion) when the peer is gone.
+    pub(super) fn probe_if_idle(&mut self, now: Instant, keepalive: Duration) {
+        if self.ready && !self.quiet && now.saturating_duration_since(self.last_rx) >= keepalive {
+            self.sender.probe();
+        }
+    }
+
+    /// When the next probe is due.
+    pub(super) fn probe_due(&self, keepalive: Duration) -> Option<Instant> {
+        (self.ready && !self.quiet && !self.sender.probing()).then(|| self.last_rx + keepalive)
+    }
+}

@@ -1,0 +1,735 @@
+//! One connection's life on the engine thread (net/smc's connection state and `smc_close.c`):
+//! its CM phase, its [`Link`] once set up, and what its local side does ([`App`]): unattached,
+//! pumping the stream, waiting for the binding, relaying over TCP, done. Every transition is
+//! here: attach, the proof on the kept socket, relay instead, fail, the orderly finish.
+
+use std::io;
+use std::net::Shutdown;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::link::Link;
+use super::proof::{self, Look};
+use super::relay::{Ready, Relay, Step};
+use super::shared::ConnShared;
+use super::{Attach, End, EngineConfig, Event, Handshake, StreamPath};
+use crate::fd;
+use crate::rdma::CmId;
+use crate::wire::{ControlKind, RingInfo, Secret};
+
+/// How long a relay that gave up on a proof holds TCP bytes that are the secret's start, for the
+/// rest ([`Relay::guarded`]).
+const GUARD_WAIT: Duration = Duration::from_secs(2);
+
+/// An attached local side.
+pub(super) struct Attached {
+    pub(super) local: OwnedFd,
+    pub(super) local_ready: Ready,
+    pub(super) kept: Option<Arc<OwnedFd>>,
+    /// The kept socket is watched (until its FIN).
+    pub(super) watch_kept: bool,
+    pub(super) kept_ready: Ready,
+    /// The accepting side of [`Handshake::Claim`] until its stream is bound.
+    pub(super) awaiting: Option<Awaiting>,
+    pub(super) local_eof: bool,
+    pub(super) local_shut: bool,
+    pub(super) sent: u64,
+    pub(super) received: u64,
+    pub(super) on_event: Box<dyn FnMut(Event) + Send>,
+    pub(super) on_bytes: Option<fn(u64, u64)>,
+}
+
+/// What an accepting side ([`Handshake::Claim`]) waits for before its stream carries a byte:
+/// the proof on the TCP connection ([`super::proof`]) and the peer's CONFIRM.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Awaiting {
+    /// Until when (then: relay over TCP).
+    pub(super) deadline: Instant,
+    /// The secret our CLAIM carried.
+    pub(super) secret: Secret,
+    /// The secret came first on the TCP connection and was taken off it: the client committed
+    /// to the stream.
+    pub(super) proven: bool,
+}
+
+/// What the local side is doing.
+pub(super) enum App {
+    /// Not attached yet.
+    Unattached,
+    /// Pumping to and from the stream (or waiting for CONFIRM).
+    Stream(Attached),
+    /// Relaying over the kept TCP socket.
+    Relay(Relay, Box<dyn FnMut(Event) + Send>),
+    /// Finished.
+    Done,
+}
+
+/// The CM side of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CmPhase {
+    /// Active: resolving the address, then the route; connecting.
+    Resolving,
+    Connecting,
+    /// Passive: the acceptor deferred its decision (until the deadline).
+    Deciding(Instant),
+    /// Passive: accepted, not yet established.
+    Accepted,
+    Established,
+    /// Disconnect sent; the id is destroyed at DISCONNECTED or at the deadline.
+    Disconnecting(Instant),
+}
+
+/// One connection.
+pub(super) struct StreamConn {
+    pub(super) shared: Arc<ConnShared>,
+    pub(super) id: Option<CmId>,
+    pub(super) cm: CmPhase,
+    pub(super) link: Option<Link>,
+    pub(super) app: App,
+    /// When an established, unattached connection is dropped.
+    pub(super) unattached_deadline: Option<Instant>,
+    /// Why the stream failed (kept for the end report).
+    pub(super) error: Option<String>,
+    /// The CM reported the peer's disconnect.
+    pub(super) peer_gone: bool,
+    /// An incoming connection: what its request said (kept for the accept, which allocates).
+    pub(super) offer: Option<Offer>,
+}
+
+/// What an incoming connect request offered: the peer's ring and where it came from, and how
+/// the listener's connections start.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Offer {
+    pub(super) ring: RingInfo,
+    pub(super) from: Option<std::net::IpAddr>,
+    pub(super) handshake: Handshake,
+}
+
+/// What the loop must do with epoll registrations after a transition.
+#[derive(Debug, Default)]
+pub(super) struct Fds {
+    /// Fds to remove from epoll and let go (closed when no other holder is left).
+    pub(super) closing: Vec<Arc<OwnedFd>>,
+    /// The kept socket needs no more watching (its FIN came).
+    pub(super) unwatch_kept: bool,
+}
+
+impl StreamConn {
+    pub(super) fn new(shared: Arc<ConnShared>, id: Option<CmId>, cm: CmPhase) -> StreamConn {
+        StreamConn {
+            shared,
+            id,
+            cm,
+            link: None,
+            app: App::Unattached,
+            unattached_deadline: None,
+            error: None,
+            peer_gone: false,
+            offer: None,
+        }
+    }
+
+    /// An incoming connection that waits for its decision or its app: state an
+    /// unauthenticated peer can make ([`super::EngineConfig::max_unattached`]).
+    pub(super) fn unattached_incoming(&self) -> bool {
+        self.offer.is_some() && self.id.is_some() && matches!(self.app, App::Unattached)
+    }
+
+    /// True when nothing is left: no id, no resources, no local side.
+    pub(super) fn finished(&self) -> bool {
+        self.id.is_none() && self.link.is_none() && matches!(self.app, App::Unattached | App::Done)
+    }
+
+    /// The stream carries bytes (established or accepted, not failing).
+    fn stream_usable(&self) -> bool {
+        self.error.is_none()
+            && !matches!(self.cm, CmPhase::Disconnecting(_))
+            && self.link.as_ref().is_some_and(Link::is_ready)
+    }
+
+    /// Takes the local side: pumped from now on.
+    pub(super) fn attach(
+        &mut self,
+        local: OwnedFd,
+        attach: Attach,
+        config: &EngineConfig,
+        now: Instant,
+        fds: &mut Fds,
+    ) {
+        let Attach {
+            kept,
+            handshake,
+            on_event,
+            on_bytes,
+            give_back,
+        } = attach;
+        self.unattached_deadline = None;
+        let alive = self.error.is_none()
+            && !self.peer_gone
+            && self
+                .link
+                .as_ref()
+                .is_some_and(|r| r.handshake() == handshake)
+            && !matches!(self.cm, CmPhase::Disconnecting(_));
+        let mut attached = Attached {
+            local,
+            local_ready: Ready {
+                readable: true,
+                writable: true,
+            },
+            watch_kept: kept.is_some(),
+            kept,
+            kept_ready: Ready::default(),
+            awaiting: None,
+            local_eof: false,
+            local_shut: false,
+            sent: 0,
+            received: 0,
+            on_event,
+            on_bytes,
+        };
+        if !alive {
+            if attached.kept.is_none()
+                && let Some(give_back) = give_back
+            {
+                // Nothing was read from `local`: its owner carries it another way.
+                give_back(attached.local);
+                self.app = App::Done;
+                return;
+            }
+            // Gone before the attach. Without CONFIRM neither side moved: relay over TCP.
+            match (handshake, attached.kept.take()) {
+                (Handshake::Confirm | Handshake::Claim, Some(kept)) => {
+                    (attached.on_event)(Event::Decided(StreamPath::Tcp));
+                    self.app = App::Relay(Relay::new(attached.local, kept), attached.on_event);
+                }
+                (_, kept) => {
+                    (attached.on_event)(Event::Decided(StreamPath::Broken));
+                    (attached.on_event)(Event::Ended(End {
+                        path: StreamPath::Broken,
+                        sent: 0,
+                        received: 0,
+                        error: Some(String::from("the connection ended before it was attached")),
+                    }));
+                    fd::shutdown_quietly(attached.local.as_fd(), Shutdown::Both);
+                    if let Some(k) = kept {
+                        fd::reset(k.as_fd());
+                        fds.closing.push(k);
+                    }
+                    fds.closing.push(Arc::new(attached.local));
+                    self.app = App::Done;
+                }
+            }
+            return;
+        }
+        match handshake {
+            Handshake::Open | Handshake::Confirm => {
+                if handshake == Handshake::Confirm
+                    && let Some(r) = &mut self.link
+                {
+                    r.confirm();
+                }
+                (attached.on_event)(Event::Decided(StreamPath::Rdma));
+            }
+            Handshake::Claim => {
+                let (Some(r), Some(secret)) = (&mut self.link, Secret::random()) else {
+                    // No secret, no binding: the client gets no CLAIM and stays on TCP.
+                    self.app = App::Stream(attached);
+                    self.relay_instead(fds);
+                    return;
+                };
+                r.claim(secret);
+                attached.awaiting = Some(Awaiting {
+                    deadline: now + config.claim_timeout,
+                    secret,
+                    proven: false,
+                });
+            }
+        }
+        self.app = App::Stream(attached);
+    }
+
+    /// The local fd became ready.
+    pub(super) fn local_event(&mut self, readable: bool, writable: bool) {
+        match &mut self.app {
+            App::Stream(a) => {
+                a.local_ready.readable |= readable;
+                a.local_ready.writable |= writable;
+            }
+            App::Relay(r, _) => {
+                r.local_ready.readable |= readable;
+                r.local_ready.writable |= writable;
+            }
+            App::Unattached | App::Done => {}
+        }
+    }
+
+    /// The kept TCP socket became ready.
+    pub(super) fn kept_event(&mut self, readable: bool, writable: bool, fds: &mut Fds) {
+        match &mut self.app {
+            App::Stream(a) => {
+                a.kept_ready.readable |= readable;
+                a.kept_ready.writable |= writable;
+                if !a.watch_kept || !readable {
+                    return;
+                }
+                let Some(kept) = &a.kept else { return };
+                match fd::peek(kept) {
+                    fd::Peeked::Nothing => {}
+                    // A peer that finished closes its TCP socket while its last bytes may
+                    // still be on the stream: a FIN only ends the watch.
+                    fd::Peeked::Fin => {
+                        a.watch_kept = false;
+                        fds.unwatch_kept = true;
+                    }
+                    fd::Peeked::Bytes => {
+                        if a.awaiting.is_some_and(|w| !w.proven) {
+                            // The proof, or the client speaking TCP.
+                            self.check_proof(fds);
+                        } else {
+                            self.fail("bytes arrived on the kept TCP connection".into(), fds);
+                        }
+                    }
+                    fd::Peeked::Failed(e) => {
+                        self.fail(format!("the kept TCP connection failed: {e}"), fds);
+                    }
+                }
+            }
+            App::Relay(r, _) => {
+                r.far_ready.readable |= readable;
+                r.far_ready.writable |= writable;
+            }
+            App::Unattached | App::Done => {}
+        }
+    }
+
+    /// The accepting side waits for the proof: looks at the kept TCP socket's first bytes
+    /// ([`super::proof`]). The secret binds (it is taken off the socket); anything else, or the
+    /// client's EOF, is the client on TCP (relay); a failed socket fails the connection.
+    fn check_proof(&mut self, fds: &mut Fds) {
+        let App::Stream(a) = &mut self.app else {
+            return;
+        };
+        let (Some(w), Some(kept)) = (a.awaiting.as_mut(), a.kept.as_ref()) else {
+            return;
+        };
+        if w.proven {
+            return;
+        }
+        match proof::look(kept, &w.secret) {
+            Look::Partial => {}
+            Look::Whole => match proof::take(kept) {
+                Ok(()) => w.proven = true,
+                Err(e) => self.fail(format!("taking the proof: {e}"), fds),
+            },
+            Look::Other | Look::Eof => self.relay_instead(fds),
+            Look::Failed(e) => self.fail(format!("the kept TCP connection failed: {e}"), fds),
+        }
+    }
+
+    /// Gives up the stream of a [`Handshake::Claim`] connection not bound yet: the client
+    /// stayed on TCP (or is not the RDMA peer), so the local side is relayed over the kept
+    /// socket.
+    fn relay_instead(&mut self, fds: &mut Fds) {
+        let App::Stream(a) = std::mem::replace(&mut self.app, App::Done) else {
+            return;
+        };
+        let Attached {
+            local,
+            kept,
+            mut on_event,
+            awaiting,
+            ..
+        } = a;
+        match kept {
+            Some(kept) => {
+                on_event(Event::Decided(StreamPath::Tcp));
+                // A proof that comes after all must not reach the app (the relay's guard).
+                let relay = match awaiting {
+                    Some(w) => Relay::guarded(local, kept, w.secret, Instant::now() + GUARD_WAIT),
+                    None => Relay::new(local, kept),
+                };
+                self.app = App::Relay(relay, on_event);
+            }
+            None => {
+                on_event(Event::Decided(StreamPath::Broken));
+                on_event(Event::Ended(End {
+                    path: StreamPath::Broken,
+                    sent: 0,
+                    received: 0,
+                    error: Some(String::from(
+                        "no CONFIRM and no TCP connection to fall back on",
+                    )),
+                }));
+                fd::shutdown_quietly(local.as_fd(), Shutdown::Both);
+                fds.closing.push(Arc::new(local));
+            }
+        }
+        self.error
+            .get_or_insert_with(|| String::from("the peer stayed on TCP"));
+    }
+
+    /// The stream failed: the local side is shut down and a kept socket reset (the peer's
+    /// TCP then fails too); the CM side is torn down by the loop.
+    pub(super) fn fail(&mut self, why: String, fds: &mut Fds) {
+        if let App::Stream(a) = &self.app
+            && a.awaiting.is_some_and(|w| !w.proven)
+        {
+            let broken = a
+                .kept
+                .as_ref()
+                .is_some_and(|k| matches!(fd::peek(k), fd::Peeked::Failed(_)));
+            if !broken {
+                // Not bound: the RDMA peer broke the rules, gave up or never proved it holds
+                // the TCP connection, whose client is on TCP.
+                self.relay_instead(fds);
+                return;
+            }
+        }
+        if self.error.is_none() {
+            self.error = Some(why.clone());
+        }
+        if let Some(link) = &mut self.link {
+            link.set_writing(false);
+        }
+        let app = std::mem::replace(&mut self.app, App::Done);
+        match app {
+            App::Stream(mut a) => {
+                if a.awaiting.is_some() {
+                    (a.on_event)(Event::Decided(StreamPath::Broken));
+                }
+                let path = if a.awaiting.is_some() {
+                    StreamPath::Broken
+                } else {
+                    StreamPath::Rdma
+                };
+                // Reported before the local side ends, so the app's next read after the
+                // delivered bytes can tell a broken stream from an orderly end.
+                (a.on_event)(Event::Ended(End {
+                    path,
+                    sent: a.sent,
+                    received: a.received,
+                    error: Some(why),
+                }));
+                fd::shutdown_quietly(a.local.as_fd(), Shutdown::Both);
+                if let Some(k) = a.kept.take() {
+                    fd::reset(k.as_fd());
+                    fds.closing.push(k);
+                }
+                fds.closing.push(Arc::new(a.local));
+            }
+            other => self.app = other,
+        }
+    }
+
+    /// Moves bytes and advances the state after any event. `draining`: the process exits.
+    pub(super) fn progress(
+        &mut self,
+        now: Instant,
+        config: &EngineConfig,
+        draining: bool,
+        fds: &mut Fds,
+    ) {
+        if let App::Stream(a) = &self.app
+            && a.awaiting.is_some_and(|w| !w.proven)
+            && self.stream_usable()
+        {
+            // Also here, not only on the kept socket's events: the proof may have come before
+            // the socket was watched.
+            self.check_proof(fds);
+        }
+        self.step_relay(draining, fds);
+        if !self.stream_usable() {
+            return;
+        }
+        match self.step_stream(now, draining) {
+            Ok(true) => self.finish_stream(fds),
+            Ok(false) => {}
+            Err(why) => {
+                self.fail(why, fds);
+                return;
+            }
+        }
+        if let Some(link) = &mut self.link {
+            link.probe_if_idle(now, config.keepalive);
+        }
+    }
+
+    fn step_relay(&mut self, draining: bool, fds: &mut Fds) {
+        let App::Relay(relay, on_event) = &mut self.app else {
+            return;
+        };
+        let error = match relay.step(draining) {
+            Step::Idle => return,
+            Step::Finished => None,
+            Step::Failed(e) => Some(e.to_string()),
+        };
+        let (sent, received) = relay.moved();
+        let failed = error.is_some();
+        on_event(Event::Ended(End {
+            path: StreamPath::Tcp,
+            sent,
+            received,
+            error,
+        }));
+        if failed {
+            // After the report: the app's next read can tell the failure from an end.
+            fd::shutdown_quietly(relay.local.as_fd(), Shutdown::Both);
+        }
+        if let App::Relay(relay, _) = std::mem::replace(&mut self.app, App::Done) {
+            fds.closing.push(Arc::new(relay.local));
+            fds.closing.push(relay.far);
+        }
+    }
+
+    /// One round of the stream: Ok(true) when both directions finished.
+    fn step_stream(&mut self, now: Instant, draining: bool) -> Result<bool, String> {
+        let StreamConn {
+            link,
+            app,
+            shared,
+            peer_gone,
+            ..
+        } = self;
+        let Some(link) = link.as_mut() else {
+            return Ok(false);
+        };
+        link.poll(now)?;
+        // The connecting side waits for CLAIM before it attaches: told once it came, and
+        // nothing to tell after the attach.
+        if matches!(app, App::Unattached)
+            && let Some(secret) = link.claim_seen()
+        {
+            shared.claimed(secret);
+        }
+        let App::Stream(a) = app else {
+            link.credit_if_due();
+            return Ok(false);
+        };
+        if let Some(w) = a.awaiting {
+            // Bound once the TCP client proved it holds our CLAIM's secret and the RDMA peer
+            // confirmed; until then nothing the peer sent reaches the app.
+            if !(w.proven && link.confirm_seen()) {
+                link.credit_if_due();
+                return Ok(false);
+            }
+            a.awaiting = None;
+            (a.on_event)(Event::Decided(StreamPath::Rdma));
+        }
+        pump(link, a, draining).map_err(|e| format!("local side: {e}"))?;
+        let inbound_done = link.peer_fin() && a.local_shut && !link.has_pending();
+        // A peer gone after its FIN (its process exited, say) ends the stream once the app has
+        // every byte it sent and its EOF, as a TCP socket's would: what the app writes from now
+        // on has nowhere to go (the closed local side answers EPIPE, or a reset when it held
+        // unread bytes of the app).
+        let peer_left = *peer_gone || link.is_quiet();
+        Ok(inbound_done && (link.fin_done() || peer_left))
+    }
+
+    /// Both directions finished: the local side is closed and the end reported; the loop
+    /// disconnects.
+    fn finish_stream(&mut self, fds: &mut Fds) {
+        let App::Stream(a) = std::mem::replace(&mut self.app, App::Done) else {
+            return;
+        };
+        let Attached {
+            local,
+            kept,
+            mut on_event,
+            sent,
+            received,
+            ..
+        } = a;
+        on_event(Event::Ended(End {
+            path: StreamPath::Rdma,
+            sent,
+            received,
+            error: None,
+        }));
+        fds.closing.push(Arc::new(local));
+        if let Some(k) = kept {
+            fds.closing.push(k);
+        }
+    }
+
+    /// Bytes moved between the local side and the peer so far (the exit flush's sign of
+    /// progress).
+    pub(super) fn moved(&self) -> u64 {
+        match &self.app {
+            App::Stream(a) => a.sent + a.received,
+            App::Relay(r, _) => {
+                let (up, down) = r.moved();
+                up + down
+            }
+            App::Unattached | App::Done => 0,
+        }
+    }
+
+    /// The stream's graceful end: both directions done, nothing attached any more.
+    pub(super) fn stream_done(&self) -> bool {
+        matches!(self.app, App::Done) && self.error.is_none()
+    }
+
+    /// True while the local side still has bytes of the app to deliver (the exit flush).
+    pub(super) fn unflushed(&self) -> bool {
+        match &self.app {
+            App::Stream(_) => {
+                !self.link.as_ref().is_some_and(Link::fin_done) && self.error.is_none()
+            }
+            App::Relay(r, _) => r.unflushed(),
+            App::Unattached | App::Done => false,
+        }
+    }
+
+    /// The earliest moment something must happen without an event.
+    pub(super) fn next_deadline(&self, config: &EngineConfig) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut at = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        at(self.unattached_deadline);
+        match self.cm {
+            CmPhase::Deciding(t) | CmPhase::Disconnecting(t) => at(Some(t)),
+            _ => {}
+        }
+        if let App::Relay(r, _) = &self.app {
+            at(r.deadline());
+        }
+        if let App::Stream(a) = &self.app {
+            at(a.awaiting.map(|w| w.deadline));
+            if self.stream_usable() {
+                at(self
+                    .link
+                    .as_ref()
+                    .and_then(|r| r.probe_due(config.keepalive)));
+            }
+        }
+        next
+    }
+}
+
+/// The stream's pump: what arrived to the local side, the local side's bytes to the peer, the
+/// half-closes and the credits.
+fn pump(link: &mut Link, a: &mut Attached, draining: bool) -> io::Result<()> {
+    link.set_reading(true);
+    let received = link.deliver_to(&a.local, &mut a.local_ready)? + link.take_read_bytes();
+    if link.peer_fin() && !link.has_pending() && !a.local_shut {
+        fd::shutdown_quietly(a.local.as_fd(), Shutdown::Write);
+        a.local_shut = true;
+    }
+    link.credit_if_due();
+    let mut sent = link.take_written_bytes();
+    if !a.local_eof {
+        let (eof, moved) = link.send_from(&a.local, &mut a.local_ready, draining)?;
+        sent += moved;
+        a.local_eof = eof;
+    }
+    // The app may write straight into the send ring until its side ended.
+    link.set_writing(link.is_ready() && !link.is_quiet() && !a.local_eof);
+    a.sent += sent;
+    a.received += received;
+    if (sent > 0 || received > 0)
+        && let Some(count) = a.on_bytes
+    {
+        count(sent, received);
+    }
+    if a.local_eof && !link.fin_queued() {
+        link.control(ControlKind::Fin);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::Mutex;
+
+    /// A connection that ended before anything was attached (as the event loop makes one for
+    /// an attach to an unknown token).
+    fn gone() -> StreamConn {
+        let mut c = StreamConn::new(
+            Arc::new(ConnShared::connecting(None)),
+            None,
+            CmPhase::Established,
+        );
+        c.error = Some(String::from("closed"));
+        c
+    }
+
+    fn attach(
+        events: Arc<Mutex<Vec<String>>>,
+        give_back: Option<Box<dyn FnOnce(OwnedFd) + Send>>,
+    ) -> Attach {
+        Attach {
+            kept: None,
+            handshake: Handshake::Open,
+            on_bytes: None,
+            give_back,
+            on_event: Box::new(move |e| {
+                let text = match e {
+                    Event::Decided(p) => format!("decided {p:?}"),
+                    Event::Ended(end) => format!("ended {:?}", end.path),
+                };
+                events.lock().unwrap().push(text);
+            }),
+        }
+    }
+
+    #[test]
+    fn a_socket_attached_to_a_gone_connection_comes_back_untouched() {
+        let (mut app, local) = UnixStream::pair().unwrap();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let returned = Arc::new(Mutex::new(None));
+        let slot = Arc::clone(&returned);
+        let mut conn = gone();
+        let mut fds = Fds::default();
+        conn.attach(
+            OwnedFd::from(local),
+            attach(
+                Arc::clone(&events),
+                Some(Box::new(move |fd| *slot.lock().unwrap() = Some(fd))),
+            ),
+            &EngineConfig::default(),
+            Instant::now(),
+            &mut fds,
+        );
+        assert!(
+            events.lock().unwrap().is_empty(),
+            "no event after a give-back"
+        );
+        assert!(fds.closing.is_empty(), "nothing of it is closed");
+        let back = returned
+            .lock()
+            .unwrap()
+            .take()
+            .expect("the socket came back");
+        // Still connected and unread: what the app writes is there to read.
+        app.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        UnixStream::from(back).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+    }
+
+    #[test]
+    fn without_a_give_back_the_stream_ends_broken_and_the_socket_is_shut() {
+        let (mut app, local) = UnixStream::pair().unwrap();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let mut conn = gone();
+        let mut fds = Fds::default();
+        conn.attach(
+            OwnedFd::from(local),
+            attach(Arc::clone(&events), None),
+            &EngineConfig::default(),
+            Instant::now(),
+            &mut fds,
+        );
+        assert_eq!(*events.lock().unwrap(), ["decided Broken", "ended Broken"]);
+        let mut rest = Vec::new();
+        assert_eq!(app.read_to_end(&mut rest).unwrap(), 0, "EOF for the app");
+    }
+}
