@@ -800,14 +800,6 @@ impl Loop {
             let Some(conn) = self.conns.get_mut(&token) else {
                 continue;
             };
-            let mut fds = Fds::default();
-            if conn.unattached_deadline.is_some_and(|t| t <= now)
-                && matches!(conn.app, App::Unattached)
-            {
-                conn.unattached_deadline = None;
-                conn.error
-                    .get_or_insert_with(|| String::from("not attached in time"));
-            }
             match conn.cm {
                 CmPhase::Deciding(t) if t <= now => {
                     if let Some(id) = conn.id {
@@ -825,11 +817,8 @@ impl Loop {
                 }
                 _ => {}
             }
-            if let App::Stream(a) = &conn.app
-                && a.awaiting.is_some_and(|w| w.deadline <= now)
-            {
-                conn.fail(String::from("no proof and CONFIRM in time"), &mut fds);
-            }
+            let mut fds = Fds::default();
+            conn.timers(now, &mut fds);
             self.apply(fds);
             self.dirty.push(token);
         }
@@ -862,22 +851,7 @@ impl Loop {
         if moved > 0 {
             self.inner.progress.fetch_add(moved, Ordering::Release);
         }
-        // A peer gone before its FIN leaves bytes of its direction missing: the stream fails.
-        // One gone after its FIN has sent everything: the stream delivers what arrived and
-        // ends when it did (`StreamConn::progress`), not at the disconnect (which would drop
-        // bytes the app has not read yet).
-        if conn.peer_gone
-            && conn.error.is_none()
-            && matches!(conn.app, App::Stream(_) | App::Unattached)
-            && !conn.link.as_ref().is_some_and(Link::peer_fin)
-        {
-            let state = conn.link.as_ref().map(Link::describe).unwrap_or_default();
-            conn.fail(format!("the peer disconnected ({state})"), &mut fds);
-        }
-        let stream_over = conn.error.is_some()
-            || conn.stream_done()
-            || matches!(conn.app, App::Relay(..))
-            || (conn.peer_gone && !matches!(conn.app, App::Stream(_)));
+        let stream_over = conn.settle(&mut fds);
         let teardown =
             stream_over && conn.id.is_some() && !matches!(conn.cm, CmPhase::Disconnecting(_));
         self.apply(fds);

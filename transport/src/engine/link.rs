@@ -17,10 +17,10 @@ use super::cdc;
 use super::relay::Ready;
 use super::rx::Receiver;
 use super::tx::Sender;
-use super::wr::{self, Completion};
+use super::wr::{self, Completion, Completions, Post};
 use super::{EngineConfig, Handshake, SLOT};
 use crate::flow::{RecvFlow, SendFlow};
-use crate::rdma::{Access, CmId, Cq, Device, Local, Mr, Pd, Qp, Region, Wc};
+use crate::rdma::{Access, CmId, Device, Local, Mr, Pd, Region, Wc};
 use crate::wire::{ControlKind, RingInfo, Secret};
 
 /// A connection's region, its protection domain and their registrations, ready for the next
@@ -67,18 +67,11 @@ impl Leftover {
 
 /// A connection's verbs resources and its two halves.
 pub(super) struct Link {
-    qp: Qp,
+    qp: Arc<dyn Post>,
     // Drop order matters: the QP (the id's) is destroyed first by the loop, then the CQ, the
     // MRs, the PD and the memory, in this field order.
-    cq: Cq,
-    /// The receive ring's registration, the only remotely writable one (its rkey is the
-    /// peer's).
-    recv_mr: Mr,
-    /// The send ring's and the control slots' registration (local access only).
-    mr: Mr,
-    /// This connection's own protection domain: no other connection's queue pair can use its
-    /// keys.
-    pd: Pd,
+    cq: Box<dyn Completions>,
+    keys: Keys,
     region: Arc<Region>,
     pinned: u64,
     /// The device's index in the engine (the pool's key).
@@ -106,6 +99,42 @@ pub(super) struct Link {
     last_rx: Instant,
     /// What the peer may send, by the handshake, and whether its FIN came.
     binding: Binding,
+}
+
+/// A connection's registrations.
+enum Keys {
+    /// The device's.
+    Registered {
+        /// The receive ring's registration, the only remotely writable one (its rkey is the
+        /// peer's).
+        recv_mr: Mr,
+        /// The send ring's and the control slots' registration (local access only).
+        mr: Mr,
+        /// This connection's own protection domain: no other connection's queue pair can use
+        /// its keys.
+        pd: Pd,
+    },
+    /// The simulated fabric's (in-process tests: `super::sim`).
+    #[cfg(test)]
+    Simulated { lkey: u32, rkey: u32 },
+}
+
+impl Keys {
+    fn lkey(&self) -> u32 {
+        match self {
+            Keys::Registered { mr, .. } => mr.lkey(),
+            #[cfg(test)]
+            Keys::Simulated { lkey, .. } => *lkey,
+        }
+    }
+
+    fn rkey(&self) -> u32 {
+        match self {
+            Keys::Registered { recv_mr, .. } => recv_mr.rkey(),
+            #[cfg(test)]
+            Keys::Simulated { rkey, .. } => *rkey,
+        }
+    }
 }
 
 /// Why setting a connection up failed.
@@ -195,7 +224,6 @@ impl Link {
         now: Instant,
         pinned: u64,
     ) -> Result<Link, SetupError> {
-        let ring = config.ring();
         let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
         // A kept region was renewed when it was kept: its ring is zeroed and its key fresh.
         let Buffers {
@@ -218,21 +246,58 @@ impl Link {
                 Some(libc::ENOMEM) => SetupError::Memlock,
                 _ => SetupError::Local("rdma_create_qp", e),
             })?;
+        Link::assemble(
+            config,
+            (Arc::new(qp), Box::new(cq)),
+            Keys::Registered { recv_mr, mr, pd },
+            region,
+            (index, pinned),
+            (now, handshake),
+        )
+    }
+
+    /// A link on side `side` of the simulated fabric `fabric` (in-process tests), with the
+    /// handshake `handshake`, set up at `now`.
+    #[cfg(test)]
+    pub(super) fn simulated(
+        config: &EngineConfig,
+        fabric: &super::sim::Fabric,
+        side: usize,
+        (now, handshake): (Instant, Handshake),
+    ) -> Link {
+        let region = Arc::new(Region::new(config.region_bytes()).expect("mmap"));
+        let (qp, cq, rkey) = fabric.attach(side, &region, config.ring());
+        let keys = Keys::Simulated { lkey: 1, rkey };
+        match Link::assemble(config, (qp, cq), keys, region, (0, 0), (now, handshake)) {
+            Ok(link) => link,
+            Err(e) => panic!("simulated link: {e:?}"),
+        }
+    }
+
+    /// A link over `qp` and `cq` with its halves, every receive posted.
+    fn assemble(
+        config: &EngineConfig,
+        (qp, cq): (Arc<dyn Post>, Box<dyn Completions>),
+        keys: Keys,
+        region: Arc<Region>,
+        (index, pinned): (usize, u64),
+        (now, handshake): (Instant, Handshake),
+    ) -> Result<Link, SetupError> {
+        let ring = config.ring();
+        let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
         let sender = Arc::new(Sender::new(
-            qp,
+            Arc::clone(&qp),
             Arc::clone(&region),
             (ring, ring),
             2 * ring + rq as usize * SLOT,
-            mr.lkey(),
+            keys.lkey(),
             sq,
             config.max_unacked() as u64,
         ));
         let link = Link {
             qp,
             cq,
-            recv_mr,
-            mr,
-            pd,
+            keys,
             recv: Receiver::new(
                 Arc::clone(&region),
                 RecvFlow::new(ring as u64, u64::from(rq)),
@@ -269,23 +334,27 @@ impl Link {
         let reusable = self.recv.retire() && !self.sender.copying();
         let Link {
             cq,
-            recv_mr,
-            mr,
-            pd,
+            keys,
             region,
             pinned,
             ring,
             ..
         } = self;
         drop(cq);
-        drop(recv_mr);
-        let leftover = Leftover {
-            mr,
-            pd,
-            region,
-            ring,
+        let leftover = match keys {
+            Keys::Registered { recv_mr, mr, pd } => {
+                drop(recv_mr);
+                Some(Leftover {
+                    mr,
+                    pd,
+                    region,
+                    ring,
+                })
+            }
+            #[cfg(test)]
+            Keys::Simulated { .. } => None,
         };
-        (reusable.then_some(leftover), pinned)
+        (leftover.filter(|_| reusable), pinned)
     }
 
     fn control_recv_off(&self) -> usize {
@@ -299,7 +368,7 @@ impl Link {
             Local {
                 addr: self.region.addr(off),
                 len: SLOT as u32,
-                lkey: self.mr.lkey(),
+                lkey: self.keys.lkey(),
             },
         )
     }
@@ -308,7 +377,7 @@ impl Link {
     pub(super) fn ring_info(&self) -> RingInfo {
         RingInfo {
             addr: self.region.addr(0),
-            rkey: self.recv_mr.rkey(),
+            rkey: self.keys.rkey(),
             size_log: self.ring.trailing_zeros() as u8,
             receives: u16::try_from(self.rq).unwrap_or(u16::MAX),
         }

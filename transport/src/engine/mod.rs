@@ -55,6 +55,10 @@ mod proof;
 mod relay;
 mod rx;
 mod shared;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod sim_tests;
 mod stream;
 mod tx;
 mod wr;

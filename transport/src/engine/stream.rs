@@ -423,6 +423,45 @@ impl StreamConn {
         }
     }
 
+    /// The connection's own timers at `now`: an established connection not attached in time
+    /// is given up; an accepting side whose stream was not bound in time fails (which relays
+    /// over TCP when its client is there).
+    pub(super) fn timers(&mut self, now: Instant, fds: &mut Fds) {
+        if self.unattached_deadline.is_some_and(|t| t <= now) && matches!(self.app, App::Unattached)
+        {
+            self.unattached_deadline = None;
+            self.error
+                .get_or_insert_with(|| String::from("not attached in time"));
+        }
+        if let App::Stream(a) = &self.app
+            && a.awaiting.is_some_and(|w| w.deadline <= now)
+        {
+            self.fail(String::from("no proof and CONFIRM in time"), fds);
+        }
+    }
+
+    /// After [`StreamConn::progress`]: a peer gone before its FIN fails the stream; true once
+    /// the stream is over (failed, done, relayed, or its peer gone), so the connection
+    /// manager's side is to be torn down.
+    pub(super) fn settle(&mut self, fds: &mut Fds) -> bool {
+        // A peer gone before its FIN leaves bytes of its direction missing: the stream fails.
+        // One gone after its FIN has sent everything: the stream delivers what arrived and
+        // ends when it did (`progress`), not at the disconnect (which would drop bytes the app
+        // has not read yet).
+        if self.peer_gone
+            && self.error.is_none()
+            && matches!(self.app, App::Stream(_) | App::Unattached)
+            && !self.link.as_ref().is_some_and(Link::peer_fin)
+        {
+            let state = self.link.as_ref().map(Link::describe).unwrap_or_default();
+            self.fail(format!("the peer disconnected ({state})"), fds);
+        }
+        self.error.is_some()
+            || self.stream_done()
+            || matches!(self.app, App::Relay(..))
+            || (self.peer_gone && !matches!(self.app, App::Stream(_)))
+    }
+
     /// Moves bytes and advances the state after any event. `draining`: the process exits.
     pub(super) fn progress(
         &mut self,

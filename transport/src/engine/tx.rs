@@ -60,11 +60,11 @@ use super::cdc::Controls;
 use super::lock_order::{Guard, Level, OrderedMutex};
 use super::relay::Ready;
 use super::rx::Receiver;
-use super::wr::{TAG_CONTROL, TAG_DATA, TAG_PROBE};
+use super::wr::{Post, TAG_CONTROL, TAG_DATA, TAG_PROBE};
 use super::{Command, Inner, SLOT};
 use crate::fd;
 use crate::flow::{SendFlow, Window};
-use crate::rdma::{Local, Qp, Region, unread_by_peer};
+use crate::rdma::{Local, Region, unread_by_peer};
 use crate::wire::{Control, ControlKind, RingInfo};
 
 /// The smallest in-flight limit (the smaller ring) at which a writer waits for room instead of
@@ -76,7 +76,7 @@ pub const WAIT_MIN_RING: u64 = 2 << 20;
 
 /// The send side of one connection, shared by the engine and its [`Writer`]s.
 pub(super) struct Sender {
-    qp: Qp,
+    qp: Arc<dyn Post>,
     /// The connection's region; the send ring starts at `ring_off`, the control slots we send
     /// from at `control_off` (one per send queue entry).
     region: Arc<Region>,
@@ -253,7 +253,7 @@ impl Sender {
     /// The send ring is `ring` bytes at `ring_off` of `region`, of which at most `max_unacked`
     /// are posted and not completed; control messages go from `sq` slots at `control_off`.
     pub(super) fn new(
-        qp: Qp,
+        qp: Arc<dyn Post>,
         region: Arc<Region>,
         (ring_off, ring): (usize, usize),
         control_off: usize,
@@ -382,7 +382,7 @@ impl Sender {
         }
         let posted = self
             .qp
-            .write_probe(TAG_PROBE, state.peer.addr, state.peer.rkey)
+            .write_probe(TAG_PROBE, (state.peer.addr, state.peer.rkey))
             .is_ok();
         if posted {
             state.probe_outstanding = true;
@@ -478,8 +478,7 @@ impl Sender {
                 len: n as u32,
                 lkey: self.lkey,
             },
-            state.peer.addr + w.remote as u64,
-            state.peer.rkey,
+            (state.peer.addr + w.remote as u64, state.peer.rkey),
             crate::wire::data_imm(end),
             signaled,
         )?;

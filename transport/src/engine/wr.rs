@@ -1,13 +1,88 @@
 //! Work requests and their completions (net/smc's `smc_wr.c`): the ids our sends and receives
 //! carry, and what a completion from the CQ is, told from those ids and the device's opcode.
 //!
+//! A connection posts through [`Post`] and takes its completions through [`Completions`]: the
+//! device's queue pair and CQ, or in tests the simulated fabric (`sim.rs`), which lets the
+//! halves and the connection's life run in-process against a peer.
+//!
 //! A send's id is a tag in its top bits and a sequence in the rest: a data write carries the
 //! stream position after it, a control message its sequence number, a probe nothing. A receive's
 //! id is its control slot (tag 0). An error completion's opcode is undefined (verbs), so a failed
 //! request is named from its id alone; a successful receive is a control message (`IBV_WC_RECV`)
 //! or the peer's data write (`IBV_WC_RECV_RDMA_WITH_IMM`), by its opcode.
 
-use crate::rdma::{WC_RECV, WC_SUCCESS, Wc};
+use std::io;
+
+use crate::rdma::{Cq, Local, Qp, WC_RECV, WC_SUCCESS, Wc};
+
+/// What a connection posts its work requests on (see the module docs).
+pub(super) trait Post: Send + Sync {
+    /// RDMA WRITE WITH IMMEDIATE of `local` to `remote_addr` (`rkey`); a completion only when
+    /// `signaled` (or on an error).
+    fn write_imm(
+        &self,
+        wr_id: u64,
+        local: Local,
+        remote: (u64, u32),
+        imm: u32,
+        signaled: bool,
+    ) -> io::Result<()>;
+    /// A zero-length RDMA WRITE to `remote_addr` (`rkey`), signaled: a liveness probe.
+    fn write_probe(&self, wr_id: u64, remote: (u64, u32)) -> io::Result<()>;
+    /// SEND of `local`; a completion only when `signaled` (or on an error).
+    fn send(&self, wr_id: u64, local: Local, signaled: bool) -> io::Result<()>;
+    /// A receive into `local`.
+    fn recv(&self, wr_id: u64, local: Local) -> io::Result<()>;
+}
+
+impl Post for Qp {
+    fn write_imm(
+        &self,
+        wr_id: u64,
+        local: Local,
+        (addr, rkey): (u64, u32),
+        imm: u32,
+        signaled: bool,
+    ) -> io::Result<()> {
+        Qp::write_imm(self, wr_id, local, addr, rkey, imm, signaled)
+    }
+
+    fn write_probe(&self, wr_id: u64, (addr, rkey): (u64, u32)) -> io::Result<()> {
+        Qp::write_probe(self, wr_id, addr, rkey)
+    }
+
+    fn send(&self, wr_id: u64, local: Local, signaled: bool) -> io::Result<()> {
+        Qp::send(self, wr_id, local, signaled)
+    }
+
+    fn recv(&self, wr_id: u64, local: Local) -> io::Result<()> {
+        Qp::recv(self, wr_id, local)
+    }
+}
+
+/// Where a connection's completions come from (see the module docs).
+pub(super) trait Completions {
+    /// Up to `out.len()` completions; how many were written.
+    fn poll(&mut self, out: &mut [Wc]) -> io::Result<usize>;
+    /// Signal the channel at the next completion.
+    fn arm(&mut self) -> io::Result<()>;
+    /// One completion event was taken for this queue.
+    fn note_event(&mut self);
+}
+
+impl Completions for Cq {
+    fn poll(&mut self, out: &mut [Wc]) -> io::Result<usize> {
+        Cq::poll(self, out)
+    }
+
+    fn arm(&mut self) -> io::Result<()> {
+        Cq::arm(self)
+    }
+
+    fn note_event(&mut self) {
+        Cq::note_event(self);
+    }
+}
 
 const TAG_SHIFT: u32 = 60;
 const TAG_MASK: u64 = (1 << TAG_SHIFT) - 1;

@@ -504,7 +504,7 @@ pub struct Qp {
 
 // SAFETY: a QP handle is a pointer to the provider's QP; libibverbs' post calls are
 // thread-safe (each provider serialises its queues), the stream posts sends under one lock
-// (`engine::sender`), and the QP is destroyed only by the engine thread after it stopped every
+// (`engine::tx`), and the QP is destroyed only by the engine thread after it stopped every
 // other poster under that lock.
 unsafe impl Send for Qp {}
 // SAFETY: as for Send.
