@@ -8,22 +8,20 @@
 //! - [`probe`]: whether this process can use RDMA at all (devices, iWARP, fork safety).
 //! - [`engine`]: the [`Engine`]: connect, listen, attach a local fd, with the stream protocol of
 //!   [`flow`] (credits over a receive ring) and [`wire`] (private data, control messages).
-//! - The shim's upgrade pieces: [`handshake`] (its negotiation payloads), [`policy`]
-//!   (`STREAMSHIM_POLICY`), [`negative_cache`], [`reason`] (paths and fallback reasons) and
-//!   [`stats`] (`STREAMSHIM_STATS`).
+//! - [`fd`], [`route`]: operations on the kernel fds the engine drives, and the local address
+//!   the kernel would send from to a peer.
+//!
+//! What rides on a stream is the caller's: the shim's negotiation messages, policy, reasons and
+//! stats are in `rdma-streams-shim-core`, the gateway's connect payloads in the gateway. The
+//! caller also says where the RDMA libraries come from ([`probe`] takes the librdmacm name).
 
 pub mod engine;
 pub mod fd;
 pub mod flow;
-pub mod handshake;
-pub mod negative_cache;
-pub mod policy;
 pub mod probe;
 pub mod rdma;
-pub mod reason;
 pub mod route;
 mod sockaddr;
-pub mod stats;
 pub mod wire;
 
 pub use engine::{

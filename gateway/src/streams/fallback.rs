@@ -43,7 +43,7 @@ impl Fallback {
         Fallback::PeerAuthFailed,
     ];
 
-    /// Stable upper-case name, in the style of `transport::reason::Reason`.
+    /// Stable upper-case name, in the style of the shim's `Reason`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Fallback::NoPeer => "NO_PEER",

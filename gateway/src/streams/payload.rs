@@ -26,7 +26,7 @@
 //!   challenges pending), 8 destination not on the target's node, 9 unsupported version (a
 //!   version-1 request: a gateway without peer authentication).
 //! - The tag `G` comes first so that a gateway and the shim (whose payloads start with `S`,
-//!   `transport::handshake`) never take each other's requests or answers for their own.
+//!   `streamshim_core::negotiation`) never take each other's requests or answers for their own.
 //! - A connect request leaves the app at most 36 bytes (`wire::MAX_CONNECT_PAYLOAD`), so the
 //!   VMI uid (a 36-character UUID) travels as the first 8 bytes of its SHA-256. The target
 //!   compares it with the digests of the migrations it carries as target, with the port.

@@ -38,11 +38,11 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
+use crate::policy::{Policy, current_program_names};
+use crate::reason::Reason;
+use crate::stats::{Stats, StatsSink};
 use rdma_streams_transport::Unusable;
 use rdma_streams_transport::engine::{MEMORY_SHARE, PinLimits};
-use rdma_streams_transport::policy::{Policy, current_program_names};
-use rdma_streams_transport::reason::Reason;
-use rdma_streams_transport::stats::{Stats, StatsSink};
 
 use crate::fdtable::{self, SHIM_OWNED};
 use crate::log::{self, Level, log_at};

@@ -4,8 +4,8 @@
 //! stats file template) and `STREAMSHIM_PROVIDER` (where the RDMA libraries are loaded from),
 //! over arbitrary values, also not UTF-8, each checked against the rule its docs state. An
 //! error is one clean line (the shim prints it as one stderr line whatever `STREAMSHIM_LOG`
-//! says). `STREAMSHIM_POLICY` and `STREAMSHIM_NEGOTIATE_MS` are fuzzed with their parsers in
-//! the transport crate; `STREAMSHIM_DISABLE` and `STREAMSHIM_MODE` are compared after a trim
+//! says). `STREAMSHIM_POLICY` and `STREAMSHIM_NEGOTIATE_MS` are fuzzed with their parsers
+//! ([`crate::policy`], [`crate::negotiation`]); `STREAMSHIM_DISABLE` and `STREAMSHIM_MODE` are compared after a trim
 //! and a lower-casing, with nothing to parse.
 
 use std::ffi::OsStr;
@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use rdma_streams_testkit::fuzz;
-use rdma_streams_transport::{
-    rdma::{DEFAULT_PROVIDER, provider_name},
-    stats::{DEFAULT_FILE_TEMPLATE, StatsSink},
-};
+use rdma_streams_transport::rdma::{DEFAULT_PROVIDER, provider_name};
+
+use crate::stats::{DEFAULT_FILE_TEMPLATE, StatsSink};
 
 use crate::{direct, log::Level, ring};
 

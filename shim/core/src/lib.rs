@@ -23,8 +23,13 @@ pub mod fdtable;
 pub mod forksafe;
 pub mod guard;
 pub mod log;
+pub mod negative_cache;
+pub mod negotiation;
 pub mod ops;
+pub mod policy;
+pub mod reason;
 pub mod ring;
+pub mod stats;
 pub mod sys;
 pub mod upgrade;
 

@@ -11,10 +11,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::reason::{Path, Reason, Role};
+use crate::stats::Stats;
 use libc::c_int;
 use rdma_streams_transport::engine::Writer;
-use rdma_streams_transport::reason::{Path, Reason, Role};
-use rdma_streams_transport::stats::Stats;
 
 use crate::decision::{self, State};
 use crate::fdtable::{
@@ -308,7 +308,7 @@ pub fn read_direct(fd: c_int, buf: &mut [u8]) -> Option<usize> {
         return None;
     }
     let n = upgrade::read_direct(fd, buf)?;
-    rdma_streams_transport::stats::Stats::global().add_rdma_bytes_direct(n as u64);
+    crate::stats::Stats::global().add_rdma_bytes_direct(n as u64);
     Some(n)
 }
 

@@ -262,7 +262,7 @@ fn configmaps_parse_with_the_components_parsers() {
             );
             if let Some(cm) = r.find("ConfigMap", &named("shim-policy")) {
                 let text = cm["data"]["policy.yaml"].as_str().unwrap();
-                rdma_streams_transport::policy::Policy::parse(text)
+                streamshim_core::policy::Policy::parse(text)
                     .unwrap_or_else(|e| panic!("{set}: shim policy: {e}"));
             }
         }

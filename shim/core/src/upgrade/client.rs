@@ -14,11 +14,11 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use crate::negotiation::{self, Hello, Message};
+use crate::policy::canonical_ip;
+use crate::reason::{Path, Reason, Role};
 use libc::c_int;
 use rdma_streams_transport::engine::{Attach, ConnectError, ConnectRequest, Handshake, RejectedBy};
-use rdma_streams_transport::handshake::{self, Hello, Message};
-use rdma_streams_transport::policy::canonical_ip;
-use rdma_streams_transport::reason::{Path, Reason, Role};
 use rdma_streams_transport::route;
 use rdma_streams_transport::wire::TransportReject;
 
@@ -94,7 +94,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
         return plain(fd, peer, Reason::RdmaError, real);
     };
     let bound = negotiate_timeout();
-    let nonce = handshake::new_nonce();
+    let nonce = negotiation::new_nonce();
     let dst = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
     let conn = engine.connect(ConnectRequest {
         dst,

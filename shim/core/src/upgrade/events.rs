@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::reason::{Path, Reason, Role};
+use crate::stats::Stats;
 use libc::c_int;
 use rdma_streams_transport::engine::{Event, StreamPath};
-use rdma_streams_transport::reason::{Path, Reason, Role};
-use rdma_streams_transport::stats::Stats;
 
 use crate::log::{Level, log_at};
 

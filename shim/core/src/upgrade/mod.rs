@@ -29,11 +29,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::negative_cache::NegativeCache;
+use crate::negotiation;
+use crate::policy::canonical_ip;
 use libc::c_int;
 use rdma_streams_transport::engine::{Conn, Reader, Writer};
-use rdma_streams_transport::handshake;
-use rdma_streams_transport::negative_cache::NegativeCache;
-use rdma_streams_transport::policy::canonical_ip;
 
 use crate::forksafe::{ForkSafe, SLOTS};
 use crate::log::{Level, log_at};
@@ -68,8 +68,8 @@ static SWAPPED_FDS: ForkSafe<BTreeMap<c_int, SwappedFd>> =
     ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
 /// Destinations that could not upgrade recently.
 static NEGATIVE: NegativeCache = NegativeCache::new(
-    rdma_streams_transport::negative_cache::DEFAULT_TTL,
-    rdma_streams_transport::negative_cache::DEFAULT_CAPACITY,
+    crate::negative_cache::DEFAULT_TTL,
+    crate::negative_cache::DEFAULT_CAPACITY,
 );
 /// Set in a fork child: the engine (its thread, its locks) belongs to the parent.
 static FORKED: AtomicBool = AtomicBool::new(false);
@@ -94,7 +94,7 @@ fn negotiate_timeout() -> Duration {
     static MICROS: AtomicU64 = AtomicU64::new(0);
     match MICROS.load(Ordering::Acquire) {
         0 => {
-            let t = handshake::negotiate_timeout_from_env();
+            let t = negotiation::negotiate_timeout_from_env();
             let micros = u64::try_from(t.as_micros()).unwrap_or(u64::MAX).max(1);
             MICROS.store(micros, Ordering::Release);
             t

@@ -19,13 +19,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::negotiation::{Hello, Message};
+use crate::policy::canonical_ip;
+use crate::reason::{Path, Reason, Role};
 use libc::c_int;
 use rdma_streams_transport::engine::{
     Acceptor, Attach, Conn, Decision, Handshake, Listener, Request,
 };
-use rdma_streams_transport::handshake::{Hello, Message};
-use rdma_streams_transport::policy::canonical_ip;
-use rdma_streams_transport::reason::{Path, Reason, Role};
 
 use super::engine::engine;
 use super::events::{count_bytes, on_event, record};
@@ -322,7 +322,7 @@ pub(super) mod tests_support {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdma_streams_transport::handshake::Message;
+    use crate::negotiation::Message;
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap()

@@ -44,8 +44,8 @@ fn a_fork_child_never_waits_for_a_lock_a_parent_thread_held() {
 /// one that ends in order never is.
 #[test]
 fn a_failed_stream_reads_as_one_reset_and_an_orderly_end_as_none() {
+    use crate::reason::Role;
     use rdma_streams_transport::engine::{End, Event, StreamPath};
-    use rdma_streams_transport::reason::Role;
     use std::os::fd::AsRawFd;
 
     let end = |error: Option<&str>| {

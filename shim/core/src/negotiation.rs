@@ -1,6 +1,7 @@
 //! The shim's negotiation messages: the app payloads of the connection manager's private data
-//! (docs/shim-protocol.md, "Messages"). The transport's own header ([`crate::wire`]) comes
-//! before them; CLAIM and CONFIRM are the transport's control messages.
+//! (docs/shim-protocol.md, "Messages"). The transport's own header
+//! ([`rdma_streams_transport::wire`]) comes before them; CLAIM and CONFIRM are the transport's
+//! control messages.
 //!
 //! | message | bytes (big-endian) | length | in |
 //! | --- | --- | --- | --- |
@@ -238,8 +239,8 @@ mod fuzz;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::MAX_CONNECT_PAYLOAD;
     use proptest::prelude::*;
+    use rdma_streams_transport::wire::MAX_CONNECT_PAYLOAD;
 
     #[test]
     fn exact_bytes() {

@@ -480,7 +480,7 @@ fn a_value_of_json_null_everywhere_reads_as_absent() {
 
 /// What the guard in front of serde_yaml is for, measured (not run by `make test`: it takes
 /// seconds to minutes): serde_yaml alone on `{a: ` nested ever deeper, 40 KB doubling to
-/// 320 KB, one line each with its time. `cargo test --release -p rdma-streams-transport --lib
+/// 320 KB, one line each with its time. `cargo test --release -p rdma-streams-shim-core --lib
 /// -- --ignored --nocapture serde_yaml_alone`.
 #[test]
 #[ignore = "a measurement: seconds to minutes"]
