@@ -38,481 +38,41 @@
 //! turns any error into pass-through plus one stderr line ([`PolicyError`]'s `Display` is one
 //! line). Checks ([`Policy::client_allows`], [`Policy::server_allows`],
 //! [`Policy::program_allowed`]) never allocate and never panic.
+//!
+//! One concept per file: peer networks ([`Cidr`], `cidr.rs`), port lists ([`PortRange`],
+//! `ports.rs`), program globs ([`ProgramPattern`], `program.rs`), a role's rules ([`Rule`],
+//! [`RolePolicy`], `rules.rs`), where the file comes from ([`PolicySource`], `source.rs`) and
+//! why it cannot be used ([`PolicyError`], `error.rs`); the [`Policy`] that joins them is here.
 
-use std::ffi::OsStr;
+mod cidr;
+mod error;
+mod ports;
+mod program;
+mod rules;
+mod source;
+
 use std::fmt;
-use std::io::{self, Read};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
+
+pub use cidr::{Cidr, CidrError, canonical_ip, is_local_peer};
+pub use error::PolicyError;
+pub use ports::PortRange;
+pub use program::{ProgramPattern, basename, current_program_names};
+pub use rules::{RolePolicy, Rule};
+pub use source::PolicySource;
+
+use rules::{null_as_default, null_as_empty};
 
 /// Environment variable naming the policy file.
 pub const POLICY_ENV: &str = "STREAMSHIM_POLICY";
 
 /// Largest policy file read (bytes); anything bigger is an error.
 pub const MAX_POLICY_BYTES: u64 = 1 << 20;
-
-// ---------------------------------------------------------------------------------------------
-// CIDR
-
-/// An IP network. IPv4 networks are kept as IPv4-mapped IPv6 (`::ffff:0:0/96` + prefix), so one
-/// comparison serves both families.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Cidr {
-    net: u128,
-    prefix: u8,
-}
-
-/// A CIDR string that does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid CIDR {input:?}: {why}")]
-pub struct CidrError {
-    input: String,
-    why: &'static str,
-}
-
-const V4_MAPPED_PREFIX: u128 = 0xffff_u128 << 32;
-
-/// The 128-bit form of an address, IPv4 as IPv4-mapped IPv6.
-fn ip_bits(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(v4) => V4_MAPPED_PREFIX | u128::from(u32::from(v4)),
-        IpAddr::V6(v6) => u128::from(v6),
-    }
-}
-
-fn mask(prefix: u8) -> u128 {
-    match prefix {
-        0 => 0,
-        p if p >= 128 => u128::MAX,
-        p => u128::MAX << (128 - u32::from(p)),
-    }
-}
-
-/// IPv4-mapped IPv6 addresses become IPv4; everything else is returned as is.
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 @ IpAddr::V4(_) => v4,
-    }
-}
-
-/// Loopback or unspecified (connecting to 0.0.0.0 or :: reaches the local host), IPv4-mapped
-/// forms included.
-pub fn is_local_peer(ip: IpAddr) -> bool {
-    match canonical_ip(ip) {
-        IpAddr::V4(v4) => v4.is_loopback() || v4.is_unspecified(),
-        IpAddr::V6(v6) => v6.is_loopback() || v6.is_unspecified(),
-    }
-}
-
-impl Cidr {
-    /// The network `ip/prefix` (host bits cleared). `prefix` is at most 32 for IPv4 and 128 for
-    /// IPv6 (IPv6 terms also for IPv4-mapped addresses: `::ffff:10.0.0.0/104` is `10.0.0.0/8`).
-    pub fn new(ip: IpAddr, prefix: u8) -> Result<Cidr, CidrError> {
-        // IPv4 is stored as IPv4-mapped IPv6, so an IPv6 network inside ::ffff:0:0/96 with a
-        // prefix of 96 or more is the same value as the IPv4 network.
-        let (bits, prefix) = match ip {
-            IpAddr::V4(v4) => {
-                if prefix > 32 {
-                    return Err(CidrError {
-                        input: format!("{ip}/{prefix}"),
-                        why: "IPv4 prefix length above 32",
-                    });
-                }
-                (ip_bits(IpAddr::V4(v4)), prefix.saturating_add(96))
-            }
-            IpAddr::V6(v6) => {
-                if prefix > 128 {
-                    return Err(CidrError {
-                        input: format!("{ip}/{prefix}"),
-                        why: "IPv6 prefix length above 128",
-                    });
-                }
-                (u128::from(v6), prefix)
-            }
-        };
-        Ok(Cidr {
-            net: bits & mask(prefix),
-            prefix,
-        })
-    }
-
-    /// Whether `ip` lies in this network (IPv4 and IPv4-mapped IPv6 are the same address).
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        ip_bits(ip) & mask(self.prefix) == self.net
-    }
-
-    /// Prefix length in the network's own family (IPv4 networks: 0..=32).
-    pub fn prefix_len(&self) -> u8 {
-        if self.is_v4() {
-            self.prefix.saturating_sub(96)
-        } else {
-            self.prefix
-        }
-    }
-
-    /// The network address in its own family.
-    pub fn network(&self) -> IpAddr {
-        if self.is_v4() {
-            // The low 32 bits; truncation is the point.
-            IpAddr::V4(Ipv4Addr::from((self.net & u128::from(u32::MAX)) as u32))
-        } else {
-            IpAddr::V6(Ipv6Addr::from(self.net))
-        }
-    }
-
-    fn is_v4(&self) -> bool {
-        self.prefix >= 96 && self.net & mask(96) == V4_MAPPED_PREFIX
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network(), self.prefix_len())
-    }
-}
-
-impl FromStr for Cidr {
-    type Err = CidrError;
-
-    /// `a.b.c.d/n`, `a.b.c.d` (/32), `v6/n`, `v6` (/128). No spaces, no leading `+`.
-    fn from_str(s: &str) -> Result<Cidr, CidrError> {
-        let err = |why| CidrError {
-            input: s.to_owned(),
-            why,
-        };
-        let (addr, prefix) = match s.split_once('/') {
-            Some((a, p)) => (a, Some(p)),
-            None => (s, None),
-        };
-        let ip: IpAddr = addr.parse().map_err(|_| err("not an IP address"))?;
-        let max: u8 = if ip.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
-            None => max,
-            Some(p) => parse_prefix(p).ok_or_else(|| err("prefix length is not a number"))?,
-        };
-        if prefix > max {
-            return Err(err(if ip.is_ipv4() {
-                "IPv4 prefix length above 32"
-            } else {
-                "IPv6 prefix length above 128"
-            }));
-        }
-        Cidr::new(ip, prefix)
-    }
-}
-
-/// Decimal digits only (1-3 of them), value up to 255.
-fn parse_prefix(p: &str) -> Option<u8> {
-    if p.is_empty() || p.len() > 3 || !p.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    p.parse().ok()
-}
-
-impl<'de> Deserialize<'de> for Cidr {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Cidr;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an IP address or CIDR such as 10.0.0.0/8 or fd00::/8")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Cidr, E> {
-                v.parse().map_err(E::custom)
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Ports
-
-/// An inclusive port range (`lo == hi` for one port).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PortRange {
-    /// First port.
-    pub lo: u16,
-    /// Last port (inclusive).
-    pub hi: u16,
-}
-
-impl PortRange {
-    /// Whether `port` is in the range.
-    pub fn contains(&self, port: u16) -> bool {
-        self.lo <= port && port <= self.hi
-    }
-}
-
-impl FromStr for PortRange {
-    type Err = String;
-
-    /// `"5201"` or `"8000-8100"` (inclusive, lo <= hi).
-    fn from_str(s: &str) -> Result<PortRange, String> {
-        let port = |p: &str| -> Result<u16, String> {
-            let p = p.trim();
-            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(format!("invalid port {p:?} in {s:?}"));
-            }
-            p.parse::<u16>()
-                .map_err(|_| format!("port {p} in {s:?} is above 65535"))
-        };
-        match s.split_once('-') {
-            None => {
-                let p = port(s)?;
-                Ok(PortRange { lo: p, hi: p })
-            }
-            Some((a, b)) => {
-                let (lo, hi) = (port(a)?, port(b)?);
-                if lo > hi {
-                    return Err(format!("port range {s:?} is empty (start above end)"));
-                }
-                Ok(PortRange { lo, hi })
-            }
-        }
-    }
-}
-
-impl fmt::Display for PortRange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.lo == self.hi {
-            write!(f, "{}", self.lo)
-        } else {
-            write!(f, "{}-{}", self.lo, self.hi)
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for PortRange {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = PortRange;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a port number or a \"lo-hi\" range")
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<PortRange, E> {
-                u16::try_from(v)
-                    .map(|p| PortRange { lo: p, hi: p })
-                    .map_err(|_| E::custom(format!("port {v} is above 65535")))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<PortRange, E> {
-                u16::try_from(v)
-                    .map(|p| PortRange { lo: p, hi: p })
-                    .map_err(|_| E::custom(format!("port {v} is out of range 0-65535")))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<PortRange, E> {
-                v.parse().map_err(E::custom)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Program patterns
-
-/// A glob over a program's basename: `*` matches any run of bytes, `?` exactly one byte, every
-/// other byte itself.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ProgramPattern(String);
-
-impl ProgramPattern {
-    /// The pattern; errors for an empty pattern or one with `/` (patterns match basenames).
-    pub fn new(p: &str) -> Result<ProgramPattern, String> {
-        if p.is_empty() {
-            return Err("empty program pattern".to_owned());
-        }
-        if p.contains('/') {
-            return Err(format!(
-                "program pattern {p:?} contains '/': patterns match the program's basename"
-            ));
-        }
-        Ok(ProgramPattern(p.to_owned()))
-    }
-
-    /// Whether `name` (a basename) matches.
-    pub fn matches(&self, name: &str) -> bool {
-        glob_match(self.0.as_bytes(), name.as_bytes())
-    }
-
-    /// The pattern text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de> Deserialize<'de> for ProgramPattern {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // A visitor (not `String::deserialize` then a check) so errors carry the value's
-        // line and column.
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = ProgramPattern;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a program name or glob")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ProgramPattern, E> {
-                ProgramPattern::new(v).map_err(E::custom)
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-/// Iterative glob match with single-star backtracking: O(len(p) * len(s)) worst case, no
-/// allocation, no recursion.
-fn glob_match(pat: &[u8], s: &[u8]) -> bool {
-    let (mut p, mut t) = (0usize, 0usize);
-    // Position of the last `*` seen and the text position it is currently matched up to.
-    let mut star: Option<(usize, usize)> = None;
-    loop {
-        match pat.get(p) {
-            Some(b'*') => {
-                star = Some((p, t));
-                p += 1;
-                continue;
-            }
-            Some(&c) => {
-                if let Some(&b) = s.get(t)
-                    && (c == b'?' || c == b)
-                {
-                    p += 1;
-                    t += 1;
-                    continue;
-                }
-            }
-            None => {
-                if t == s.len() {
-                    return true;
-                }
-            }
-        }
-        match star {
-            Some((sp, st)) if st < s.len() => {
-                star = Some((sp, st + 1));
-                p = sp + 1;
-                t = st + 1;
-            }
-            _ => return false,
-        }
-    }
-}
-
-/// The part after the last `/` (the whole string when there is none).
-pub fn basename(path: &str) -> &str {
-    match path.rsplit_once('/') {
-        Some((_, b)) => b,
-        None => path,
-    }
-}
-
-/// The names [`Policy::program_allowed_any`] should see for this process: the basename of
-/// `/proc/self/exe` and of `argv[0]` (deduplicated; either may be missing). Allocates and makes a
-/// syscall: call once per process.
-pub fn current_program_names() -> Vec<String> {
-    let mut names = Vec::with_capacity(2);
-    if let Ok(exe) = std::fs::read_link("/proc/self/exe") {
-        let s = exe.to_string_lossy();
-        // A deleted binary reads as "/path/prog (deleted)".
-        let s = s.strip_suffix(" (deleted)").unwrap_or(&s);
-        let b = basename(s);
-        if !b.is_empty() {
-            names.push(b.to_owned());
-        }
-    }
-    if let Some(arg0) = std::env::args_os().next() {
-        let s = arg0.to_string_lossy();
-        let b = basename(&s);
-        if !b.is_empty() && !names.iter().any(|n| n == b) {
-            names.push(b.to_owned());
-        }
-    }
-    names
-}
-
-// ---------------------------------------------------------------------------------------------
-// Policy
-
-/// One allow or deny rule. Absent fields match everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rule {
-    /// Peer network (client role: the server's address; server role: the client's address).
-    #[serde(default)]
-    pub cidr: Option<Cidr>,
-    /// Client role: the peer's port. Server role: the local (listen) port. Empty = any.
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub ports: Vec<PortRange>,
-}
-
-impl Rule {
-    fn matches(&self, ip: IpAddr, port: u16) -> bool {
-        self.cidr.as_ref().is_none_or(|c| c.contains(ip))
-            && (self.ports.is_empty() || self.ports.iter().any(|r| r.contains(port)))
-    }
-}
-
-/// The rules of one role.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RolePolicy {
-    /// `false`: this role never upgrades.
-    #[serde(default = "default_true")]
-    pub enabled: bool,
-    /// Empty = allow every connection not denied.
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub allow: Vec<Rule>,
-    /// Any match refuses the upgrade, whatever `allow` says.
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub deny: Vec<Rule>,
-}
-
-impl Default for RolePolicy {
-    fn default() -> Self {
-        RolePolicy {
-            enabled: true,
-            allow: Vec::new(),
-            deny: Vec::new(),
-        }
-    }
-}
-
-impl RolePolicy {
-    fn allows(&self, ip: IpAddr, port: u16) -> bool {
-        self.enabled
-            && !self.deny.iter().any(|r| r.matches(ip, port))
-            && (self.allow.is_empty() || self.allow.iter().any(|r| r.matches(ip, port)))
-    }
-}
-
-fn default_true() -> bool {
-    true
-}
-
-fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
-}
-
-fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de> + Default,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
 
 /// The `version` field: absent, null or 1.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -664,145 +224,6 @@ impl Policy {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Source and errors
-
-/// Where the policy comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PolicySource {
-    /// `STREAMSHIM_POLICY` unset or empty: [`Policy::allow_all`].
-    Default,
-    /// A policy file.
-    File(PathBuf),
-}
-
-impl PolicySource {
-    /// Reads `STREAMSHIM_POLICY`.
-    pub fn from_env() -> PolicySource {
-        Self::from_value(std::env::var_os(POLICY_ENV).as_deref())
-    }
-
-    /// Like [`PolicySource::from_env`] with the variable's value given.
-    pub fn from_value(value: Option<&OsStr>) -> PolicySource {
-        match value {
-            Some(v) if !v.is_empty() => PolicySource::File(PathBuf::from(v)),
-            _ => PolicySource::Default,
-        }
-    }
-
-    /// The policy this source names.
-    pub fn load(&self) -> Result<Policy, PolicyError> {
-        match self {
-            PolicySource::Default => Ok(Policy::allow_all()),
-            PolicySource::File(p) => Policy::load(p),
-        }
-    }
-}
-
-/// Why a policy could not be used. `Display` is a single line, meant to be printed once as
-/// `streamshim: <error>; upgrades disabled`.
-#[derive(Debug, thiserror::Error)]
-pub enum PolicyError {
-    /// The file could not be opened or read (or is not UTF-8).
-    #[error("policy {}: cannot read: {source}", escape_controls(&path.display().to_string()))]
-    Read {
-        /// The policy file.
-        path: PathBuf,
-        /// The I/O error.
-        source: io::Error,
-    },
-    /// The file is larger than [`MAX_POLICY_BYTES`].
-    #[error(
-        "policy {}: larger than {MAX_POLICY_BYTES} bytes",
-        escape_controls(&path.display().to_string())
-    )]
-    TooLarge {
-        /// The policy file.
-        path: PathBuf,
-    },
-    /// YAML syntax, unknown field, bad CIDR/port/pattern/version.
-    #[error("{}", fmt_parse(path.as_deref(), *line, *column, message))]
-    Parse {
-        /// The policy file, when parsed from one.
-        path: Option<PathBuf>,
-        /// 1-based line, when known.
-        line: Option<usize>,
-        /// 1-based column, when known.
-        column: Option<usize>,
-        /// What is wrong (one line, with the field path such as `client.allow[0]`).
-        message: String,
-    },
-}
-
-/// `text` with its control characters escaped (`\n`, `\u{1b}`): a line break in the
-/// `STREAMSHIM_POLICY` path, or an escape sequence spelled in the policy and quoted back by the
-/// YAML error, must neither split the one-line message nor reach a terminal.
-fn escape_controls(text: &str) -> String {
-    if !text.contains(char::is_control) {
-        return text.to_owned();
-    }
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
-fn fmt_parse(path: Option<&Path>, line: Option<usize>, column: Option<usize>, msg: &str) -> String {
-    let mut s = String::from("policy");
-    if let Some(p) = path {
-        s.push(' ');
-        s.push_str(&escape_controls(&p.display().to_string()));
-    }
-    match (line, column) {
-        (Some(l), Some(c)) => s.push_str(&format!(": line {l} column {c}")),
-        (Some(l), None) => s.push_str(&format!(": line {l}")),
-        _ => {}
-    }
-    s.push_str(": ");
-    s.push_str(msg);
-    s
-}
-
-impl PolicyError {
-    fn from_yaml(path: Option<&Path>, e: &serde_yaml::Error) -> PolicyError {
-        let loc = e.location();
-        let (line, column) = (
-            loc.as_ref().map(|l| l.line()),
-            loc.as_ref().map(|l| l.column()),
-        );
-        let mut message = escape_controls(&e.to_string().replace(['\n', '\r'], " "));
-        if let (Some(l), Some(c)) = (line, column) {
-            let suffix = format!(" at line {l} column {c}");
-            if let Some(stripped) = message.strip_suffix(&suffix) {
-                message = stripped.to_owned();
-            }
-        }
-        PolicyError::Parse {
-            path: path.map(Path::to_owned),
-            line,
-            column,
-            message,
-        }
-    }
-
-    /// 1-based (line, column) of a parse error, when known.
-    pub fn location(&self) -> Option<(usize, usize)> {
-        match self {
-            PolicyError::Parse {
-                line: Some(l),
-                column: Some(c),
-                ..
-            } => Some((*l, *c)),
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod fuzz;
 
@@ -810,15 +231,13 @@ mod fuzz;
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::net::{SocketAddrV4, SocketAddrV6};
+    use std::ffi::OsStr;
+    use std::net::{Ipv4Addr, SocketAddrV4, SocketAddrV6};
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap()
     }
     fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-    fn cidr(s: &str) -> Cidr {
         s.parse().unwrap()
     }
 
@@ -843,142 +262,6 @@ server:
   deny:
     - {cidr: 10.9.0.0/16, ports: [5201]}
 "#;
-
-    #[test]
-    fn cidr_parse_and_contains() {
-        let c = cidr("10.0.0.0/8");
-        assert!(c.contains(ip("10.255.1.2")));
-        assert!(c.contains(ip("::ffff:10.1.2.3")));
-        assert!(!c.contains(ip("11.0.0.0")));
-        assert!(!c.contains(ip("::a00:1"))); // IPv4-compatible, not mapped
-        assert_eq!(c.to_string(), "10.0.0.0/8");
-        assert_eq!(c.prefix_len(), 8);
-
-        // Host bits ignored.
-        assert_eq!(cidr("10.1.2.3/8"), c);
-        assert_eq!(cidr("10.1.2.3/8").to_string(), "10.0.0.0/8");
-
-        // Single addresses.
-        assert_eq!(cidr("192.168.1.1").to_string(), "192.168.1.1/32");
-        assert!(cidr("192.168.1.1").contains(ip("192.168.1.1")));
-        assert!(!cidr("192.168.1.1").contains(ip("192.168.1.2")));
-        assert_eq!(cidr("fe80::1").to_string(), "fe80::1/128");
-
-        // Zero prefixes.
-        let all4 = cidr("0.0.0.0/0");
-        assert!(all4.contains(ip("1.2.3.4")));
-        assert!(all4.contains(ip("::ffff:1.2.3.4")));
-        assert!(!all4.contains(ip("2001:db8::1")));
-        let all6 = cidr("::/0");
-        assert!(all6.contains(ip("2001:db8::1")));
-        assert!(all6.contains(ip("1.2.3.4")));
-
-        // IPv6.
-        let c6 = cidr("fd00::/8");
-        assert!(c6.contains(ip("fd12:3456::1")));
-        assert!(!c6.contains(ip("fe00::1")));
-        assert_eq!(c6.to_string(), "fd00::/8");
-        let c6 = cidr("2001:db8:1::/48");
-        assert!(c6.contains(ip("2001:db8:1:ffff::1")));
-        assert!(!c6.contains(ip("2001:db8:2::1")));
-
-        // Mapped CIDR behaves as IPv4.
-        let m = cidr("::ffff:10.0.0.0/104");
-        assert_eq!(m, cidr("10.0.0.0/8"));
-        assert_eq!(m.to_string(), "10.0.0.0/8");
-        assert!(m.contains(ip("10.9.9.9")));
-        // A mapped address with a short prefix stays IPv6.
-        assert_eq!(cidr("::ffff:10.0.0.0/80").to_string(), "::/80");
-
-        // Odd prefixes.
-        let c = cidr("172.16.0.0/12");
-        assert!(c.contains(ip("172.31.255.255")));
-        assert!(!c.contains(ip("172.32.0.0")));
-        assert!(cidr("1.2.3.4/31").contains(ip("1.2.3.5")));
-        assert!(!cidr("1.2.3.4/31").contains(ip("1.2.3.6")));
-    }
-
-    #[test]
-    fn cidr_rejects() {
-        for bad in [
-            "",
-            "/8",
-            "10.0.0.0/",
-            "10.0.0.0/33",
-            "10.0.0.0/+8",
-            "10.0.0.0/-1",
-            "10.0.0.0/ 8",
-            " 10.0.0.0/8",
-            "10.0.0/8",
-            "10.0.0.0/8/8",
-            "010.0.0.0/8",
-            "::/129",
-            "::/1000",
-            "fd00::/0x8",
-            "host.example/8",
-            "10.0.0.256",
-        ] {
-            assert!(bad.parse::<Cidr>().is_err(), "{bad:?} parsed");
-        }
-        let e = "10.0.0.0/33".parse::<Cidr>().unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "invalid CIDR \"10.0.0.0/33\": IPv4 prefix length above 32"
-        );
-        assert!(Cidr::new(ip("10.0.0.0"), 33).is_err());
-        assert!(Cidr::new(ip("::"), 129).is_err());
-        assert_eq!(
-            Cidr::new(ip("::ffff:1.2.3.4"), 112).unwrap().to_string(),
-            "1.2.0.0/16"
-        );
-        assert_eq!(
-            Cidr::new(ip("::ffff:1.2.3.4"), 16).unwrap().to_string(),
-            "::/16"
-        );
-    }
-
-    #[test]
-    fn ports() {
-        assert_eq!(
-            "5201".parse::<PortRange>(),
-            Ok(PortRange { lo: 5201, hi: 5201 })
-        );
-        assert_eq!(
-            "8000-8100".parse::<PortRange>(),
-            Ok(PortRange { lo: 8000, hi: 8100 })
-        );
-        assert_eq!("1 - 2".parse::<PortRange>(), Ok(PortRange { lo: 1, hi: 2 }));
-        for bad in ["", "-", "a", "1-", "-1", "70000", "2-1", "1-2-3", "+5"] {
-            assert!(bad.parse::<PortRange>().is_err(), "{bad:?}");
-        }
-        let r = PortRange { lo: 10, hi: 20 };
-        assert!(r.contains(10) && r.contains(20) && !r.contains(9) && !r.contains(21));
-        assert_eq!(r.to_string(), "10-20");
-        assert_eq!(PortRange { lo: 7, hi: 7 }.to_string(), "7");
-    }
-
-    #[test]
-    fn globs() {
-        let m = |p: &str, s: &str| glob_match(p.as_bytes(), s.as_bytes());
-        assert!(m("iperf3", "iperf3"));
-        assert!(!m("iperf3", "iperf"));
-        assert!(!m("iperf", "iperf3"));
-        assert!(m("qemu-system-*", "qemu-system-x86_64"));
-        assert!(m("qemu-system-*", "qemu-system-"));
-        assert!(!m("qemu-system-*", "qemu-img"));
-        assert!(m("*", ""));
-        assert!(m("*", "anything"));
-        assert!(m("python3.?", "python3.9"));
-        assert!(!m("python3.?", "python3.11"));
-        assert!(m("python3*", "python3.11"));
-        assert!(m("*a*b*c", "xxaxxbxxc"));
-        assert!(!m("*a*b*c", "xxaxxbxxcx"));
-        assert!(m("a**b", "ab"));
-        assert!(m("*?", "x"));
-        assert!(!m("*?", ""));
-        assert!(!m("", "x"));
-        assert!(m("", ""));
-    }
 
     #[test]
     fn full_example_parses_and_behaves() {
@@ -1205,57 +488,13 @@ server:
     }
 
     #[test]
-    fn helpers() {
-        assert_eq!(basename("/usr/bin/iperf3"), "iperf3");
-        assert_eq!(basename("iperf3"), "iperf3");
-        assert_eq!(basename("/usr/bin/"), "");
-        assert!(is_local_peer(ip("127.0.0.2")));
-        assert!(is_local_peer(ip("::ffff:127.0.0.2")));
-        assert!(is_local_peer(ip("::")));
-        assert!(!is_local_peer(ip("10.0.0.1")));
-        assert_eq!(canonical_ip(ip("::ffff:1.2.3.4")), ip("1.2.3.4"));
-        assert_eq!(canonical_ip(ip("::1")), ip("::1"));
+    fn allow_all_takes_this_process() {
         let names = current_program_names();
-        assert!(!names.is_empty());
-        assert!(names.iter().all(|n| !n.contains('/') && !n.is_empty()));
         let p = Policy::allow_all();
         assert!(p.program_allowed_any(&names));
     }
 
-    fn arb_ip() -> impl Strategy<Value = IpAddr> {
-        prop_oneof![
-            any::<u32>().prop_map(|v| IpAddr::V4(Ipv4Addr::from(v))),
-            any::<u128>().prop_map(|v| IpAddr::V6(Ipv6Addr::from(v))),
-        ]
-    }
-
     proptest! {
-        #[test]
-        fn cidr_contains_matches_mask_definition(a in arb_ip(), b in arb_ip(), len in 0u8..=128) {
-            let max = if a.is_ipv4() { 32 } else { 128 };
-            let len = len % (max + 1);
-            let c = Cidr::new(a, len).unwrap();
-            prop_assert!(c.contains(a));
-            let text = format!("{a}/{len}");
-            prop_assert_eq!(text.parse::<Cidr>().unwrap(), c);
-            prop_assert_eq!(c.to_string().parse::<Cidr>().unwrap(), c);
-            // Reference: compare the top `len` bits in the address's own family.
-            let expect = match (canonical_ip(a), canonical_ip(b)) {
-                (IpAddr::V4(x), IpAddr::V4(y)) => {
-                    len == 0 || (u32::from(x) ^ u32::from(y)) >> (32 - u32::from(len)) == 0
-                }
-                (IpAddr::V6(x), IpAddr::V6(y)) => {
-                    len == 0 || (u128::from(x) ^ u128::from(y)) >> (128 - u32::from(len)) == 0
-                }
-                (IpAddr::V6(x), IpAddr::V4(y)) => {
-                    let y = u128::from(y.to_ipv6_mapped());
-                    len == 0 || (u128::from(x) ^ y) >> (128 - u32::from(len)) == 0
-                }
-                (IpAddr::V4(_), IpAddr::V6(_)) => false,
-            };
-            prop_assert_eq!(c.contains(b), expect);
-        }
-
         #[test]
         fn mapped_and_plain_v4_agree(v in any::<u32>(), port in any::<u16>()) {
             let p = Policy::parse(FULL).unwrap();
@@ -1272,17 +511,6 @@ server:
         #[test]
         fn parse_never_panics(s in "\\PC{0,200}") {
             let _ = Policy::parse(&s);
-        }
-
-        #[test]
-        fn cidr_parse_never_panics(s in "[0-9a-f:./+-]{0,50}") {
-            let _ = s.parse::<Cidr>();
-        }
-
-        #[test]
-        fn glob_star_matches_everything(s in "\\PC{0,40}") {
-            prop_assert!(glob_match(b"*", s.as_bytes()));
-            prop_assert!(glob_match(s.as_bytes(), s.as_bytes()));
         }
     }
 }
