@@ -1,7 +1,7 @@
-//! The shim's environment variables are defined in the shim and transport crates, which the
-//! Kubernetes binaries do not link; `names::contract` writes them once more for the injector.
-//! This test reads the shim's sources and checks that it defines every name the contract lists,
-//! so the two cannot drift apart silently.
+//! The shim's environment variables are defined in shim-core's settings, which the Kubernetes
+//! binaries do not link; `names::contract` writes them once more for the injector. This test
+//! reads the shim's sources and checks that it defines every name the contract lists, so the
+//! two cannot drift apart silently (the settings' own test checks the other direction).
 
 // An integration test: its helpers panic to fail the test, as its `#[test]` functions may.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -26,7 +26,7 @@ fn rust_sources(dir: &Path, out: &mut Vec<PathBuf>) {
 fn the_shim_defines_every_env_name_of_the_contract() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = Vec::new();
-    for dir in ["shim/src", "shim/core/src", "transport/src"] {
+    for dir in ["shim/src", "shim/core/src"] {
         rust_sources(&root.join(dir), &mut files);
     }
     let text: String = files

@@ -23,7 +23,7 @@ use rdma_streams_transport::{
     Engine, EngineConfig, Unusable,
     engine::PinLimits,
     probe::probe_with,
-    rdma::{Lib, PortSpace},
+    rdma::{DEFAULT_PROVIDER, Lib, PortSpace},
 };
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -73,7 +73,7 @@ pub struct Args {
 
     /// librdmacm to load (dlopen: a soname or a path); libibverbs is the copy beside a path,
     /// else the system's.
-    #[arg(long, env = "RDMA_GW_PROVIDER", default_value = "librdmacm.so.1")]
+    #[arg(long, env = "RDMA_GW_PROVIDER", default_value = DEFAULT_PROVIDER)]
     pub provider: String,
 
     /// `--log-format`, `--log-level`.
@@ -508,8 +508,8 @@ fn spawn_cluster_tasks(
 /// answer holds for the process (a node without RDMA relays every connection over TCP with
 /// the reason given here).
 fn start_engine(provider: &str, settings: &Settings) -> RdmaState {
-    let lib = match Lib::load(provider) {
-        Ok(lib) => &*Box::leak(Box::new(lib)),
+    let lib = match Lib::load_static(provider) {
+        Ok(lib) => lib,
         Err(error) => {
             warn!(error = %Report(&error), provider, "RDMA libraries not loaded: every connection goes over TCP");
             return Err(Fallback::NoProvider);

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use rdma_streams_transport::{
     Attach, ConnectRequest, Decision, Engine, EngineConfig, Event, Handshake, Request, probe,
+    rdma::DEFAULT_PROVIDER,
 };
 use sha2::{Digest, Sha256};
 
@@ -28,7 +29,7 @@ fn fail(msg: String) -> ! {
 }
 
 fn engine() -> Engine {
-    let usable = probe().unwrap_or_else(|e| fail(format!("probe: {e}")));
+    let usable = probe(DEFAULT_PROVIDER).unwrap_or_else(|e| fail(format!("probe: {e}")));
     Engine::start(usable.lib, EngineConfig::default())
         .unwrap_or_else(|e| fail(format!("engine: {e}")))
 }

@@ -38,10 +38,11 @@ pub struct Usable {
     pub fds: Vec<RawFd>,
 }
 
-/// Loads the libraries (`STREAMSHIM_PROVIDER`, else the system's), lists the devices, makes
-/// registered memory fork-safe.
-pub fn probe() -> Result<Usable, Unusable> {
-    let lib = Lib::global().map_err(|e| Unusable::NoLibrary(e.to_string()))?;
+/// Loads the libraries (`provider`: librdmacm's soname or path, the caller's choice;
+/// [`rdma::DEFAULT_PROVIDER`] for the system's), lists the devices, makes registered memory
+/// fork-safe. Meant once per process: each call loads and binds the libraries anew.
+pub fn probe(provider: &str) -> Result<Usable, Unusable> {
+    let lib = Lib::load_static(provider).map_err(|e| Unusable::NoLibrary(e.to_string()))?;
     probe_with(lib)
 }
 
@@ -84,9 +85,7 @@ mod tests {
         {
             return;
         }
-        let lib = Box::leak(Box::new(
-            Lib::load(rdma::DEFAULT_PROVIDER).expect("librdmacm"),
-        ));
+        let lib = Lib::load_static(rdma::DEFAULT_PROVIDER).expect("librdmacm");
         assert_eq!(probe_with(lib).unwrap_err(), Unusable::NoDevice);
     }
 }

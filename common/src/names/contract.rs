@@ -50,8 +50,17 @@ pub const SHIM_STATS_ENV: &str = "STREAMSHIM_STATS";
 pub const SHIM_LOG_ENV: &str = "STREAMSHIM_LOG";
 /// The shim's kill switch (`1` turns it off).
 pub const SHIM_DISABLE_ENV: &str = "STREAMSHIM_DISABLE";
+/// The shim's negotiation bound, in milliseconds.
+pub const SHIM_NEGOTIATE_ENV: &str = "STREAMSHIM_NEGOTIATE_MS";
+/// The shim's ring per direction and connection, in KiB.
+pub const SHIM_RING_ENV: &str = "STREAMSHIM_RING_KIB";
+/// The shim's switch of direct reads from the receive ring (`0` turns them off).
+pub const SHIM_DIRECT_READ_ENV: &str = "STREAMSHIM_DIRECT_READ";
+/// The shim's switch of direct writes into the send ring (`0` turns them off).
+pub const SHIM_DIRECT_WRITE_ENV: &str = "STREAMSHIM_DIRECT_WRITE";
 
-/// The shim's environment variables, for checks that a name is one of them.
+/// The shim's environment variables, for checks that a name is one of them: every variable
+/// the shim reads (its settings type, `shim/core/src/settings.rs`, checks this list).
 pub const SHIM_ENV: &[&str] = &[
     SHIM_PROVIDER_ENV,
     SHIM_POLICY_ENV,
@@ -59,4 +68,8 @@ pub const SHIM_ENV: &[&str] = &[
     SHIM_STATS_ENV,
     SHIM_LOG_ENV,
     SHIM_DISABLE_ENV,
+    SHIM_NEGOTIATE_ENV,
+    SHIM_RING_ENV,
+    SHIM_DIRECT_READ_ENV,
+    SHIM_DIRECT_WRITE_ENV,
 ];

@@ -38,20 +38,16 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-use crate::policy::{Policy, current_program_names};
-use crate::reason::Reason;
-use crate::stats::{Stats, StatsSink};
 use rdma_streams_transport::Unusable;
 use rdma_streams_transport::engine::{MEMORY_SHARE, PinLimits};
 
 use crate::fdtable::{self, SHIM_OWNED};
 use crate::log::{self, Level, log_at};
-use crate::{direct, ring, upgrade};
-
-/// Env var: the kill switch.
-pub const DISABLE_ENV: &str = "STREAMSHIM_DISABLE";
-/// Env var: the data mode (`proxy`, the default; `direct` is reserved for a later version).
-pub const MODE_ENV: &str = "STREAMSHIM_MODE";
+use crate::policy::{Policy, current_program_names};
+use crate::reason::Reason;
+use crate::settings::{DISABLE_ENV, MODE_ENV, Mode, Settings};
+use crate::stats::{Stats, StatsSink};
+use crate::{ring, upgrade};
 
 const UNDECIDED: u8 = 0;
 const DECIDING: u8 = 1;
@@ -135,13 +131,13 @@ pub fn ensure(register: &dyn Fn()) {
     {
         return;
     }
-    log::set_level(Level::parse(
-        &std::env::var(log::LOG_ENV).unwrap_or_default(),
-    ));
-    let _ = SINK.set(StatsSink::from_env());
+    // Every STREAMSHIM_* variable, read once.
+    let settings = Settings::from_env();
+    log::set_level(settings.log);
+    let _ = SINK.set(settings.stats.clone());
     // atexit (stats file) and the fork child handler (counter reset).
     register();
-    let state = evaluate();
+    let state = evaluate(&settings);
     let code = match state {
         State::Capable => CAPABLE,
         State::PassThrough(r) => PASS_BASE.saturating_add(u8::try_from(r.code()).unwrap_or(0)),
@@ -150,29 +146,24 @@ pub fn ensure(register: &dyn Fn()) {
     STATE.store(code, Ordering::Release);
 }
 
-fn evaluate() -> State {
-    if is_set(DISABLE_ENV) {
+fn evaluate(settings: &Settings) -> State {
+    if settings.disable {
         log_at!(Level::Info, "disabled by {DISABLE_ENV}: passing through");
         return State::PassThrough(Reason::Disabled);
     }
-    match std::env::var(MODE_ENV)
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase()
-        .as_str()
-    {
-        "" | "proxy" => {}
-        "direct" => log::plain_line(format_args!(
+    match &settings.mode {
+        Mode::Proxy => {}
+        Mode::Direct => log::plain_line(format_args!(
             "streamshim: {MODE_ENV}=direct is not available in this version; using proxy"
         )),
-        other => {
+        Mode::Other(other) => {
             log::plain_line(format_args!(
                 "streamshim: {MODE_ENV}={other:?} is not a mode (proxy, direct); passing through"
             ));
             return State::PassThrough(Reason::Unsupported);
         }
     }
-    let policy = match Policy::from_env() {
+    let policy = match settings.policy.load() {
         Ok(p) => p,
         Err(e) => {
             // Printed whatever STREAMSHIM_LOG says: exactly one line per process.
@@ -188,7 +179,7 @@ fn evaluate() -> State {
         );
         return State::PassThrough(Reason::Policy);
     }
-    if sysfs_has_no_rdma_device() {
+    if settings.default_provider() && sysfs_has_no_rdma_device() {
         // The default libraries could only say the same, after ~1 ms of dlopen (librdmacm,
         // libibverbs, libnl) and a device scan: every short-lived process would pay it.
         log_at!(
@@ -197,7 +188,7 @@ fn evaluate() -> State {
         );
         return State::PassThrough(Reason::NoDevice);
     }
-    let usable = match rdma_streams_transport::probe() {
+    let usable = match rdma_streams_transport::probe(&settings.provider) {
         Ok(u) => u,
         Err(e) => {
             let reason = match e {
@@ -215,23 +206,22 @@ fn evaluate() -> State {
     for fd in &usable.fds {
         fdtable::set(*fd, SHIM_OWNED);
     }
-    let ring_bytes = ring::ring_bytes_from_value(std::env::var_os(ring::RING_ENV).as_deref())
-        .unwrap_or_else(|e| {
-            // Printed whatever STREAMSHIM_LOG says: exactly one line per process.
-            log::plain_line(format_args!(
-                "streamshim: {e}; using {} KiB",
-                ring::DEFAULT_RING_KIB
-            ));
-            ring::DEFAULT_RING_KIB * 1024
-        });
-    let switch = |name: &str, what: &str| {
-        direct::switch_from_value(name, std::env::var_os(name).as_deref()).unwrap_or_else(|e| {
+    let ring_bytes = settings.ring_bytes.clone().unwrap_or_else(|e| {
+        // Printed whatever STREAMSHIM_LOG says: exactly one line per process.
+        log::plain_line(format_args!(
+            "streamshim: {e}; using {} KiB",
+            ring::DEFAULT_RING_KIB
+        ));
+        ring::DEFAULT_RING_KIB * 1024
+    });
+    let switch = |value: &Result<bool, String>, what: &str| {
+        value.clone().unwrap_or_else(|e| {
             log::plain_line(format_args!("streamshim: {e}; direct {what} stay on"));
             true
         })
     };
-    upgrade::set_direct_read(switch(direct::DIRECT_READ_ENV, "reads"));
-    upgrade::set_direct_write(switch(direct::DIRECT_WRITE_ENV, "writes"));
+    upgrade::set_direct_read(switch(&settings.direct_read, "reads"));
+    upgrade::set_direct_write(switch(&settings.direct_write, "writes"));
     let per_connection = upgrade::engine_config(None, ring_bytes).pinned_per_connection();
     let limits = PinLimits::of_this_process();
     let budget = limits.budget();
@@ -256,20 +246,15 @@ fn evaluate() -> State {
         usable.lib.name()
     );
     let _ = POLICY.set(policy);
+    upgrade::set_negotiate_timeout(settings.negotiate_timeout);
     upgrade::configure(usable.lib, Some(budget), ring_bytes);
     State::Capable
 }
 
-/// True when the libraries are the default ones and sysfs says the node (or this network
-/// namespace, in exclusive RDMA mode) has no RDMA device. Unknown (no sysfs, libraries of the
-/// shim bundle): false, and the libraries' device scan decides.
+/// True when sysfs says the node (or this network namespace, in exclusive RDMA mode) has no
+/// RDMA device. Unknown (no sysfs): false, and the libraries' device scan decides. Asked only
+/// with the default libraries: the shim bundle's (`STREAMSHIM_PROVIDER`) scan decides alone.
 fn sysfs_has_no_rdma_device() -> bool {
-    use rdma_streams_transport::rdma::{DEFAULT_PROVIDER, ENV_PROVIDER};
-    let provider = std::env::var(ENV_PROVIDER).unwrap_or_default();
-    let provider = provider.trim();
-    if !(provider.is_empty() || provider == DEFAULT_PROVIDER) {
-        return false;
-    }
     match std::fs::read_dir("/sys/class/infiniband") {
         Ok(mut entries) => entries.next().is_none(),
         // sysfs is there but the RDMA class is not: no RDMA core, no device.
@@ -278,16 +263,6 @@ fn sysfs_has_no_rdma_device() -> bool {
         }
         Err(_) => false,
     }
-}
-
-/// `STREAMSHIM_DISABLE` set to 1/true/yes/on.
-fn is_set(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "1" | "true" | "yes" | "on"
-        )
-    })
 }
 
 /// Writes the stats file once (at exit; the destructor is a fallback). Only a process that

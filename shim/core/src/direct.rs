@@ -18,11 +18,6 @@ use std::time::Duration;
 /// is never held by the ring's smaller size for longer than this.
 pub const WRITE_WAIT: Duration = Duration::from_millis(250);
 
-/// The read switch's variable.
-pub const DIRECT_READ_ENV: &str = "STREAMSHIM_DIRECT_READ";
-/// The write switch's variable.
-pub const DIRECT_WRITE_ENV: &str = "STREAMSHIM_DIRECT_WRITE";
-
 /// The switch for the value of the variable `name`: unset, empty or `1` is on, `0` off;
 /// anything else is an error (the caller says so once and keeps it on).
 pub fn switch_from_value(name: &str, value: Option<&OsStr>) -> Result<bool, String> {
@@ -92,6 +87,7 @@ pub fn wait_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::{DIRECT_READ_ENV, DIRECT_WRITE_ENV};
 
     /// A source handing out `chunks` in turn, each `Some(bytes)` or a wait result.
     fn run(len: usize, plan: &[(&str, &[u8], isize)]) -> (isize, Vec<u8>, Vec<&'static str>) {

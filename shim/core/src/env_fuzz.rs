@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use rdma_streams_testkit::fuzz;
-use rdma_streams_transport::rdma::{DEFAULT_PROVIDER, provider_name};
+use rdma_streams_transport::rdma::DEFAULT_PROVIDER;
 
 use crate::stats::{DEFAULT_FILE_TEMPLATE, StatsSink};
 
+use crate::settings::{DIRECT_READ_ENV, RING_ENV, provider_name};
 use crate::{direct, log::Level, ring};
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -75,7 +76,7 @@ fn ring_sizes_of_any_value_are_whole_kib_in_range_or_one_line_errors() {
             match (got, want) {
                 (Ok(bytes), Some(kib)) => prop_assert_eq!(bytes, kib * 1024),
                 (Err(e), None) => {
-                    prop_assert!(e.starts_with(ring::RING_ENV), "{:?}", e);
+                    prop_assert!(e.starts_with(RING_ENV), "{:?}", e);
                     prop_assert!(!e.contains(char::is_control), "{:?}", e);
                 }
                 (got, want) => prop_assert!(false, "{v:?}: {got:?}, want {want:?} KiB"),
@@ -93,12 +94,12 @@ fn direct_switches_of_any_value_are_on_off_or_one_line_errors() {
         LIMIT,
         || value(&["0", "1", "true", "off", "00", "01"]),
         |v| {
-            let got = direct::switch_from_value(direct::DIRECT_READ_ENV, os(&v));
+            let got = direct::switch_from_value(DIRECT_READ_ENV, os(&v));
             match (trimmed(&v).as_deref(), got) {
                 (None | Some("" | "1"), Ok(on)) => prop_assert!(on),
                 (Some("0"), Ok(on)) => prop_assert!(!on),
                 (Some(_), Err(e)) => {
-                    prop_assert!(e.starts_with(direct::DIRECT_READ_ENV), "{:?}", e);
+                    prop_assert!(e.starts_with(DIRECT_READ_ENV), "{:?}", e);
                     prop_assert!(!e.contains(char::is_control), "{:?}", e);
                 }
                 (t, got) => prop_assert!(false, "{t:?}: {got:?}"),

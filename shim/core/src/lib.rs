@@ -11,9 +11,8 @@
 //!    the original and counts the connection once with its reason;
 //! 3. back in the hook, errno is the original call's errno, and the result is returned.
 //!
-//! Env: `STREAMSHIM_DISABLE`, `STREAMSHIM_POLICY`, `STREAMSHIM_PROVIDER`, `STREAMSHIM_STATS`
-//! (JSON at exit, `%p` = pid), `STREAMSHIM_LOG` (`info`/`debug`; silent otherwise),
-//! `STREAMSHIM_NEGOTIATE_MS`, `STREAMSHIM_RING_KIB`.
+//! Env: every `STREAMSHIM_*` variable is read once, at the decision, by [`settings`]; the rest
+//! of the shim takes its values from there (the table is in `docs/shim.md`).
 //!
 //! Only [`sys`] contains `unsafe` code (syscalls on raw fd numbers; each block says why).
 
@@ -29,6 +28,7 @@ pub mod ops;
 pub mod policy;
 pub mod reason;
 pub mod ring;
+pub mod settings;
 pub mod stats;
 pub mod sys;
 pub mod upgrade;

@@ -1,15 +1,13 @@
 //! Stderr output without a logging framework: a fixed stack buffer and one write(2).
 //!
 //! `STREAMSHIM_LOG` (`info` or `debug`; anything else is silent) is read once, at the
-//! decision. Lines are `streamshim[<pid>]: <message>` and are cut at [`MAX_LINE`] bytes.
+//! decision ([`crate::settings`]). Lines are `streamshim[<pid>]: <message>` and are cut at [`MAX_LINE`] bytes.
 
 use std::fmt::{self, Write};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::sys;
 
-/// Env var for the stderr log level.
-pub const LOG_ENV: &str = "STREAMSHIM_LOG";
 /// Longest line written (longer ones are truncated).
 pub const MAX_LINE: usize = 1024;
 

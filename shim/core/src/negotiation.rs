@@ -33,11 +33,9 @@ pub const FAMILY_V4: u8 = 4;
 /// Family byte of an IPv6 address.
 pub const FAMILY_V6: u8 = 6;
 
-/// Environment variable bounding each negotiation step, in milliseconds: the RDMA connect
-/// (HELLO to ACCEPT), and the client's wait after its kernel connect (TCP establishment of a
+/// Default bound of each negotiation step (`STREAMSHIM_NEGOTIATE_MS`): the RDMA connect (HELLO
+/// to ACCEPT), and the client's wait after its kernel connect (TCP establishment of a
 /// non-blocking connect, then CLAIM).
-pub const NEGOTIATE_ENV: &str = "STREAMSHIM_NEGOTIATE_MS";
-/// Default negotiation bound.
 pub const DEFAULT_NEGOTIATE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Largest negotiation bound accepted from the environment (larger values are clamped).
 pub const MAX_NEGOTIATE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -213,13 +211,9 @@ fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The negotiation bound from `STREAMSHIM_NEGOTIATE_MS`.
-pub fn negotiate_timeout_from_env() -> Duration {
-    negotiate_timeout_from_value(std::env::var_os(NEGOTIATE_ENV).as_deref())
-}
-
-/// The negotiation bound for a variable value: decimal milliseconds; unset, empty, unparsable or
-/// 0 give [`DEFAULT_NEGOTIATE_TIMEOUT`]; values above [`MAX_NEGOTIATE_TIMEOUT`] are clamped.
+/// The negotiation bound for a `STREAMSHIM_NEGOTIATE_MS` value (read by [`crate::settings`]):
+/// decimal milliseconds; unset, empty, unparsable or 0 give [`DEFAULT_NEGOTIATE_TIMEOUT`];
+/// values above [`MAX_NEGOTIATE_TIMEOUT`] are clamped.
 pub fn negotiate_timeout_from_value(value: Option<&OsStr>) -> Duration {
     let Some(ms) = value
         .and_then(OsStr::to_str)

@@ -7,8 +7,8 @@
 
 use std::ffi::OsStr;
 
-/// The variable.
-pub const RING_ENV: &str = "STREAMSHIM_RING_KIB";
+use crate::settings::RING_ENV;
+
 /// The ring when the variable is unset: 2 MiB each way.
 pub const DEFAULT_RING_KIB: usize = 2048;
 /// The smallest ring the variable may ask for (KiB).

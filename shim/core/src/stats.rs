@@ -32,9 +32,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::reason::{Path, Reason, Role};
 
-/// Environment variable naming the stats file template.
-pub const STATS_ENV: &str = "STREAMSHIM_STATS";
-
 /// Version of the JSON layout written by [`Stats::to_json`].
 pub const STATS_FORMAT_VERSION: u32 = 1;
 
@@ -344,13 +341,8 @@ pub struct StatsSink {
 }
 
 impl StatsSink {
-    /// Reads `STREAMSHIM_STATS`; `None` when unset or empty (write no stats).
-    pub fn from_env() -> Option<StatsSink> {
-        Self::from_value(std::env::var_os(STATS_ENV).as_deref())
-    }
-
-    /// Like [`StatsSink::from_env`] with the variable's value given (for tests and for callers
-    /// that snapshot the environment once).
+    /// The sink a `STREAMSHIM_STATS` value names (read by [`crate::settings`]); `None` when
+    /// unset or empty (write no stats).
     pub fn from_value(value: Option<&OsStr>) -> Option<StatsSink> {
         let v = value?;
         if v.is_empty() {

@@ -9,7 +9,6 @@
 
 use std::ffi::{CStr, CString, c_void};
 use std::fmt;
-use std::sync::OnceLock;
 
 use libc::{c_char, c_int, c_uint, size_t, sockaddr};
 use rdma_sys::{
@@ -18,20 +17,12 @@ use rdma_sys::{
     rdma_port_space,
 };
 
-/// Env var naming librdmacm (a soname or a path); libibverbs is the one librdmacm loads.
-pub const ENV_PROVIDER: &str = "STREAMSHIM_PROVIDER";
-/// librdmacm when [`ENV_PROVIDER`] is unset or empty.
+/// The system's librdmacm, for callers that are not told another one (the caller chooses: the
+/// shim from `STREAMSHIM_PROVIDER`, the gateway from `--provider`); libibverbs is the one
+/// librdmacm loads.
 pub const DEFAULT_PROVIDER: &str = "librdmacm.so.1";
 /// The libibverbs soname.
 pub const VERBS_SONAME: &str = "libibverbs.so.1";
-
-/// The name to load given the value of [`ENV_PROVIDER`] (unset or blank: the default).
-pub fn provider_name(env_value: Option<&str>) -> &str {
-    match env_value {
-        Some(v) if !v.trim().is_empty() => v.trim(),
-        _ => DEFAULT_PROVIDER,
-    }
-}
 
 /// Why the RDMA libraries could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -293,15 +284,10 @@ impl Lib {
         })
     }
 
-    /// The process's libraries: loaded by the first call (from `STREAMSHIM_PROVIDER`, else the
-    /// system's), the same result for every later one.
-    pub fn global() -> Result<&'static Lib, &'static LoadError> {
-        static LIB: OnceLock<Result<Lib, LoadError>> = OnceLock::new();
-        LIB.get_or_init(|| {
-            let value = std::env::var(ENV_PROVIDER).ok();
-            Lib::load(provider_name(value.as_deref()))
-        })
-        .as_ref()
+    /// [`Lib::load`] for the rest of the process: the libraries are never unloaded (see the
+    /// module docs), so the binding lives as long as they do.
+    pub fn load_static(name: &str) -> Result<&'static Lib, LoadError> {
+        Lib::load(name).map(|lib| &*Box::leak(Box::new(lib)))
     }
 
     /// The librdmacm name or path it was loaded from.
@@ -325,16 +311,6 @@ impl Lib {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn provider_name_defaults() {
-        assert_eq!(provider_name(None), DEFAULT_PROVIDER);
-        assert_eq!(provider_name(Some(" ")), DEFAULT_PROVIDER);
-        assert_eq!(
-            provider_name(Some("/x/librdmacm.so.1")),
-            "/x/librdmacm.so.1"
-        );
-    }
 
     #[test]
     fn nul_and_missing_libraries_are_errors() {

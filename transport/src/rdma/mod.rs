@@ -14,7 +14,7 @@ pub use cm::{
     CmEvent, CmId, ConnSettings, EventChannel, EventKind, MAX_ACCEPT_PRIVATE_DATA,
     MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA, PortSpace, devices,
 };
-pub use lib::{DEFAULT_PROVIDER, ENV_PROVIDER, Lib, LoadError, VERBS_SONAME, provider_name};
+pub use lib::{DEFAULT_PROVIDER, Lib, LoadError, VERBS_SONAME};
 pub use verbs::{
     Access, Context, Cq, Device, Local, Mr, Pd, Qp, Region, Wc, ensure_fork_safe, unread_by_peer,
 };

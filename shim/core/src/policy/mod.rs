@@ -68,9 +68,6 @@ pub use source::PolicySource;
 
 use rules::{null_as_default, null_as_empty};
 
-/// Environment variable naming the policy file.
-pub const POLICY_ENV: &str = "STREAMSHIM_POLICY";
-
 /// Largest policy file read (bytes); anything bigger is an error.
 pub const MAX_POLICY_BYTES: u64 = 1 << 20;
 
@@ -178,12 +175,6 @@ impl Policy {
             });
         }
         Self::from_yaml(&text, Some(path))
-    }
-
-    /// [`PolicySource::from_env`] then [`PolicySource::load`]: `STREAMSHIM_POLICY` unset or empty
-    /// gives [`Policy::allow_all`]; an unreadable or bad file gives an error to print once.
-    pub fn from_env() -> Result<Policy, PolicyError> {
-        PolicySource::from_env().load()
     }
 
     /// Whether the program with this basename may upgrade at all (a path is reduced to its

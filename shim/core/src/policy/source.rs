@@ -3,7 +3,7 @@
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use super::{POLICY_ENV, Policy, PolicyError};
+use super::{Policy, PolicyError};
 
 /// Where the policy comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,12 +15,8 @@ pub enum PolicySource {
 }
 
 impl PolicySource {
-    /// Reads `STREAMSHIM_POLICY`.
-    pub fn from_env() -> PolicySource {
-        Self::from_value(std::env::var_os(POLICY_ENV).as_deref())
-    }
-
-    /// Like [`PolicySource::from_env`] with the variable's value given.
+    /// The source a `STREAMSHIM_POLICY` value names (read by [`crate::settings`]): unset or
+    /// empty is [`PolicySource::Default`].
     pub fn from_value(value: Option<&OsStr>) -> PolicySource {
         match value {
             Some(v) if !v.is_empty() => PolicySource::File(PathBuf::from(v)),

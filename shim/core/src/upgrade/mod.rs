@@ -88,17 +88,21 @@ pub fn set_direct_write(on: bool) {
     DIRECT_WRITE.store(on, Ordering::Release);
 }
 
-/// `STREAMSHIM_NEGOTIATE_MS`, read once (an atomic, not a `OnceLock`: a fork child must never
-/// wait for an initialisation a parent thread was in the middle of).
+/// The negotiation bound in microseconds (`STREAMSHIM_NEGOTIATE_MS`, set at the decision; 0:
+/// not set, the default). An atomic, not a `OnceLock`: a fork child must never wait for an
+/// initialisation a parent thread was in the middle of.
+static NEGOTIATE_MICROS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the negotiation bound (the decision of a capable process, from its settings).
+pub fn set_negotiate_timeout(bound: Duration) {
+    let micros = u64::try_from(bound.as_micros()).unwrap_or(u64::MAX).max(1);
+    NEGOTIATE_MICROS.store(micros, Ordering::Release);
+}
+
+/// The negotiation bound: the one set at the decision, else the default.
 fn negotiate_timeout() -> Duration {
-    static MICROS: AtomicU64 = AtomicU64::new(0);
-    match MICROS.load(Ordering::Acquire) {
-        0 => {
-            let t = negotiation::negotiate_timeout_from_env();
-            let micros = u64::try_from(t.as_micros()).unwrap_or(u64::MAX).max(1);
-            MICROS.store(micros, Ordering::Release);
-            t
-        }
+    match NEGOTIATE_MICROS.load(Ordering::Acquire) {
+        0 => negotiation::DEFAULT_NEGOTIATE_TIMEOUT,
         micros => Duration::from_micros(micros),
     }
 }
