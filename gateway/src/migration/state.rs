@@ -26,10 +26,6 @@ use crate::{
 /// Mark on the gateway's own sockets (`RGMW`): capture rules skip marked connections.
 pub const DEFAULT_MARK: u32 = 0x5247_4d57;
 
-/// Ring per direction of each stream: 1 MiB (4x the transport's default): a migration is a few
-/// long bulk transfers, and a larger ring keeps more bytes in flight per completion.
-pub const DEFAULT_RING_BYTES: usize = 1 << 20;
-
 /// Tunables.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -41,7 +37,7 @@ pub struct Settings {
     /// `SO_MARK` of the gateway's own sockets (0: none).
     pub mark: u32,
     /// Bytes of each stream's ring per direction (the engine's `ring_bytes`; the same on every
-    /// stream of the process).
+    /// stream of the process). Default: the engine's, 2 MiB.
     pub ring_bytes: usize,
     /// The address streams are opened from (the gateway's `--listen` address when it names
     /// one; else the kernel's choice for the route to the peer).
@@ -59,7 +55,7 @@ impl Default for Settings {
             stream_timeout: Duration::from_secs(2),
             dial_timeout: Duration::from_secs(5),
             mark: DEFAULT_MARK,
-            ring_bytes: DEFAULT_RING_BYTES,
+            ring_bytes: rdma_streams_transport::engine::DEFAULT_RING,
             stream_source: None,
             drain_grace: Duration::from_secs(10),
             advertised: None,

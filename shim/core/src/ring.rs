@@ -9,8 +9,9 @@ use std::ffi::OsStr;
 
 use crate::settings::RING_ENV;
 
-/// The ring when the variable is unset: 2 MiB each way.
-pub const DEFAULT_RING_KIB: usize = 2048;
+/// The ring when the variable is unset: the engine's default
+/// ([`rdma_streams_transport::engine::DEFAULT_RING`], 2 MiB each way).
+pub const DEFAULT_RING_KIB: usize = rdma_streams_transport::engine::DEFAULT_RING / 1024;
 /// The smallest ring the variable may ask for (KiB).
 pub const MIN_RING_KIB: usize = 16;
 /// The largest (KiB): the wire's largest ring, 16 MiB.

@@ -147,8 +147,9 @@ impl std::fmt::Debug for EngineConfig {
     }
 }
 
-/// Default ring size: 256 KiB each way.
-pub const DEFAULT_RING: usize = 256 * 1024;
+/// Default ring size: 2 MiB each way, the ring the shim and the gateway use unless told
+/// otherwise (`docs/shim.md`: about 4 MiB pinned per connection for a 2 MiB transfer in flight).
+pub const DEFAULT_RING: usize = 2 << 20;
 /// The most bytes a stream keeps posted and not completed (unacknowledged by the peer's device),
 /// whatever its ring: the ring beyond it holds what the peer's app has not read yet. The
 /// default 2 MiB rings are in flight whole; larger rings stay within what was measured. The
