@@ -5,7 +5,7 @@
 //!
 //! - [`rdma`]: librdmacm and libibverbs, loaded with `dlopen` (nothing links rdma-core), and one
 //!   thin wrapper per C call: the crate's only `unsafe` code.
-//! - [`probe`]: whether this process can use RDMA at all (devices, iWARP, fork safety).
+//! - [`probe`](mod@probe): whether this process can use RDMA at all (devices, iWARP, fork safety).
 //! - [`engine`]: the [`Engine`]: connect, listen, attach a local fd, with the stream protocol of
 //!   [`flow`] (credits over a receive ring) and [`wire`] (private data, control messages).
 //! - [`fd`], [`route`]: operations on the kernel fds the engine drives, and the local address
@@ -13,7 +13,7 @@
 //!
 //! What rides on a stream is the caller's: the shim's negotiation messages, policy, reasons and
 //! stats are in `rdma-streams-shim-core`, the gateway's connect payloads in the gateway. The
-//! caller also says where the RDMA libraries come from ([`probe`] takes the librdmacm name).
+//! caller also says where the RDMA libraries come from ([`probe()`] takes the librdmacm name).
 
 pub mod engine;
 pub mod fd;

@@ -16,9 +16,8 @@ use proptest::prelude::*;
 use rdma_streams_testkit::fuzz;
 use rdma_streams_transport::rdma::DEFAULT_PROVIDER;
 
-use crate::stats::{DEFAULT_FILE_TEMPLATE, StatsSink};
-
 use crate::settings::{DIRECT_READ_ENV, RING_ENV, provider_name};
+use crate::stats::{DEFAULT_FILE_TEMPLATE, StatsSink};
 use crate::{direct, log::Level, ring};
 
 const LIMIT: Duration = Duration::from_secs(30);

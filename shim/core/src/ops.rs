@@ -11,8 +11,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::reason::{Path, Reason, Role};
-use crate::stats::Stats;
 use libc::c_int;
 use rdma_streams_transport::engine::Writer;
 
@@ -21,6 +19,8 @@ use crate::fdtable::{
     self, COUNTED, INET_STREAM, LISTENING, POLLED, SHIM_OWNED, SIDE, SWAPPED, TCP,
 };
 use crate::log::{Level, log_at};
+use crate::reason::{Path, Reason, Role};
+use crate::stats::Stats;
 use crate::{direct, sys, upgrade};
 
 /// The socket type without SOCK_NONBLOCK / SOCK_CLOEXEC.

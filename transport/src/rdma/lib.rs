@@ -17,9 +17,8 @@ use rdma_sys::{
     rdma_port_space,
 };
 
-/// The system's librdmacm, for callers that are not told another one (the caller chooses: the
-/// shim from `STREAMSHIM_PROVIDER`, the gateway from `--provider`); libibverbs is the one
-/// librdmacm loads.
+/// The system's librdmacm, for callers not told another one (which library to load is the
+/// caller's setting, never read here); libibverbs is the one librdmacm loads.
 pub const DEFAULT_PROVIDER: &str = "librdmacm.so.1";
 /// The libibverbs soname.
 pub const VERBS_SONAME: &str = "libibverbs.so.1";

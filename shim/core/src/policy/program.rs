@@ -101,9 +101,9 @@ pub fn basename(path: &str) -> &str {
     }
 }
 
-/// The names [`Policy::program_allowed_any`] should see for this process: the basename of
-/// `/proc/self/exe` and of `argv[0]` (deduplicated; either may be missing). Allocates and makes a
-/// syscall: call once per process.
+/// The names [`Policy::program_allowed_any`](super::Policy::program_allowed_any) should see for
+/// this process: the basename of `/proc/self/exe` and of `argv[0]` (deduplicated; either may be
+/// missing). Allocates and makes a syscall: call once per process.
 pub fn current_program_names() -> Vec<String> {
     let mut names = Vec::with_capacity(2);
     if let Ok(exe) = std::fs::read_link("/proc/self/exe") {

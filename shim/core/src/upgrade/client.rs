@@ -14,9 +14,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::negotiation::{self, Hello, Message};
-use crate::policy::canonical_ip;
-use crate::reason::{Path, Reason, Role};
 use libc::c_int;
 use rdma_streams_transport::engine::{Attach, ConnectError, ConnectRequest, Handshake, RejectedBy};
 use rdma_streams_transport::route;
@@ -28,6 +25,9 @@ use super::swap::{reset, swap};
 use super::{NEGATIVE, negotiate_timeout, note, now};
 use crate::fdtable::{self, COUNTED};
 use crate::log::{Level, log_at};
+use crate::negotiation::{self, Hello, Message};
+use crate::policy::canonical_ip;
+use crate::reason::{Path, Reason, Role};
 use crate::sys;
 
 /// The fallback reason for a connect that did not establish. `PEER_NOT_SHIMMED`: nothing of

@@ -5,12 +5,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::reason::{Path, Reason, Role};
-use crate::stats::Stats;
 use libc::c_int;
 use rdma_streams_transport::engine::{Event, StreamPath};
 
 use crate::log::{Level, log_at};
+use crate::reason::{Path, Reason, Role};
+use crate::stats::Stats;
 
 /// Counts one connection and logs it (one debug line per connection).
 pub fn record(role: Role, fd: c_int, peer: Option<SocketAddr>, path: Path, reason: Reason) {

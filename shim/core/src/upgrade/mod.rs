@@ -29,14 +29,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::negative_cache::NegativeCache;
-use crate::negotiation;
-use crate::policy::canonical_ip;
 use libc::c_int;
 use rdma_streams_transport::engine::{Conn, Reader, Writer};
 
 use crate::forksafe::{ForkSafe, SLOTS};
 use crate::log::{Level, log_at};
+use crate::negative_cache::NegativeCache;
+use crate::negotiation;
+use crate::policy::canonical_ip;
 
 pub use client::{connect, reason_for};
 pub use engine::{config as engine_config, configure, flush_at_exit};

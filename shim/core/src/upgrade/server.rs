@@ -19,9 +19,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::negotiation::{Hello, Message};
-use crate::policy::canonical_ip;
-use crate::reason::{Path, Reason, Role};
 use libc::c_int;
 use rdma_streams_transport::engine::{
     Acceptor, Attach, Conn, Decision, Handshake, Listener, Request,
@@ -34,6 +31,9 @@ use super::{PENDING_TIMEOUT, key, now};
 use crate::decision;
 use crate::forksafe::{ForkSafe, SLOTS};
 use crate::log::{Level, log_at};
+use crate::negotiation::{Hello, Message};
+use crate::policy::canonical_ip;
+use crate::reason::{Path, Reason, Role};
 use crate::sys;
 
 /// Backlog of an RDMA listener.
