@@ -1,11 +1,12 @@
 //! The exported `unsafe extern "C"` detours, the ELF constructor/destructor, and the exit and
 //! fork callbacks: the shim's whole C boundary.
 //!
-//! Every detour is a few lines: convert the C arguments, then [`detour`] runs the safe op in
-//! [`crate::ops`] under the re-entrancy guard and `catch_unwind`, with the original call as a
-//! closure. On every path the original function is called exactly once: nested (guard held) ->
-//! straight to it; op panicked before calling it -> called afterwards; op panicked after ->
-//! its result is returned. errno is the original call's errno on return.
+//! Every detour is a few lines: convert the C arguments, then run the safe op of
+//! `streamshim_core::ops` in one of two ways, both written once in `streamshim_core::guard`:
+//! [`detour`] when the op calls the original (exactly once on every path: nested, panicked
+//! before or after; errno is the original's on return), [`guarded`] when the shim may answer
+//! instead of the original (a direct read or write: None sends the caller to the original).
+//! Which way a data call goes is `streamshim_core::calls`'s to say, from its flags.
 //!
 //! getpeername/getsockname/getsockopt/setsockopt answer from the kept TCP socket for upgraded
 //! fds (one atomic load otherwise); dup/dup2/dup3/fcntl(F_DUPFD*) copies keep what the shim
@@ -17,8 +18,7 @@
 // the original libc functions through raw pointers, and reading the caller's address buffers.
 #![allow(unsafe_code)]
 
-use std::cell::Cell;
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::ffi::c_void;
@@ -26,42 +26,14 @@ use std::ffi::c_void;
 use libc::{c_int, sockaddr, socklen_t};
 
 use crate::real;
-use streamshim_core::guard::Guard;
+use streamshim_core::calls::{self, Recv};
+use streamshim_core::guard::{Guard, detour, guarded};
 use streamshim_core::{direct, fdtable, ops, sys};
 
 /// The result of a hook whose original cannot be found (never seen with glibc).
 fn no_original() -> c_int {
     sys::set_errno(libc::ENOSYS);
     -1
-}
-
-/// Runs `op` (safe logic that calls `real` once) under the guard, panics caught, errno kept.
-fn detour(real: &dyn Fn() -> c_int, op: impl FnOnce(&mut dyn FnMut() -> c_int) -> c_int) -> c_int {
-    let Some(guard) = Guard::enter() else {
-        return real();
-    };
-    let done: Cell<Option<(c_int, c_int)>> = Cell::new(None);
-    let mut tracked = || {
-        let rc = real();
-        done.set(Some((rc, sys::errno())));
-        rc
-    };
-    let out = catch_unwind(AssertUnwindSafe(|| op(&mut tracked)));
-    drop(guard);
-    match (out, done.get()) {
-        (Ok(rc), Some((_, errno))) => {
-            sys::set_errno(errno);
-            rc
-        }
-        // The op answered without the original (a swapped fd's EISCONN, a refused close);
-        // it set errno itself.
-        (Ok(rc), None) => rc,
-        (Err(_), Some((rc, errno))) => {
-            sys::set_errno(errno);
-            rc
-        }
-        (Err(_), None) => real(),
-    }
 }
 
 /// Registers the exit and fork-child callbacks, once per process (called at the decision).
@@ -219,69 +191,46 @@ pub unsafe extern "C" fn accept4(
     unsafe { accept_detour(fd, addr, len, &real) }
 }
 
-/// A direct read of an upgraded fd ([`ops::read_direct`]) under the guard, panics caught, errno
-/// kept: Some(n) when the stream's ring gave `n` bytes; None: the caller calls the original.
-/// Any other fd costs one atomic load.
+/// A direct read of an upgraded fd ([`ops::read_direct`]), [`guarded`]: Some(n) when the
+/// stream's ring gave `n` bytes; None: the caller calls the original. Any other fd costs one
+/// atomic load.
 fn read_direct(fd: c_int, buf: *mut c_void, len: usize) -> Option<isize> {
     if buf.is_null() || len == 0 || fdtable::get(fd) & fdtable::SWAPPED == 0 {
         return None;
     }
-    let guard = Guard::enter()?;
-    let errno = sys::errno();
     // SAFETY: read(2)'s contract: `buf` holds `len` writable bytes for the call, and no other
     // reference to them exists while the slice lives (it ends with this call).
     let buf = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
-    let out = catch_unwind(AssertUnwindSafe(|| ops::read_direct(fd, buf)))
-        .ok()
-        .flatten();
-    drop(guard);
-    sys::set_errno(errno);
-    out.and_then(|n| isize::try_from(n).ok())
+    let n = guarded(|| ops::read_direct(fd, buf)).flatten()?;
+    isize::try_from(n).ok()
 }
 
-/// The `recv` flags a direct read honours: none changes what a plain read returns.
-fn plain_recv_flags(flags: c_int) -> bool {
-    flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) == 0
-}
-
-/// `recv`/`recvfrom` of an upgraded fd: a direct read when `flags` change nothing a plain read
-/// returns; with `MSG_WAITALL` on a blocking fd, the buffer filled from direct reads and the
-/// original `orig` (called without the flag) in turn ([`direct::wait_all`]). None: the caller
-/// calls the original with its arguments.
+/// `recv`/`recvfrom` of an upgraded fd, the way [`calls::recv`] says: a direct read; with
+/// `MSG_WAITALL` on a blocking fd, the buffer filled from direct reads and the original `orig`
+/// (called without the flag) in turn ([`direct::wait_all`]). None: the caller calls the
+/// original with its arguments.
 fn recv_upgraded(
     fd: c_int,
-    buf: *mut c_void,
-    len: usize,
-    flags: c_int,
+    (buf, len): (*mut c_void, usize),
+    (flags, wants_addr): (c_int, bool),
     orig: &mut dyn FnMut(*mut c_void, usize, c_int) -> isize,
 ) -> Option<isize> {
-    if plain_recv_flags(flags) {
-        return read_direct(fd, buf, len);
+    match calls::recv(flags, wants_addr) {
+        Recv::Original => return None,
+        Recv::Direct => return read_direct(fd, buf, len),
+        Recv::WaitAll => {}
     }
-    if flags & !(libc::MSG_WAITALL | libc::MSG_NOSIGNAL) != 0
-        || buf.is_null()
-        || len == 0
-        || fdtable::get(fd) & fdtable::SWAPPED == 0
-    {
+    if buf.is_null() || len == 0 || fdtable::get(fd) & fdtable::SWAPPED == 0 {
         return None;
     }
-    let blocking = {
-        let _guard = Guard::enter()?;
-        let errno = sys::errno();
-        let flags = sys::fd_flags(fd).ok();
-        sys::set_errno(errno);
-        flags?.0 & libc::O_NONBLOCK == 0
-    };
+    let blocking = guarded(|| sys::fd_flags(fd).ok()).flatten()?.0 & libc::O_NONBLOCK == 0;
     if !blocking {
         // MSG_WAITALL waits for nothing on a non-blocking socket.
         return read_direct(fd, buf, len);
     }
     // While the loop takes bytes, the engine leaves them in the ring for it; never across the
     // blocking wait.
-    let hold = {
-        let _guard = Guard::enter()?;
-        catch_unwind(|| ops::hold_stream(fd)).ok().flatten()
-    };
+    let hold = guarded(|| ops::hold_stream(fd)).flatten();
     // SAFETY: recv(2)'s contract: `buf` holds `len` writable bytes for the call; the closures
     // below only ever use the sub-slices wait_all hands them.
     let whole = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
@@ -304,19 +253,10 @@ fn recv_upgraded(
     Some(n)
 }
 
-/// Whether the stream behind the upgraded `fd` failed unreported ([`ops::take_reset`]), under
-/// the guard, panics caught, errno kept. Any other fd costs one atomic load.
+/// Whether the stream behind the upgraded `fd` failed unreported ([`ops::take_reset`]),
+/// [`guarded`]. Any other fd costs one atomic load.
 fn reset_once(fd: c_int) -> bool {
-    if fdtable::get(fd) & fdtable::SWAPPED == 0 {
-        return false;
-    }
-    let Some(_guard) = Guard::enter() else {
-        return false;
-    };
-    let errno = sys::errno();
-    let reset = catch_unwind(|| ops::take_reset(fd)).unwrap_or(false);
-    sys::set_errno(errno);
-    reset
+    fdtable::get(fd) & fdtable::SWAPPED != 0 && guarded(|| ops::take_reset(fd)).unwrap_or(false)
 }
 
 /// A read's result: the socketpair's EOF (0 for a non-empty buffer) of an upgraded fd whose
@@ -357,7 +297,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isiz
 }
 
 /// `ssize_t recv(int fd, void *buf, size_t len, int flags)`: as [`read`] when `flags` asks
-/// for nothing a plain read would not do, and `MSG_WAITALL` too ([`recv_upgraded`]); MSG_PEEK
+/// for nothing a plain read would not do, and `MSG_WAITALL` too ([`calls::recv`]); `MSG_PEEK`
 /// and the rest go to libc.
 ///
 /// # Safety
@@ -369,7 +309,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_
     };
     // SAFETY: the caller's fd, with parts of its buffer and its flags, as recv(2) allows.
     let mut call = |b: *mut c_void, l: usize, f: c_int| unsafe { orig(fd, b, l, f) };
-    if let Some(n) = recv_upgraded(fd, buf, len, flags, &mut call) {
+    if let Some(n) = recv_upgraded(fd, (buf, len), (flags, false), &mut call) {
         return read_result(fd, len, n);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
@@ -398,9 +338,7 @@ pub unsafe extern "C" fn recvfrom(
     let mut call = |b: *mut c_void, l: usize, f: c_int| unsafe {
         orig(fd, b, l, f, std::ptr::null_mut(), std::ptr::null_mut())
     };
-    if addr.is_null()
-        && let Some(n) = recv_upgraded(fd, buf, len, flags, &mut call)
-    {
+    if let Some(n) = recv_upgraded(fd, (buf, len), (flags, !addr.is_null()), &mut call) {
         return read_result(fd, len, n);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
@@ -422,42 +360,19 @@ fn write_upgraded(
     if buf.is_null() || len == 0 || fdtable::get(fd) & fdtable::SWAPPED == 0 {
         return None;
     }
-    let writer = {
-        let _guard = Guard::enter()?;
-        let errno = sys::errno();
-        let writer = catch_unwind(|| ops::writer(fd)).ok().flatten();
-        sys::set_errno(errno);
-        writer?
-    };
+    let writer = guarded(|| ops::writer(fd)).flatten()?;
     // SAFETY: write(2)'s contract: `buf` holds `len` readable bytes for the call.
     let whole = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
     // Until when this call may wait for room in the ring: looked up once, when first needed.
     let mut until = None;
     let mut wait_until = || *until.get_or_insert_with(|| ops::write_wait_until(fd, dontwait));
-    let mut direct = |chunk: &[u8]| {
-        let _guard = Guard::enter()?;
-        let errno = sys::errno();
-        let n = catch_unwind(AssertUnwindSafe(|| {
-            ops::write_direct(&writer, fd, chunk, &mut wait_until)
-        }))
-        .ok()
-        .flatten();
-        sys::set_errno(errno);
-        n
-    };
+    let mut direct =
+        |chunk: &[u8]| guarded(|| ops::write_direct(&writer, fd, chunk, &mut wait_until)).flatten();
     Some(direct::write_direct_then_rest(
         whole,
         &mut direct,
         &mut |rest| orig(rest.as_ptr().cast(), rest.len()),
     ))
-}
-
-/// The `send` flags a direct write honours: none changes where or how the bytes go
-/// (`MSG_NOSIGNAL` and `MSG_DONTWAIT` apply to the rest, which goes to the socketpair;
-/// `MSG_MORE` is a hint, and `MSG_WAITALL` means nothing to a send, as rstream's blocking mode
-/// passes it to TCP).
-fn plain_send_flags(flags: c_int) -> bool {
-    flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_WAITALL) == 0
 }
 
 /// `ssize_t write(int fd, const void *buf, size_t count)`: for an upgraded fd, the bytes
@@ -482,7 +397,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: usize) -> i
 
 /// `ssize_t send(int fd, const void *buf, size_t len, int flags)`: as [`write`] when `flags`
 /// asks for nothing but `MSG_DONTWAIT`, `MSG_NOSIGNAL`, `MSG_MORE` and `MSG_WAITALL`
-/// ([`plain_send_flags`]); `MSG_OOB` and the rest go to libc.
+/// ([`calls::send_direct`]); `MSG_OOB` and the rest go to libc.
 ///
 /// # Safety
 /// The C contract of `send(2)`.
@@ -493,8 +408,8 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: usize, flags: 
     };
     // SAFETY: the caller's fd with the unwritten tail of its buffer and its flags.
     let mut call = |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags) };
-    if plain_send_flags(flags)
-        && let Some(n) = write_upgraded(fd, buf, len, flags & libc::MSG_DONTWAIT != 0, &mut call)
+    if calls::send_direct(flags, false)
+        && let Some(n) = write_upgraded(fd, buf, len, calls::send_dontwait(flags), &mut call)
     {
         return write_result(fd, n);
     }
@@ -523,9 +438,8 @@ pub unsafe extern "C" fn sendto(
     // SAFETY: the caller's fd with the unwritten tail of its buffer and its flags, no address.
     let mut call =
         |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags, std::ptr::null(), 0) };
-    if addr.is_null()
-        && plain_send_flags(flags)
-        && let Some(n) = write_upgraded(fd, buf, len, flags & libc::MSG_DONTWAIT != 0, &mut call)
+    if calls::send_direct(flags, !addr.is_null())
+        && let Some(n) = write_upgraded(fd, buf, len, calls::send_dontwait(flags), &mut call)
     {
         return write_result(fd, n);
     }
@@ -721,13 +635,6 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
     })
 }
 
-/// Whether a socket option of an upgraded fd belongs to the kept TCP socket: every level but
-/// SOL_SOCKET (TCP_NODELAY, TCP_INFO, IP_TOS, ...), and the SOL_SOCKET options that describe
-/// the socket's kind. Buffer sizes, timeouts, SO_ERROR and the like stay on the app's end.
-fn option_on_kept(level: c_int, name: c_int) -> bool {
-    level != libc::SOL_SOCKET || matches!(name, libc::SO_DOMAIN | libc::SO_PROTOCOL)
-}
-
 /// `int getsockopt(int fd, int level, int name, void *val, socklen_t *len)`.
 ///
 /// # Safety
@@ -745,7 +652,7 @@ pub unsafe extern "C" fn getsockopt(
     };
     // SAFETY: the caller's arguments, passed on unchanged (to the fd or the kept socket).
     let call = move |f: c_int| unsafe { orig(f, level, name, val, len) };
-    if fdtable::get(fd) & fdtable::SWAPPED == 0 || !option_on_kept(level, name) {
+    if fdtable::get(fd) & fdtable::SWAPPED == 0 || !calls::option_on_kept(level, name) {
         return call(fd);
     }
     detour(&|| call(fd), |real| {
@@ -770,7 +677,7 @@ pub unsafe extern "C" fn setsockopt(
     };
     // SAFETY: the caller's arguments, passed on unchanged (to the fd or the kept socket).
     let call = move |f: c_int| unsafe { orig(f, level, name, val, len) };
-    if fdtable::get(fd) & fdtable::SWAPPED == 0 || !option_on_kept(level, name) {
+    if fdtable::get(fd) & fdtable::SWAPPED == 0 || !calls::option_on_kept(level, name) {
         return call(fd);
     }
     detour(&|| call(fd), |real| {
@@ -780,8 +687,7 @@ pub unsafe extern "C" fn setsockopt(
 
 /// The `atexit` handler: writes the stats file.
 extern "C" fn on_exit() {
-    let Some(_guard) = Guard::enter() else { return };
-    let _ = catch_unwind(ops::at_exit);
+    let _ = guarded(ops::at_exit);
 }
 
 /// The `pthread_atfork` child handler: counters reset.

@@ -3,8 +3,9 @@
 //! libc originals and the ELF constructor.
 //!
 //! One call, step by step (`connect(fd, addr, len)` from a program):
-//! 1. the hook finds libc's original, enters the per-thread re-entrancy [`guard`] (nested calls
-//!    go straight to the original) and runs the op in [`ops`] under `catch_unwind`;
+//! 1. the hook finds libc's original and runs the op in [`ops`] through [`guard::detour`]: the
+//!    per-thread re-entrancy guard (nested calls go straight to the original), `catch_unwind`
+//!    and errno, written once; data calls ask [`calls`] which way they go;
 //! 2. [`ops::connect`] looks the fd up in the lock-free [`fdtable`] (an INET stream socket made
 //!    by a hooked `socket()`?), and for a capable process (the once-per-process [`decision`], one
 //!    atomic load) whose policy allows the peer runs [`upgrade::connect`]; everything else calls
@@ -16,6 +17,7 @@
 //!
 //! Only [`sys`] contains `unsafe` code (syscalls on raw fd numbers; each block says why).
 
+pub mod calls;
 pub mod decision;
 pub mod direct;
 pub mod fdtable;

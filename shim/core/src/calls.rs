@@ -1,0 +1,126 @@
+//! Which way a data call on an upgraded fd goes, from its arguments alone: the stream's rings
+//! directly (one copy), or the original call on the fd (the app's end of the stream's
+//! socketpair, which the engine keeps in step), and which socket options belong to the kept
+//! TCP socket. The hooks ask here; nothing here touches an fd.
+
+use libc::c_int;
+
+/// How `read`/`recv`/`recvfrom` of an upgraded fd take their bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recv {
+    /// A direct read from the receive ring when the socketpair holds nothing
+    /// ([`crate::ops::read_direct`]); else the original.
+    Direct,
+    /// `MSG_WAITALL`: on a blocking fd, the buffer filled from direct reads and the original
+    /// (called without the flag) in turn ([`crate::direct::wait_all`]); on a non-blocking one,
+    /// as [`Recv::Direct`] (it waits for nothing).
+    WaitAll,
+    /// The original, with the caller's arguments (`MSG_PEEK`, `MSG_OOB`, `MSG_TRUNC`, an
+    /// address asked for, ...): it reads the socketpair, which holds every byte in order.
+    Original,
+}
+
+/// The way for a receive with `flags`; `wants_addr`: `recvfrom` asked for the sender's address.
+pub fn recv(flags: c_int, wants_addr: bool) -> Recv {
+    const PLAIN: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    if wants_addr {
+        Recv::Original
+    } else if flags & !PLAIN == 0 {
+        // None of these changes what a plain read returns.
+        Recv::Direct
+    } else if flags & !(libc::MSG_WAITALL | libc::MSG_NOSIGNAL) == 0 {
+        Recv::WaitAll
+    } else {
+        Recv::Original
+    }
+}
+
+/// Whether `write`/`send`/`sendto` with `flags` (and an address, `has_addr`) may copy straight
+/// into the send ring: none of the flags changes where or how the bytes go (`MSG_NOSIGNAL` and
+/// `MSG_DONTWAIT` apply to the rest, which goes to the socketpair; `MSG_MORE` is a hint, and
+/// `MSG_WAITALL` means nothing to a send, as rstream's blocking mode passes it to TCP).
+/// `MSG_OOB` and the rest, or an address, go to the original.
+pub fn send_direct(flags: c_int, has_addr: bool) -> bool {
+    const PLAIN: c_int =
+        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_WAITALL;
+    !has_addr && flags & !PLAIN == 0
+}
+
+/// Whether a send with `flags` may wait for room in the ring (a blocking fd's send, unless
+/// `MSG_DONTWAIT`).
+pub fn send_dontwait(flags: c_int) -> bool {
+    flags & libc::MSG_DONTWAIT != 0
+}
+
+/// Whether a socket option of an upgraded fd belongs to the kept TCP socket: every level but
+/// `SOL_SOCKET` (`TCP_NODELAY`, `TCP_INFO`, `IP_TOS`, ...), and the `SOL_SOCKET` options that
+/// describe the socket's kind. Buffer sizes, timeouts, `SO_ERROR` and the like stay on the
+/// app's end.
+pub fn option_on_kept(level: c_int, name: c_int) -> bool {
+    level != libc::SOL_SOCKET || matches!(name, libc::SO_DOMAIN | libc::SO_PROTOCOL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receives_go_direct_only_when_the_flags_change_nothing_a_read_returns() {
+        assert_eq!(recv(0, false), Recv::Direct);
+        assert_eq!(recv(libc::MSG_DONTWAIT, false), Recv::Direct);
+        assert_eq!(
+            recv(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL, false),
+            Recv::Direct
+        );
+        assert_eq!(recv(libc::MSG_WAITALL, false), Recv::WaitAll);
+        assert_eq!(
+            recv(libc::MSG_WAITALL | libc::MSG_NOSIGNAL, false),
+            Recv::WaitAll
+        );
+        for other in [
+            libc::MSG_PEEK,
+            libc::MSG_OOB,
+            libc::MSG_TRUNC,
+            libc::MSG_WAITALL | libc::MSG_PEEK,
+            libc::MSG_WAITALL | libc::MSG_DONTWAIT,
+            libc::MSG_ERRQUEUE,
+        ] {
+            assert_eq!(recv(other, false), Recv::Original, "{other:#x}");
+        }
+        assert_eq!(recv(0, true), Recv::Original, "an address asked for");
+    }
+
+    #[test]
+    fn sends_go_direct_only_without_an_address_or_a_flag_that_changes_them() {
+        for plain in [
+            0,
+            libc::MSG_DONTWAIT,
+            libc::MSG_NOSIGNAL | libc::MSG_MORE,
+            libc::MSG_WAITALL,
+        ] {
+            assert!(send_direct(plain, false), "{plain:#x}");
+            assert!(!send_direct(plain, true), "{plain:#x} with an address");
+        }
+        for other in [libc::MSG_OOB, libc::MSG_ZEROCOPY, libc::MSG_CONFIRM] {
+            assert!(!send_direct(other, false), "{other:#x}");
+        }
+        assert!(send_dontwait(libc::MSG_DONTWAIT | libc::MSG_MORE));
+        assert!(!send_dontwait(libc::MSG_MORE));
+    }
+
+    #[test]
+    fn tcp_options_and_the_sockets_kind_come_from_the_kept_socket() {
+        assert!(option_on_kept(libc::IPPROTO_TCP, libc::TCP_NODELAY));
+        assert!(option_on_kept(libc::IPPROTO_IP, libc::IP_TOS));
+        assert!(option_on_kept(libc::SOL_SOCKET, libc::SO_DOMAIN));
+        assert!(option_on_kept(libc::SOL_SOCKET, libc::SO_PROTOCOL));
+        for own in [
+            libc::SO_RCVBUF,
+            libc::SO_SNDTIMEO,
+            libc::SO_ERROR,
+            libc::SO_TYPE,
+        ] {
+            assert!(!option_on_kept(libc::SOL_SOCKET, own), "{own}");
+        }
+    }
+}
