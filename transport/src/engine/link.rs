@@ -246,14 +246,21 @@ impl Link {
                 Some(libc::ENOMEM) => SetupError::Memlock,
                 _ => SetupError::Local("rdma_create_qp", e),
             })?;
-        Link::assemble(
+        let link = Link::assemble(
             config,
             (Arc::new(qp), Box::new(cq)),
             Keys::Registered { recv_mr, mr, pd },
             region,
             (index, pinned),
             (now, handshake),
-        )
+        );
+        if let Err(e) = link.post_receives() {
+            // The QP goes before the CQ it uses (which `link` drops on the way out): a CQ
+            // still in use cannot be destroyed.
+            id.destroy_qp();
+            return Err(SetupError::Local("ibv_post_recv", e));
+        }
+        Ok(link)
     }
 
     /// A link on side `side` of the simulated fabric `fabric` (in-process tests), with the
@@ -268,13 +275,13 @@ impl Link {
         let region = Arc::new(Region::new(config.region_bytes()).expect("mmap"));
         let (qp, cq, rkey) = fabric.attach(side, &region, config.ring());
         let keys = Keys::Simulated { lkey: 1, rkey };
-        match Link::assemble(config, (qp, cq), keys, region, (0, 0), (now, handshake)) {
-            Ok(link) => link,
-            Err(e) => panic!("simulated link: {e:?}"),
-        }
+        let link = Link::assemble(config, (qp, cq), keys, region, (0, 0), (now, handshake));
+        link.post_receives()
+            .expect("the simulated fabric takes receives");
+        link
     }
 
-    /// A link over `qp` and `cq` with its halves, every receive posted.
+    /// A link over `qp` and `cq` with its halves ([`Link::post_receives`] next).
     fn assemble(
         config: &EngineConfig,
         (qp, cq): (Arc<dyn Post>, Box<dyn Completions>),
@@ -282,7 +289,7 @@ impl Link {
         region: Arc<Region>,
         (index, pinned): (usize, u64),
         (now, handshake): (Instant, Handshake),
-    ) -> Result<Link, SetupError> {
+    ) -> Link {
         let ring = config.ring();
         let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
         let sender = Arc::new(Sender::new(
@@ -294,7 +301,7 @@ impl Link {
             sq,
             config.max_unacked() as u64,
         ));
-        let link = Link {
+        Link {
             qp,
             cq,
             keys,
@@ -317,12 +324,12 @@ impl Link {
             quiet: false,
             last_rx: now,
             binding: Binding::new(handshake),
-        };
-        for slot in 0..rq {
-            link.post_recv(u64::from(slot))
-                .map_err(|e| SetupError::Local("ibv_post_recv", e))?;
         }
-        Ok(link)
+    }
+
+    /// Posts every receive (one per control slot).
+    fn post_receives(&self) -> io::Result<()> {
+        (0..self.rq).try_for_each(|slot| self.post_recv(u64::from(slot)))
     }
 
     /// What outlives the connection once its QP is destroyed (the caller destroyed it): the
