@@ -14,7 +14,8 @@ use std::{
     time::Duration,
 };
 
-use common::{Harness, RESOURCE, SOON, within};
+use common::{Harness, LIMIT, RESOURCE, SOON};
+use rdma_streams_testkit::{free_port, within_async};
 
 const BIN: &str = env!("CARGO_BIN_EXE_rdma-device-plugin");
 const EXAMPLE: &str = concat!(
@@ -180,17 +181,9 @@ fn sigterm(child: &Child) {
     assert!(sent.success());
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_admin_endpoint_and_drains_on_sigterm() {
-    within(60, async {
+    within_async(LIMIT, async {
         let h = Harness::new(Harness::two_hcas()).await;
         let addr = format!("127.0.0.1:{}", free_port());
         let child = h
@@ -295,7 +288,7 @@ fn bad_flag_value_is_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_log_pipe_does_not_kill_the_plugin() {
-    within(60, async {
+    within_async(LIMIT, async {
         let h = Harness::new(Harness::two_hcas()).await;
         let mut child = h
             .plugin_command(BIN)
@@ -353,7 +346,7 @@ async fn wait_admin(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_instance_stands_by_and_takes_over_when_the_first_exits() {
-    within(60, async {
+    within_async(LIMIT, async {
         let h = Harness::new(Harness::two_hcas()).await;
         let spawn = |addr: &str| {
             Plugin(
@@ -439,7 +432,7 @@ fn cdi_devices(path: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_instance_leaves_the_holders_cdi_specs_alone() {
-    within(60, async {
+    within_async(LIMIT, async {
         let h = Harness::new(Harness::two_hcas()).await;
         let cdi_dir = h.dir.path().join("cdi");
         let cdi = cdi_dir.to_string_lossy().into_owned();

@@ -5,7 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    net::TcpListener,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -24,14 +23,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn curl(args: &[&str]) -> (u16, String) {
@@ -89,8 +80,8 @@ fn base64_decode(s: &str) -> Vec<u8> {
 fn serves_admission_reviews_over_https_and_drains() {
     let dir = tempfile::tempdir().unwrap();
     test_pki::write_certs(dir.path());
-    let port = free_port();
-    let admin = free_port();
+    let port = rdma_streams_testkit::free_port();
+    let admin = rdma_streams_testkit::free_port();
     let child = Command::new(BIN)
         .arg("serve")
         .args(["--listen", &format!("127.0.0.1:{port}")])

@@ -8,14 +8,12 @@ use std::{
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use rdma_streams_testkit::within_async;
+
 use super::*;
 
-/// A hang fails the test instead of stalling it.
-async fn within<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), f)
-        .await
-        .expect("test timed out")
-}
+/// What one test may take at most.
+const LIMIT: Duration = Duration::from_secs(20);
 
 /// GET `path` from `addr`: the status and the body, or `None` when nothing listens.
 async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
@@ -44,7 +42,7 @@ fn local() -> Option<SocketAddr> {
 
 #[tokio::test]
 async fn tasks_run_until_shutdown_and_run_returns_mains_result() {
-    within(async {
+    within_async(LIMIT, async {
         let trigger = CancellationToken::new();
         let rt = Runtime::builder()
             .with_shutdown(trigger.clone())
@@ -82,7 +80,7 @@ async fn tasks_run_until_shutdown_and_run_returns_mains_result() {
 
 #[tokio::test]
 async fn main_returning_stops_the_tasks() {
-    within(async {
+    within_async(LIMIT, async {
         let rt = Runtime::builder().build().await.unwrap();
         let tasks = rt.tasks().clone();
         let stopped = Arc::new(AtomicUsize::new(0));
@@ -106,7 +104,7 @@ async fn main_returning_stops_the_tasks() {
 
 #[tokio::test]
 async fn ready_fails_first_then_tasks_stop_then_the_admin_endpoint() {
-    within(async {
+    within_async(LIMIT, async {
         let trigger = CancellationToken::new();
         let rt = Runtime::builder()
             .admin(local())
@@ -158,7 +156,7 @@ async fn ready_fails_first_then_tasks_stop_then_the_admin_endpoint() {
 
 #[tokio::test]
 async fn a_process_that_was_not_ready_stops_without_the_drain_delay() {
-    within(async {
+    within_async(LIMIT, async {
         let trigger = CancellationToken::new();
         let rt = Runtime::builder()
             .with_shutdown(trigger.clone())
@@ -183,7 +181,7 @@ async fn a_process_that_was_not_ready_stops_without_the_drain_delay() {
 
 #[tokio::test]
 async fn the_metrics_published_are_served() {
-    within(async {
+    within_async(LIMIT, async {
         let trigger = CancellationToken::new();
         let rt = Runtime::builder()
             .admin(local())
@@ -213,7 +211,7 @@ async fn the_metrics_published_are_served() {
 
 #[tokio::test]
 async fn a_task_that_ignores_shutdown_is_aborted_at_the_timeout() {
-    within(async {
+    within_async(LIMIT, async {
         let rt = Runtime::builder()
             .drain_timeout(Duration::from_millis(200))
             .build()
@@ -246,7 +244,7 @@ async fn a_task_that_ignores_shutdown_is_aborted_at_the_timeout() {
 
 #[tokio::test]
 async fn a_main_that_ignores_shutdown_is_an_error_at_the_timeout() {
-    within(async {
+    within_async(LIMIT, async {
         let trigger = CancellationToken::new();
         let rt = Runtime::builder()
             .with_shutdown(trigger.clone())
@@ -268,7 +266,7 @@ async fn a_main_that_ignores_shutdown_is_an_error_at_the_timeout() {
 
 #[tokio::test]
 async fn failed_panicked_and_aborted_tasks_are_reported_by_name() {
-    within(async {
+    within_async(LIMIT, async {
         let mut set = TaskSet::default();
         set.spawn("fine", async {});
         set.spawn("failing", async {
@@ -297,7 +295,7 @@ async fn failed_panicked_and_aborted_tasks_are_reported_by_name() {
 
 #[tokio::test]
 async fn an_adopted_task_is_waited_for_and_aborted_with_the_set() {
-    within(async {
+    within_async(LIMIT, async {
         let rt = Runtime::builder()
             .drain_timeout(Duration::from_millis(200))
             .build()
@@ -326,7 +324,7 @@ async fn an_adopted_task_is_waited_for_and_aborted_with_the_set() {
 
 #[tokio::test]
 async fn a_taken_admin_address_is_a_build_error() {
-    within(async {
+    within_async(LIMIT, async {
         let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = taken.local_addr().unwrap();
         let error = Runtime::builder()
