@@ -15,7 +15,7 @@ use std::{
 };
 
 use common::{Harness, LIMIT, RESOURCE, SOON};
-use rdma_streams_testkit::{free_port, within_async};
+use rdma_streams_testkit::{docs, free_port, within_async};
 
 const BIN: &str = env!("CARGO_BIN_EXE_rdma-device-plugin");
 const EXAMPLE: &str = concat!(
@@ -233,6 +233,14 @@ async fn serves_admin_endpoint_and_drains_on_sigterm() {
                 metrics.1
             );
         }
+        // Every family exported is in the docs' metrics table, and every row and every name the
+        // docs mention is a metric the code registers.
+        let exported = docs::metric_families(&metrics.1);
+        let page = docs::read("device-plugin.md");
+        let table = docs::table(&page, &["metric", "type", "labels", "meaning"]);
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        docs::check_metrics_table("device-plugin.md", &table, &exported, "rdma_dp_", &[&src]);
+        docs::check_metrics_mentioned("rdma_dp_", &exported, &[&src]);
 
         let sock = h.kubelet.endpoint(RESOURCE).unwrap();
         assert!(sock.exists());

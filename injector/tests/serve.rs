@@ -173,6 +173,21 @@ fn serves_admission_reviews_over_https_and_drains() {
     let (code, metrics) = curl(&[&format!("http://127.0.0.1:{admin}/metrics")]);
     assert_eq!(code, 200);
     assert!(metrics.contains("rdma_stream_injector"), "{metrics}");
+    // Every family exported is in the docs' metrics table, every row is a metric the code
+    // registers, and every name the docs mention is exported.
+    let exported = rdma_streams_testkit::docs::metric_families(&metrics);
+    let page = rdma_streams_testkit::docs::read("injector.md");
+    let table = rdma_streams_testkit::docs::table(&page, &["metric", "type", "labels", "meaning"]);
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let prefix = "rdma_stream_injector_";
+    rdma_streams_testkit::docs::check_metrics_table(
+        "injector.md",
+        &table,
+        &exported,
+        prefix,
+        &[&src],
+    );
+    rdma_streams_testkit::docs::check_metrics_mentioned(prefix, &exported, &[&src]);
 
     let pid = proc.0.id().to_string();
     assert!(

@@ -4,6 +4,8 @@
 //! - [`within`]: run a test body under a time limit; `within_async` (feature `async`): the
 //!   same for a future;
 //! - [`free_port`]: a loopback TCP port nobody listens on;
+//! - [`docs`]: the tables of `docs/` that repeat the code (flags, metrics), for the tests that
+//!   check them against it (`docs::flags_of` with feature `docs`);
 //! - `fuzz` (feature `fuzz`): bounded property runs over hostile input (fixed case counts, a
 //!   time limit, no failure files) and the generators the decoders' fuzz tests share;
 //! - `mock_api` (feature `kube`): a mocked Kubernetes API server for kube-side unit tests;
@@ -21,6 +23,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
+pub mod docs;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
 #[cfg(feature = "h2")]
