@@ -40,15 +40,30 @@ fn local() -> Option<SocketAddr> {
     Some(([127, 0, 0, 1], 0).into())
 }
 
+/// The runtime `builder` builds, with a shutdown trigger of the test's own.
+async fn triggered(builder: Builder) -> (CancellationToken, Runtime) {
+    let trigger = CancellationToken::new();
+    let rt = builder
+        .with_shutdown(trigger.clone())
+        .build()
+        .await
+        .unwrap();
+    (trigger, rt)
+}
+
+/// A main that waits for shutdown and ends well.
+fn idle_main(rt: &Runtime) -> impl Future<Output = Result<(), MainError>> + Send + 'static {
+    let tasks = rt.tasks().clone();
+    async move {
+        tasks.shutdown().cancelled().await;
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn tasks_run_until_shutdown_and_run_returns_mains_result() {
     within_async(LIMIT, async {
-        let trigger = CancellationToken::new();
-        let rt = Runtime::builder()
-            .with_shutdown(trigger.clone())
-            .build()
-            .await
-            .unwrap();
+        let (trigger, rt) = triggered(Runtime::builder()).await;
         let tasks = rt.tasks().clone();
         let stopped = Arc::new(AtomicUsize::new(0));
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
@@ -105,14 +120,12 @@ async fn main_returning_stops_the_tasks() {
 #[tokio::test]
 async fn ready_fails_first_then_tasks_stop_then_the_admin_endpoint() {
     within_async(LIMIT, async {
-        let trigger = CancellationToken::new();
-        let rt = Runtime::builder()
-            .admin(local())
-            .with_shutdown(trigger.clone())
-            .drain_delay(Duration::from_millis(400))
-            .build()
-            .await
-            .unwrap();
+        let (trigger, rt) = triggered(
+            Runtime::builder()
+                .admin(local())
+                .drain_delay(Duration::from_millis(400)),
+        )
+        .await;
         let admin = rt.admin_addr().unwrap();
         let gate = rt.readiness().gate("cache");
         let tasks = rt.tasks().clone();
@@ -157,23 +170,13 @@ async fn ready_fails_first_then_tasks_stop_then_the_admin_endpoint() {
 #[tokio::test]
 async fn a_process_that_was_not_ready_stops_without_the_drain_delay() {
     within_async(LIMIT, async {
-        let trigger = CancellationToken::new();
-        let rt = Runtime::builder()
-            .with_shutdown(trigger.clone())
-            .drain_delay(Duration::from_secs(30))
-            .build()
-            .await
-            .unwrap();
+        let (trigger, rt) =
+            triggered(Runtime::builder().drain_delay(Duration::from_secs(30))).await;
         let _never = rt.readiness().gate("certificate");
-        let tasks = rt.tasks().clone();
         trigger.cancel();
         let started = Instant::now();
-        rt.run(async move {
-            tasks.shutdown().cancelled().await;
-            Ok::<_, MainError>(())
-        })
-        .await
-        .unwrap();
+        let main = idle_main(&rt);
+        rt.run(main).await.unwrap();
         assert!(started.elapsed() < Duration::from_secs(5));
     })
     .await;
@@ -182,24 +185,15 @@ async fn a_process_that_was_not_ready_stops_without_the_drain_delay() {
 #[tokio::test]
 async fn the_metrics_published_are_served() {
     within_async(LIMIT, async {
-        let trigger = CancellationToken::new();
-        let rt = Runtime::builder()
-            .admin(local())
-            .with_shutdown(trigger.clone())
-            .build()
-            .await
-            .unwrap();
+        let (trigger, rt) = triggered(Runtime::builder().admin(local())).await;
         let admin = rt.admin_addr().unwrap();
         let mut registry = prometheus_client::registry::Registry::default();
         let gauge = prometheus_client::metrics::gauge::Gauge::<i64>::default();
         registry.register("up", "Up", gauge.clone());
         gauge.set(1);
         rt.metrics().publish(registry).unwrap();
-        let tasks = rt.tasks().clone();
-        let run = tokio::spawn(rt.run(async move {
-            tasks.shutdown().cancelled().await;
-            Ok::<_, MainError>(())
-        }));
+        let main = idle_main(&rt);
+        let run = tokio::spawn(rt.run(main));
         let (code, body) = get(admin, "/metrics").await.unwrap();
         assert_eq!(code, 200);
         assert!(body.contains("up 1"), "{body}");
@@ -245,13 +239,8 @@ async fn a_task_that_ignores_shutdown_is_aborted_at_the_timeout() {
 #[tokio::test]
 async fn a_main_that_ignores_shutdown_is_an_error_at_the_timeout() {
     within_async(LIMIT, async {
-        let trigger = CancellationToken::new();
-        let rt = Runtime::builder()
-            .with_shutdown(trigger.clone())
-            .drain_timeout(Duration::from_millis(100))
-            .build()
-            .await
-            .unwrap();
+        let (trigger, rt) =
+            triggered(Runtime::builder().drain_timeout(Duration::from_millis(100))).await;
         trigger.cancel();
         let result = rt
             .run(std::future::pending::<Result<(), MainError>>())
