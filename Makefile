@@ -3,6 +3,8 @@
 #   make deps    install the system packages builds and tests need (Debian 12, root; idempotent)
 #   make test    deps, fmt check, unused-dependency check, clippy -D warnings, manifests/ check,
 #                every test
+#   make check   the inner loop: fmt check, unused-dependency check, clippy -D warnings and every
+#                test that boots no guest (all but the Soft-RoCE suite)
 #   make manifests  render manifests/ from charts/rdma-streams
 #   make bench   side-by-side benchmarks (results go to docs/benchmarks.md by hand)
 #   make demo    the newcomer's tour, no cluster needed
@@ -44,7 +46,7 @@ VNG := $(VNG_VENV)/bin/vng
 # cargo's bin directory. Exceptions it cannot see: `[package.metadata.cargo-machete]`.
 MACHETE_VERSION := 0.9.2
 
-.PHONY: all build deps test fmt-check machete clippy unit bench demo e2e-softroce clean manifests manifests-check \
+.PHONY: all build deps test check fmt-check machete clippy unit bench demo e2e-softroce clean manifests manifests-check \
 	images e2e
 
 all: build
@@ -127,6 +129,19 @@ unit:
 	RDMA_REQUIRE_KUBERNETES_VALIDATE=1 KUBERNETES_VALIDATE=$(KUBERNETES_VALIDATE) \
 	RDMA_REQUIRE_HELM=1 HELM=$(HELM) \
 	$(CARGO) test --workspace 2>&1 | tee $$log; rc=$$?; \
+	awk '/^test result:/ {p += $$4; f += $$6} END {printf "\ncargo test: %d passed, %d failed\n", p, f}' $$log; \
+	rm -f $$log; exit $$rc
+
+# The inner loop: what `make test` runs except `make deps`, the manifests/ check and the
+# Soft-RoCE suite's guests (the suite's scenarios are `tests/softroce/tests/softroce.rs`, a
+# harness of its own; the crate's unit tests and its scripts check boot nothing and run here).
+# helm and kubernetes-validate are used where `make deps` installed them, skipped elsewhere.
+check: fmt-check machete clippy
+	$(CARGO) build --workspace
+	@log=$$(mktemp); set -o pipefail; \
+	export KUBERNETES_VALIDATE=$(KUBERNETES_VALIDATE) HELM=$(HELM); \
+	{ $(CARGO) test --workspace --exclude rdma-streams-softroce && \
+	  $(CARGO) test -p rdma-streams-softroce --lib --test scripts; } 2>&1 | tee $$log; rc=$$?; \
 	awk '/^test result:/ {p += $$4; f += $$6} END {printf "\ncargo test: %d passed, %d failed\n", p, f}' $$log; \
 	rm -f $$log; exit $$rc
 

@@ -4,22 +4,18 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Harness, RESOURCE, SOON, all_of, within};
+use common::{Harness, LIMIT, RESOURCE, SOON, TWO_HCA_SLOTS, all_of};
 use rdma_device_plugin::{
     api::v1beta1::{self as pb, device_plugin_client::DevicePluginClient},
     instance_lock::{lock_path, try_lock},
 };
 use rdma_device_plugin_testkit::fixture::HcaSpec;
+use rdma_streams_testkit::within_async;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_registration_full_list_with_numa() {
-    within(60, async {
-        let mut h = Harness::registered().await;
-        let list = h
-            .kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
-            .await
-            .unwrap();
+    within_async(LIMIT, async {
+        let (mut h, list) = Harness::listed().await;
         assert!(list.iter().all(|d| d.health == "Healthy"));
         let numa = |id: &str| {
             list.iter()
@@ -45,7 +41,7 @@ async fn first_registration_full_list_with_numa() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_kubelet_restarts_each_reregistered_with_full_list() {
-    within(120, async {
+    within_async(Duration::from_secs(120), async {
         let mut h = Harness::registered().await;
         for n in 2..=21 {
             h.kubelet.restart().await.unwrap();
@@ -62,11 +58,7 @@ async fn twenty_kubelet_restarts_each_reregistered_with_full_list() {
                 })
                 .await
                 .unwrap();
-            let list = h
-                .kubelet
-                .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
-                .await
-                .unwrap();
+            let list = h.devices(TWO_HCA_SLOTS).await;
             assert!(
                 list.iter().all(|d| d.health == "Healthy"),
                 "restart {}",
@@ -81,12 +73,8 @@ async fn twenty_kubelet_restarts_each_reregistered_with_full_list() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_while_a_device_changes() {
-    within(60, async {
-        let mut h = Harness::registered().await;
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
-            .await
-            .unwrap();
+    within_async(LIMIT, async {
+        let (mut h, _) = Harness::listed().await;
         // kubelet goes away; while it is gone a port goes down and a new HCA appears.
         h.kubelet.stop().await;
         h.tree
@@ -97,14 +85,10 @@ async fn restart_while_a_device_changes() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(400)).await;
         h.kubelet.restart().await.unwrap();
-        h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
+        h.registrations(2).await;
         // The first list on the new stream already holds the change (regression of
         // k8s-rdma-shared-dev-plugin #48: capacity stuck after a restart).
-        let list = h
-            .kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 192)
-            .await
-            .unwrap();
+        let list = h.devices(192).await;
         assert!(all_of(&list, "mlx5_0", "Unhealthy"));
         assert!(all_of(&list, "mlx5_1", "Healthy"));
         assert!(all_of(&list, "mlx5_2", "Healthy"));
@@ -115,16 +99,13 @@ async fn restart_while_a_device_changes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_failing_then_succeeding() {
-    within(60, async {
+    within_async(LIMIT, async {
         let mut h = Harness::new(Harness::two_hcas()).await;
         h.kubelet.reject_next_registrations(3);
         h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        h.registrations(1).await;
         assert_eq!(h.kubelet.rejected_registrations(), 3);
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
-            .await
-            .unwrap();
+        h.devices(TWO_HCA_SLOTS).await;
         h.stop_plugin().await;
     })
     .await;
@@ -132,7 +113,7 @@ async fn register_failing_then_succeeding() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_absent_at_start_then_appears() {
-    within(60, async {
+    within_async(LIMIT, async {
         let mut h = Harness::new(Harness::two_hcas()).await;
         h.kubelet.stop().await;
         std::fs::remove_file(h.kubelet.device_plugins_dir().join("kubelet.sock")).unwrap();
@@ -140,7 +121,7 @@ async fn kubelet_absent_at_start_then_appears() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(h.kubelet.registrations(RESOURCE), 0);
         h.kubelet.restart().await.unwrap();
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        h.registrations(1).await;
         h.stop_plugin().await;
     })
     .await;
@@ -148,16 +129,13 @@ async fn kubelet_absent_at_start_then_appears() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_socket_deleted_underneath() {
-    within(60, async {
+    within_async(LIMIT, async {
         let mut h = Harness::registered().await;
         let sock = h.kubelet.endpoint(RESOURCE).unwrap();
         std::fs::remove_file(&sock).unwrap();
-        h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
+        h.registrations(2).await;
         assert!(sock.exists(), "served again on a fresh socket");
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
-            .await
-            .unwrap();
+        h.devices(TWO_HCA_SLOTS).await;
         h.stop_plugin().await;
     })
     .await;
@@ -165,7 +143,7 @@ async fn own_socket_deleted_underneath() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_instance_lock_is_taken_again_or_yielded() {
-    within(60, async {
+    within_async(LIMIT, async {
         let mut h = Harness::registered().await;
         let sock = h.kubelet.endpoint(RESOURCE).unwrap();
         let name = sock.file_name().unwrap().to_str().unwrap();
@@ -175,7 +153,7 @@ async fn a_replaced_instance_lock_is_taken_again_or_yielded() {
         // Deleted (as a cleanup of the folder might): the plugin takes the lock on a new file
         // and serves on.
         std::fs::remove_file(&lock).unwrap();
-        h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
+        h.registrations(2).await;
         assert!(lock.exists(), "lock file re-created");
         assert!(
             try_lock(&lock).unwrap().is_none(),
@@ -197,11 +175,8 @@ async fn a_replaced_instance_lock_is_taken_again_or_yielded() {
             "registered while standing by"
         );
         drop(other);
-        h.kubelet.wait_registered(RESOURCE, 3, SOON).await.unwrap();
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
-            .await
-            .unwrap();
+        h.registrations(3).await;
+        h.devices(TWO_HCA_SLOTS).await;
         h.stop_plugin().await;
     })
     .await;
@@ -209,12 +184,8 @@ async fn a_replaced_instance_lock_is_taken_again_or_yielded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_per_hca_and_unknown_ids() {
-    within(60, async {
-        let mut h = Harness::registered().await;
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
-            .await
-            .unwrap();
+    within_async(LIMIT, async {
+        let (mut h, _) = Harness::listed().await;
         let dev_root = h.tree.dev_root();
 
         let ib = h
@@ -272,7 +243,7 @@ async fn allocate_per_hca_and_unknown_ids() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preferred_allocation_over_grpc() {
-    within(60, async {
+    within_async(LIMIT, async {
         let mut h = Harness::new(vec![
             HcaSpec::connectx_ib("mlx5_0", "0000:3b:00.0").numa(0),
             HcaSpec::connectx_ib("mlx5_1", "0000:5e:00.0").numa(0),
@@ -285,12 +256,8 @@ async fn preferred_allocation_over_grpc() {
         )
         .unwrap();
         h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
-        let list = h
-            .kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 12)
-            .await
-            .unwrap();
+        h.registrations(1).await;
+        let list = h.devices(12).await;
         let all: Vec<String> = list.iter().map(|d| d.id.clone()).collect();
         let must = vec!["mlx5_2-0001".to_string()];
         let got = h.kubelet.preferred(RESOURCE, &all, &must, 3).await.unwrap();
@@ -309,31 +276,21 @@ async fn preferred_allocation_over_grpc() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_flaps_both_ways() {
-    within(60, async {
+    within_async(LIMIT, async {
         let mut h = Harness::registered().await;
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_0", "Healthy"))
-            .await
-            .unwrap();
+        h.devices_where(|d| all_of(d, "mlx5_0", "Healthy")).await;
 
         h.tree
             .set_port_state("mlx5_0", 1, "DOWN", "Polling")
             .unwrap();
-        let list = h
-            .kubelet
-            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_0", "Unhealthy"))
-            .await
-            .unwrap();
+        let list = h.devices_where(|d| all_of(d, "mlx5_0", "Unhealthy")).await;
         assert_eq!(list.len(), 128, "unhealthy devices stay listed");
         assert!(all_of(&list, "mlx5_1", "Healthy"));
 
         h.tree
             .set_port_state("mlx5_0", 1, "ACTIVE", "LinkUp")
             .unwrap();
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_0", "Healthy"))
-            .await
-            .unwrap();
+        h.devices_where(|d| all_of(d, "mlx5_0", "Healthy")).await;
 
         // A char device vanishing makes the HCA unhealthy, never drops it.
         let uverbs = h
@@ -347,11 +304,7 @@ async fn health_flaps_both_ways() {
             .map(|d| d.container_path.rsplit('/').next().unwrap().to_string())
             .unwrap();
         h.tree.remove_char_dev(&uverbs).unwrap();
-        let list = h
-            .kubelet
-            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_1", "Unhealthy"))
-            .await
-            .unwrap();
+        let list = h.devices_where(|d| all_of(d, "mlx5_1", "Unhealthy")).await;
         assert_eq!(list.len(), 128);
         let err = h
             .kubelet
@@ -360,17 +313,11 @@ async fn health_flaps_both_ways() {
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
         h.tree.add_char_dev(&uverbs).unwrap();
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_1", "Healthy"))
-            .await
-            .unwrap();
+        h.devices_where(|d| all_of(d, "mlx5_1", "Healthy")).await;
 
         // Hot removal: the HCA's devices leave the list.
         h.tree.remove_hca("mlx5_1").unwrap();
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 64)
-            .await
-            .unwrap();
+        h.devices(64).await;
         h.stop_plugin().await;
     })
     .await;
@@ -378,23 +325,16 @@ async fn health_flaps_both_ways() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn driver_loaded_after_start() {
-    within(60, async {
+    within_async(LIMIT, async {
         let mut h = Harness::new(vec![]).await;
         h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
-        let list = h
-            .kubelet
-            .wait_devices(RESOURCE, SOON, |_| true)
-            .await
-            .unwrap();
+        h.registrations(1).await;
+        let list = h.devices_where(|_| true).await;
         assert!(list.is_empty());
         h.tree
             .add_hca(HcaSpec::connectx_eth("mlx5_0", "0000:3b:00.0").numa(0))
             .unwrap();
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 64)
-            .await
-            .unwrap();
+        h.devices(64).await;
         h.stop_plugin().await;
     })
     .await;
@@ -402,7 +342,7 @@ async fn driver_loaded_after_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_streams_each_get_every_update() {
-    within(60, async {
+    within_async(LIMIT, async {
         let mut h = Harness::registered().await;
         let sock = h.kubelet.endpoint(RESOURCE).unwrap();
         let mut streams = Vec::new();
@@ -426,21 +366,18 @@ async fn several_streams_each_get_every_update() {
             .unwrap();
         for s in &mut streams {
             loop {
-                let msg = within(10, s.message()).await.unwrap().unwrap();
+                let msg = within_async(SOON, s.message()).await.unwrap().unwrap();
                 if all_of(&msg.devices, "mlx5_1", "Unhealthy") {
                     break;
                 }
             }
         }
         // The kubelet's own stream saw it too: nobody consumed another stream's update.
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| all_of(d, "mlx5_1", "Unhealthy"))
-            .await
-            .unwrap();
+        h.devices_where(|d| all_of(d, "mlx5_1", "Unhealthy")).await;
         h.stop_plugin().await;
         // Draining ends the extra streams too.
         for s in &mut streams {
-            let end = within(10, async {
+            let end = within_async(Duration::from_secs(10), async {
                 loop {
                     match s.message().await {
                         Ok(Some(_)) => continue,
@@ -457,15 +394,12 @@ async fn several_streams_each_get_every_update() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_full_list_resend() {
-    within(60, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        std::fs::write(
-            h.config_path(),
-            "resyncSeconds: 1\npools:\n  - resourceName: rdma-streams.io/hca\n",
+    within_async(LIMIT, async {
+        let mut h = Harness::started(
+            Some("resyncSeconds: 1\npools:\n  - resourceName: rdma-streams.io/hca\n"),
+            &[],
         )
-        .unwrap();
-        h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
+        .await;
         let before = h.kubelet.updates(RESOURCE);
         h.kubelet
             .wait_for("two re-sends without changes", SOON, |k| {
@@ -480,20 +414,14 @@ async fn periodic_full_list_resend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_reload_good_and_bad() {
-    within(60, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        let cfg = h.config_path();
-        std::fs::write(
-            &cfg,
-            "pools:\n  - resourceName: rdma-streams.io/hca\n    slotsPerHca: 2\n",
+    within_async(LIMIT, async {
+        let mut h = Harness::started(
+            Some("pools:\n  - resourceName: rdma-streams.io/hca\n    slotsPerHca: 2\n"),
+            &[],
         )
-        .unwrap();
-        h.start_plugin(&[]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 4)
-            .await
-            .unwrap();
+        .await;
+        let cfg = h.config_path();
+        h.devices(4).await;
 
         // Good: more slots, and a second pool of InfiniBand HCAs only.
         std::fs::write(
@@ -503,10 +431,7 @@ async fn config_reload_good_and_bad() {
              linkLayers: [InfiniBand]\n",
         )
         .unwrap();
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 6)
-            .await
-            .unwrap();
+        h.devices(6).await;
         h.kubelet
             .wait_registered("rdma-streams.io/ib", 1, SOON)
             .await
@@ -534,10 +459,7 @@ async fn config_reload_good_and_bad() {
             "pools:\n  - resourceName: rdma-streams.io/hca\n    slotsPerHca: 1\n",
         )
         .unwrap();
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 2)
-            .await
-            .unwrap();
+        h.devices(2).await;
         let ib_sock = h.kubelet.endpoint("rdma-streams.io/ib").unwrap();
         h.kubelet
             .wait_for("the removed pool's socket to go", SOON, |_| {
@@ -552,11 +474,11 @@ async fn config_reload_good_and_bad() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_config_at_start_is_a_clear_error() {
-    within(30, async {
+    within_async(Duration::from_secs(30), async {
         let mut h = Harness::new(Harness::two_hcas()).await;
         std::fs::write(h.config_path(), "pools:\n  - resourceName: hca\n").unwrap();
         h.start_plugin(&[]);
-        let err = within(10, h.plugin.take().unwrap())
+        let err = within_async(SOON, h.plugin.take().unwrap())
             .await
             .unwrap()
             .unwrap_err();
@@ -569,23 +491,20 @@ async fn broken_config_at_start_is_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_watcher_mode() {
-    within(60, async {
+    within_async(LIMIT, async {
         let mut h = Harness::new(Harness::two_hcas()).await;
         h.kubelet.fail_next_watcher_notifications(1);
         h.kubelet.start_plugin_watcher();
         h.start_plugin(&["--registration", "plugin-watcher"]);
         // First notification reports failure: the plugin re-creates its socket, the watcher
         // finds it again, and the second attempt succeeds.
-        h.kubelet.wait_registered(RESOURCE, 2, SOON).await.unwrap();
+        h.registrations(2).await;
         let endpoint = h.kubelet.endpoint(RESOURCE).unwrap();
         assert!(
             endpoint.starts_with(h.kubelet.plugins_registry_dir()),
             "{endpoint:?}"
         );
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
-            .await
-            .unwrap();
+        h.devices(TWO_HCA_SLOTS).await;
         let resp = h
             .kubelet
             .allocate(RESOURCE, &["mlx5_0-0000"])
@@ -607,16 +526,12 @@ async fn plugin_watcher_mode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cdi_mode_spec_and_names() {
-    within(60, async {
-        let mut h = Harness::new(Harness::two_hcas()).await;
-        let cdi_dir = h.dir.path().join("cdi");
+    within_async(LIMIT, async {
+        let cdi = tempfile::tempdir().unwrap();
+        let cdi_dir = cdi.path().to_path_buf();
         let cdi_arg = cdi_dir.to_string_lossy().into_owned();
-        h.start_plugin(&["--cdi", "--cdi-dir", &cdi_arg]);
-        h.kubelet.wait_registered(RESOURCE, 1, SOON).await.unwrap();
-        h.kubelet
-            .wait_devices(RESOURCE, SOON, |d| d.len() == 128)
-            .await
-            .unwrap();
+        let mut h = Harness::started(None, &["--cdi", "--cdi-dir", &cdi_arg]).await;
+        h.devices(TWO_HCA_SLOTS).await;
         let resp = h
             .kubelet
             .allocate(RESOURCE, &["mlx5_1-0002", "mlx5_0-0000"])
@@ -668,7 +583,7 @@ async fn any_authority_a_unix_socket_client_sends() {
     use prost::Message;
     use rdma_streams_testkit::h2_raw::{Conn, Field, Outcome, grpc_request};
 
-    within(60, async {
+    within_async(LIMIT, async {
         let mut h = Harness::registered().await;
         let sock = h.kubelet.endpoint(RESOURCE).unwrap();
         let method = "/v1beta1.DevicePlugin/GetDevicePluginOptions";

@@ -14,7 +14,8 @@ use std::{
     time::Duration,
 };
 
-use common::{Harness, RESOURCE, SOON, within};
+use common::{Harness, LIMIT, RESOURCE, SOON};
+use rdma_streams_testkit::{docs, free_port, within_async};
 
 const BIN: &str = env!("CARGO_BIN_EXE_rdma-device-plugin");
 const EXAMPLE: &str = concat!(
@@ -180,17 +181,9 @@ fn sigterm(child: &Child) {
     assert!(sent.success());
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_admin_endpoint_and_drains_on_sigterm() {
-    within(60, async {
+    within_async(LIMIT, async {
         let h = Harness::new(Harness::two_hcas()).await;
         let addr = format!("127.0.0.1:{}", free_port());
         let child = h
@@ -240,6 +233,14 @@ async fn serves_admin_endpoint_and_drains_on_sigterm() {
                 metrics.1
             );
         }
+        // Every family exported is in the docs' metrics table, and every row and every name the
+        // docs mention is a metric the code registers.
+        let exported = docs::metric_families(&metrics.1);
+        let page = docs::read("device-plugin.md");
+        let table = docs::table(&page, &["metric", "type", "labels", "meaning"]);
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        docs::check_metrics_table("device-plugin.md", &table, &exported, "rdma_dp_", &[&src]);
+        docs::check_metrics_mentioned("rdma_dp_", &exported, &[&src]);
 
         let sock = h.kubelet.endpoint(RESOURCE).unwrap();
         assert!(sock.exists());
@@ -295,7 +296,7 @@ fn bad_flag_value_is_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_log_pipe_does_not_kill_the_plugin() {
-    within(60, async {
+    within_async(LIMIT, async {
         let h = Harness::new(Harness::two_hcas()).await;
         let mut child = h
             .plugin_command(BIN)
@@ -353,7 +354,7 @@ async fn wait_admin(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_instance_stands_by_and_takes_over_when_the_first_exits() {
-    within(60, async {
+    within_async(LIMIT, async {
         let h = Harness::new(Harness::two_hcas()).await;
         let spawn = |addr: &str| {
             Plugin(
@@ -439,7 +440,7 @@ fn cdi_devices(path: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_instance_leaves_the_holders_cdi_specs_alone() {
-    within(60, async {
+    within_async(LIMIT, async {
         let h = Harness::new(Harness::two_hcas()).await;
         let cdi_dir = h.dir.path().join("cdi");
         let cdi = cdi_dir.to_string_lossy().into_owned();

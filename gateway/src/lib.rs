@@ -51,6 +51,8 @@
 
 mod capture;
 pub mod cli;
+#[cfg(test)]
+mod docs_tests;
 pub mod events;
 pub mod kube;
 mod metrics;

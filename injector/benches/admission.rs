@@ -10,7 +10,6 @@
 #![allow(clippy::print_stdout, clippy::cast_precision_loss)]
 
 use std::{
-    net::TcpListener,
     process::{Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
@@ -28,14 +27,6 @@ mod test_pki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_rdma-stream-injector");
 const LEVELS: [(usize, usize); 3] = [(1, 2000), (16, 8000), (64, 12800)];
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn review_body() -> Bytes {
     let review = json!({
@@ -120,7 +111,7 @@ async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let ca_der = test_pki::write_certs(dir.path());
-    let port = free_port();
+    let port = rdma_streams_testkit::free_port();
     let child = Command::new(BIN)
         .arg("serve")
         .args([

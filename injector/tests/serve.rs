@@ -5,7 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    net::TcpListener,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -24,14 +23,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn curl(args: &[&str]) -> (u16, String) {
@@ -89,8 +80,8 @@ fn base64_decode(s: &str) -> Vec<u8> {
 fn serves_admission_reviews_over_https_and_drains() {
     let dir = tempfile::tempdir().unwrap();
     test_pki::write_certs(dir.path());
-    let port = free_port();
-    let admin = free_port();
+    let port = rdma_streams_testkit::free_port();
+    let admin = rdma_streams_testkit::free_port();
     let child = Command::new(BIN)
         .arg("serve")
         .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -182,6 +173,21 @@ fn serves_admission_reviews_over_https_and_drains() {
     let (code, metrics) = curl(&[&format!("http://127.0.0.1:{admin}/metrics")]);
     assert_eq!(code, 200);
     assert!(metrics.contains("rdma_stream_injector"), "{metrics}");
+    // Every family exported is in the docs' metrics table, every row is a metric the code
+    // registers, and every name the docs mention is exported.
+    let exported = rdma_streams_testkit::docs::metric_families(&metrics);
+    let page = rdma_streams_testkit::docs::read("injector.md");
+    let table = rdma_streams_testkit::docs::table(&page, &["metric", "type", "labels", "meaning"]);
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let prefix = "rdma_stream_injector_";
+    rdma_streams_testkit::docs::check_metrics_table(
+        "injector.md",
+        &table,
+        &exported,
+        prefix,
+        &[&src],
+    );
+    rdma_streams_testkit::docs::check_metrics_mentioned(prefix, &exported, &[&src]);
 
     let pid = proc.0.id().to_string();
     assert!(

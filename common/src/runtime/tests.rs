@@ -8,14 +8,12 @@ use std::{
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use rdma_streams_testkit::within_async;
+
 use super::*;
 
-/// A hang fails the test instead of stalling it.
-async fn within<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), f)
-        .await
-        .expect("test timed out")
-}
+/// What one test may take at most.
+const LIMIT: Duration = Duration::from_secs(20);
 
 /// GET `path` from `addr`: the status and the body, or `None` when nothing listens.
 async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
@@ -42,15 +40,30 @@ fn local() -> Option<SocketAddr> {
     Some(([127, 0, 0, 1], 0).into())
 }
 
+/// The runtime `builder` builds, with a shutdown trigger of the test's own.
+async fn triggered(builder: Builder) -> (CancellationToken, Runtime) {
+    let trigger = CancellationToken::new();
+    let rt = builder
+        .with_shutdown(trigger.clone())
+        .build()
+        .await
+        .unwrap();
+    (trigger, rt)
+}
+
+/// A main that waits for shutdown and ends well.
+fn idle_main(rt: &Runtime) -> impl Future<Output = Result<(), MainError>> + Send + 'static {
+    let tasks = rt.tasks().clone();
+    async move {
+        tasks.shutdown().cancelled().await;
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn tasks_run_until_shutdown_and_run_returns_mains_result() {
-    within(async {
-        let trigger = CancellationToken::new();
-        let rt = Runtime::builder()
-            .with_shutdown(trigger.clone())
-            .build()
-            .await
-            .unwrap();
+    within_async(LIMIT, async {
+        let (trigger, rt) = triggered(Runtime::builder()).await;
         let tasks = rt.tasks().clone();
         let stopped = Arc::new(AtomicUsize::new(0));
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
@@ -82,7 +95,7 @@ async fn tasks_run_until_shutdown_and_run_returns_mains_result() {
 
 #[tokio::test]
 async fn main_returning_stops_the_tasks() {
-    within(async {
+    within_async(LIMIT, async {
         let rt = Runtime::builder().build().await.unwrap();
         let tasks = rt.tasks().clone();
         let stopped = Arc::new(AtomicUsize::new(0));
@@ -106,15 +119,13 @@ async fn main_returning_stops_the_tasks() {
 
 #[tokio::test]
 async fn ready_fails_first_then_tasks_stop_then_the_admin_endpoint() {
-    within(async {
-        let trigger = CancellationToken::new();
-        let rt = Runtime::builder()
-            .admin(local())
-            .with_shutdown(trigger.clone())
-            .drain_delay(Duration::from_millis(400))
-            .build()
-            .await
-            .unwrap();
+    within_async(LIMIT, async {
+        let (trigger, rt) = triggered(
+            Runtime::builder()
+                .admin(local())
+                .drain_delay(Duration::from_millis(400)),
+        )
+        .await;
         let admin = rt.admin_addr().unwrap();
         let gate = rt.readiness().gate("cache");
         let tasks = rt.tasks().clone();
@@ -158,24 +169,14 @@ async fn ready_fails_first_then_tasks_stop_then_the_admin_endpoint() {
 
 #[tokio::test]
 async fn a_process_that_was_not_ready_stops_without_the_drain_delay() {
-    within(async {
-        let trigger = CancellationToken::new();
-        let rt = Runtime::builder()
-            .with_shutdown(trigger.clone())
-            .drain_delay(Duration::from_secs(30))
-            .build()
-            .await
-            .unwrap();
+    within_async(LIMIT, async {
+        let (trigger, rt) =
+            triggered(Runtime::builder().drain_delay(Duration::from_secs(30))).await;
         let _never = rt.readiness().gate("certificate");
-        let tasks = rt.tasks().clone();
         trigger.cancel();
         let started = Instant::now();
-        rt.run(async move {
-            tasks.shutdown().cancelled().await;
-            Ok::<_, MainError>(())
-        })
-        .await
-        .unwrap();
+        let main = idle_main(&rt);
+        rt.run(main).await.unwrap();
         assert!(started.elapsed() < Duration::from_secs(5));
     })
     .await;
@@ -183,25 +184,16 @@ async fn a_process_that_was_not_ready_stops_without_the_drain_delay() {
 
 #[tokio::test]
 async fn the_metrics_published_are_served() {
-    within(async {
-        let trigger = CancellationToken::new();
-        let rt = Runtime::builder()
-            .admin(local())
-            .with_shutdown(trigger.clone())
-            .build()
-            .await
-            .unwrap();
+    within_async(LIMIT, async {
+        let (trigger, rt) = triggered(Runtime::builder().admin(local())).await;
         let admin = rt.admin_addr().unwrap();
         let mut registry = prometheus_client::registry::Registry::default();
         let gauge = prometheus_client::metrics::gauge::Gauge::<i64>::default();
         registry.register("up", "Up", gauge.clone());
         gauge.set(1);
         rt.metrics().publish(registry).unwrap();
-        let tasks = rt.tasks().clone();
-        let run = tokio::spawn(rt.run(async move {
-            tasks.shutdown().cancelled().await;
-            Ok::<_, MainError>(())
-        }));
+        let main = idle_main(&rt);
+        let run = tokio::spawn(rt.run(main));
         let (code, body) = get(admin, "/metrics").await.unwrap();
         assert_eq!(code, 200);
         assert!(body.contains("up 1"), "{body}");
@@ -213,7 +205,7 @@ async fn the_metrics_published_are_served() {
 
 #[tokio::test]
 async fn a_task_that_ignores_shutdown_is_aborted_at_the_timeout() {
-    within(async {
+    within_async(LIMIT, async {
         let rt = Runtime::builder()
             .drain_timeout(Duration::from_millis(200))
             .build()
@@ -246,14 +238,9 @@ async fn a_task_that_ignores_shutdown_is_aborted_at_the_timeout() {
 
 #[tokio::test]
 async fn a_main_that_ignores_shutdown_is_an_error_at_the_timeout() {
-    within(async {
-        let trigger = CancellationToken::new();
-        let rt = Runtime::builder()
-            .with_shutdown(trigger.clone())
-            .drain_timeout(Duration::from_millis(100))
-            .build()
-            .await
-            .unwrap();
+    within_async(LIMIT, async {
+        let (trigger, rt) =
+            triggered(Runtime::builder().drain_timeout(Duration::from_millis(100))).await;
         trigger.cancel();
         let result = rt
             .run(std::future::pending::<Result<(), MainError>>())
@@ -268,7 +255,7 @@ async fn a_main_that_ignores_shutdown_is_an_error_at_the_timeout() {
 
 #[tokio::test]
 async fn failed_panicked_and_aborted_tasks_are_reported_by_name() {
-    within(async {
+    within_async(LIMIT, async {
         let mut set = TaskSet::default();
         set.spawn("fine", async {});
         set.spawn("failing", async {
@@ -297,7 +284,7 @@ async fn failed_panicked_and_aborted_tasks_are_reported_by_name() {
 
 #[tokio::test]
 async fn an_adopted_task_is_waited_for_and_aborted_with_the_set() {
-    within(async {
+    within_async(LIMIT, async {
         let rt = Runtime::builder()
             .drain_timeout(Duration::from_millis(200))
             .build()
@@ -326,7 +313,7 @@ async fn an_adopted_task_is_waited_for_and_aborted_with_the_set() {
 
 #[tokio::test]
 async fn a_taken_admin_address_is_a_build_error() {
-    within(async {
+    within_async(LIMIT, async {
         let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = taken.local_addr().unwrap();
         let error = Runtime::builder()

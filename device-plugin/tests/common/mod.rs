@@ -4,9 +4,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
-use std::{future::Future, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use clap::Parser;
+use rdma_device_plugin::api::v1beta1::Device;
 use rdma_device_plugin::cli::{Args, RunError, run_plugin};
 use rdma_device_plugin_testkit::{
     fake_kubelet::FakeKubelet,
@@ -20,12 +21,12 @@ pub const RESOURCE: &str = "rdma-streams.io/hca";
 /// Generous bound for anything the plugin should do "at once" (CI machines are slow).
 pub const SOON: Duration = Duration::from_secs(10);
 
-/// Runs `f` under a hard timeout so a hang fails the test instead of stalling CI.
-pub async fn within<F: Future<Output = T>, T>(secs: u64, f: F) -> T {
-    tokio::time::timeout(Duration::from_secs(secs), f)
-        .await
-        .unwrap_or_else(|_| panic!("test timed out after {secs}s"))
-}
+use rdma_streams_testkit::within_async;
+
+/// What one test may take at most, unless it says otherwise.
+pub const LIMIT: Duration = Duration::from_secs(60);
+/// Slots of [`Harness::two_hcas`] in the default pool: 64 per HCA.
+pub const TWO_HCA_SLOTS: usize = 128;
 
 pub fn init_logs() {
     let _ = tracing_subscriber::fmt()
@@ -67,13 +68,47 @@ impl Harness {
 
     /// The two-HCA node with the plugin started (default flags) and registered once.
     pub async fn registered() -> Self {
+        Self::started(None, &[]).await
+    }
+
+    /// The two-HCA node with the plugin registered and its full list delivered.
+    pub async fn listed() -> (Self, Vec<Device>) {
+        let h = Self::registered().await;
+        let list = h.devices(TWO_HCA_SLOTS).await;
+        (h, list)
+    }
+
+    /// The two-HCA node with `config` in its config file (none: no file), the plugin started
+    /// with `extra` flags and registered once.
+    pub async fn started(config: Option<&str>, extra: &[&str]) -> Self {
         let mut h = Self::new(Self::two_hcas()).await;
-        h.start_plugin(&[]);
-        h.kubelet
-            .wait_registered(RESOURCE, 1, SOON)
-            .await
-            .expect("first registration");
+        if let Some(config) = config {
+            std::fs::write(h.config_path(), config).expect("write the config");
+        }
+        h.start_plugin(extra);
+        h.registrations(1).await;
         h
+    }
+
+    /// Waits until the kubelet holds `n` devices of [`RESOURCE`]; returns them.
+    pub async fn devices(&self, n: usize) -> Vec<Device> {
+        self.devices_where(|d| d.len() == n).await
+    }
+
+    /// Waits until `pred` holds for the kubelet's list of [`RESOURCE`]; returns the list.
+    pub async fn devices_where(&self, pred: impl Fn(&[Device]) -> bool) -> Vec<Device> {
+        self.kubelet
+            .wait_devices(RESOURCE, SOON, pred)
+            .await
+            .expect("the device list")
+    }
+
+    /// Waits until the plugin has registered [`RESOURCE`] `n` times in all.
+    pub async fn registrations(&self, n: usize) {
+        self.kubelet
+            .wait_registered(RESOURCE, n, SOON)
+            .await
+            .unwrap_or_else(|e| panic!("registration {n}: {e}"));
     }
 
     pub fn two_hcas() -> Vec<HcaSpec> {
@@ -145,7 +180,7 @@ impl Harness {
     pub async fn stop_plugin(&mut self) {
         self.shutdown.cancel();
         if let Some(p) = self.plugin.take() {
-            within(15, p)
+            within_async(Duration::from_secs(15), p)
                 .await
                 .expect("plugin task")
                 .expect("plugin result");
@@ -164,7 +199,7 @@ impl Harness {
 }
 
 /// All devices of `hca` in `list` have `health`, and there is at least one.
-pub fn all_of(list: &[rdma_device_plugin::api::v1beta1::Device], hca: &str, health: &str) -> bool {
+pub fn all_of(list: &[Device], hca: &str, health: &str) -> bool {
     let mine: Vec<_> = list
         .iter()
         .filter(|d| d.id.starts_with(&format!("{hca}-")))

@@ -21,8 +21,7 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Whether `review` is pure, bounded CPU work (no I/O, no waiting): then the server runs it
     /// inline on the async worker, because handing it to a blocking thread costs more than the
-    /// work itself (measured: 15k vs 11.5k reviews/s, p99 8 vs 11 ms at 64 clients), and checks
-    /// the deadline when it returns. Default `false`: a blocking thread under a deadline that
+    /// work itself (`docs/benchmarks.md`, "Injector"), and checks the deadline when it returns. Default `false`: a blocking thread under a deadline that
     /// fires while the handler still runs.
     fn is_inline(&self) -> bool {
         false

@@ -207,6 +207,17 @@ pub fn render(helm: &Path, set: ValueSet, extra: &[&str]) -> Rendered {
     Rendered::parse(&out.stdout).unwrap_or_else(|e| panic!("{}: {e}", set.name))
 }
 
+/// Every value set rendered, by name; `None` without helm (the caller skips).
+pub fn every_set() -> Option<Vec<(&'static str, Rendered)>> {
+    let helm = helm()?;
+    Some(
+        VALUE_SETS
+            .iter()
+            .map(|s| (s.name, render(&helm, *s, &[])))
+            .collect(),
+    )
+}
+
 /// Renders a value set that must fail; returns helm's error text.
 pub fn render_error(helm: &Path, set: ValueSet, extra: &[&str]) -> String {
     let out = helm_run(helm, &template_args(set, extra));

@@ -9,9 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::{ArgAction, CommandFactory, Parser};
-use rdma_streams_chart_tests::{
-    Rendered, VALUE_SETS, chart_dir, env_map, helm, named, render, resolved_env,
-};
+use rdma_streams_chart_tests::{Rendered, chart_dir, env_map, every_set, named, resolved_env};
 use rdma_streams_testkit::within;
 use serde_json::Value;
 
@@ -46,16 +44,6 @@ const GATEWAY_PEER_KEYS_FILE: &str = "/etc/rdma-streams/gateway/peer-keys/keys";
 #[allow(clippy::print_stderr)]
 fn note(message: &str) {
     eprintln!("{message}");
-}
-
-fn every_set() -> Option<Vec<(&'static str, Rendered)>> {
-    let helm = helm()?;
-    Some(
-        VALUE_SETS
-            .iter()
-            .map(|s| (s.name, render(&helm, *s, &[])))
-            .collect(),
-    )
 }
 
 fn container<'a>(r: &'a Rendered, kind: &str, name: &str) -> Option<&'a Value> {

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use rdma_streams_chart_tests::{
-    NAMESPACE, RELEASE, Rendered, SYSTEM_NAMESPACES, VALUE_SETS, all_containers, decode_base64,
-    env_map, helm, ident, named, parse_peer_keys, render, repo_root, selects, value_set,
+    NAMESPACE, RELEASE, Rendered, SYSTEM_NAMESPACES, all_containers, decode_base64, env_map,
+    every_set, helm, ident, named, parse_peer_keys, render, repo_root, selects, value_set,
 };
 use rdma_streams_testkit::within;
 use serde_json::{Map, Value, json};
@@ -20,16 +20,6 @@ const LIMIT: Duration = Duration::from_secs(240);
 fn rendered(set: &str, extra: &[&str]) -> Option<Rendered> {
     let helm = helm()?;
     Some(render(&helm, value_set(set), extra))
-}
-
-fn every_set() -> Option<Vec<(&'static str, Rendered)>> {
-    let helm = helm()?;
-    Some(
-        VALUE_SETS
-            .iter()
-            .map(|s| (s.name, render(&helm, *s, &[])))
-            .collect(),
-    )
 }
 
 fn pod_spec(workload: &Value) -> &Value {

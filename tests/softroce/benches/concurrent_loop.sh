@@ -1,5 +1,5 @@
 #!/bin/bash
-# The 64-connection scenario's programs (concurrent.py: 64 connections, 2 MiB each way, sha256)
+# The 64-connection scenario's programs (tests/scenarios/scripts/concurrent.py: 64 connections, 2 MiB each way, sha256)
 # again and again, to count failed runs. Run it in the Soft-RoCE guest:
 #   cargo build -p rdma-streams-shim
 #   cargo run -p rdma-streams-softroce --example guest -- --timeout 2900 -- env N=10 \
@@ -16,11 +16,11 @@ while IFS='|' read -r name so extra; do
   [ -z "$name" ] && continue
   port=$((port+1))
   rdma statistic show link rxea/1 > $W/s0
-  env LD_PRELOAD=$so STREAMSHIM_NEGOTIATE_MS=5000 STREAMSHIM_LOG=info $extra python3 $HERE/concurrent.py server $A $port 64 waitall >$W/srv.out 2>&1 &
+  env LD_PRELOAD=$so STREAMSHIM_NEGOTIATE_MS=5000 STREAMSHIM_LOG=info $extra python3 $HERE/../tests/scenarios/scripts/concurrent.py server $A $port 64 waitall >$W/srv.out 2>&1 &
   sp=$!
   for _ in $(seq 1 400); do ss -ltnH | grep -q ":$port " && break; sleep 0.05; done
   t0=$(date +%s.%N)
-  timeout 300 env LD_PRELOAD=$so STREAMSHIM_NEGOTIATE_MS=10000 STREAMSHIM_LOG=info $extra python3 $HERE/concurrent.py client $A $port 64 >$W/cli.out 2>&1
+  timeout 300 env LD_PRELOAD=$so STREAMSHIM_NEGOTIATE_MS=10000 STREAMSHIM_LOG=info $extra python3 $HERE/../tests/scenarios/scripts/concurrent.py client $A $port 64 >$W/cli.out 2>&1
   rc=$?
   wait $sp; src=$?
   t1=$(date +%s.%N)

@@ -27,7 +27,7 @@ set -u
 REPS=${REPS:-5} SIZE=${SIZE:-1048576} COUNT=${COUNT:-64} IPERF_SECONDS=${IPERF_SECONDS:-5}
 CONNECTS=${CONNECTS:-100} CONNECT_WARMUP=${CONNECT_WARMUP:-5} MIGRATIONS=${MIGRATIONS:-3}
 MIGRATION_MIB=${MIGRATION_MIB:-128} NEGOTIATE_MS=${NEGOTIATE_MS:-5000}
-# The shim's smaller-memory setting, measured beside its default (1 MiB rings).
+# The shim's smaller-memory setting, measured beside its default (2 MiB rings).
 SMALL=STREAMSHIM_RING_KIB=256
 A=${SOFTROCE_ADDR_A:-198.18.0.1}
 B=${SOFTROCE_ADDR_B:-198.18.0.2}

@@ -53,6 +53,13 @@ fn config() -> watcher::Config {
     watcher::Config::default().labels("app=x")
 }
 
+/// Answers the next LIST with `items` at `rv`; returns the WATCH from `rv` that follows it.
+async fn listed(api: &mut ApiServerVerifier, rv: &str, items: Vec<Value>) -> Responder {
+    let send = expect(api, false, None).await;
+    respond(send, 200, &list(rv, items));
+    expect(api, true, Some(rv)).await
+}
+
 /// Expects a LIST (`watch == false`) or a WATCH from resource version `rv`, with the
 /// selector of [`config`].
 async fn expect(api: &mut ApiServerVerifier, watch: bool, rv: Option<&str>) -> Responder {
@@ -143,19 +150,15 @@ async fn a_watch_yields_the_events_syncs_at_the_first_list_and_ends_at_shutdown(
     let synced = watch.synced();
     assert!(!synced.is_synced());
     let scenario: JoinHandle<Responder> = tokio::spawn(async move {
-        let send = expect(&mut api, false, None).await;
-        respond(
-            send,
-            200,
-            &list(
-                "10",
-                vec![
-                    config_map("a", "1", json!({})),
-                    config_map("b", "2", json!({})),
-                ],
-            ),
-        );
-        let send = expect(&mut api, true, Some("10")).await;
+        let send = listed(
+            &mut api,
+            "10",
+            vec![
+                config_map("a", "1", json!({})),
+                config_map("b", "2", json!({})),
+            ],
+        )
+        .await;
         send_bytes(
             send,
             200,
@@ -229,26 +232,14 @@ async fn errors_are_retried_with_backoff_and_logged_with_their_cause_a_403_once(
             let least = Duration::from_millis(800) * 2u32.pow(n as u32);
             assert!(*gap >= least && *gap <= least * 2, "{gaps:?}");
         }
-        let send = expect(&mut api, false, None).await;
-        respond(
-            send,
-            200,
-            &list("10", vec![config_map("a", "1", json!({}))]),
-        );
-        let send = expect(&mut api, true, Some("10")).await;
+        let send = listed(&mut api, "10", vec![config_map("a", "1", json!({}))]).await;
         // Forbidden again, once the watch has worked: warned again.
         let forbidden = status_failure(403, "Forbidden", "configmaps is forbidden");
         send_bytes(send, 200, watch_events(&[("ERROR", forbidden)]));
         let send = expect(&mut api, true, Some("10")).await;
         send_bytes(send, 200, watch_events(&[gone_410()]));
         // 410 Gone: a relist, then the WATCH held.
-        let send = expect(&mut api, false, None).await;
-        respond(
-            send,
-            200,
-            &list("20", vec![config_map("a", "1", json!({}))]),
-        );
-        expect(&mut api, true, Some("20")).await
+        listed(&mut api, "20", vec![config_map("a", "1", json!({}))]).await
     });
 
     // Paused clock: each backoff elapses as soon as nothing else can run.
@@ -345,19 +336,15 @@ async fn a_cache_stores_slimmed_objects_follows_events_and_relists() {
     let task = tokio::spawn(watch.run());
     let (step_tx, mut step_rx) = tokio::sync::mpsc::channel::<()>(1);
     let scenario = tokio::spawn(async move {
-        let send = expect(&mut api, false, None).await;
-        respond(
-            send,
-            200,
-            &list(
-                "10",
-                vec![
-                    config_map("a", "1", json!({ "k": "1" })),
-                    config_map("b", "2", json!({})),
-                ],
-            ),
-        );
-        let send = expect(&mut api, true, Some("10")).await;
+        let send = listed(
+            &mut api,
+            "10",
+            vec![
+                config_map("a", "1", json!({ "k": "1" })),
+                config_map("b", "2", json!({})),
+            ],
+        )
+        .await;
         // The test looks at the store after the LIST, then lets the WATCH go on.
         step_rx.recv().await;
         send_bytes(
@@ -371,13 +358,7 @@ async fn a_cache_stores_slimmed_objects_follows_events_and_relists() {
             ]),
         );
         // The relist shows d alone: what vanished meanwhile leaves the store.
-        let send = expect(&mut api, false, None).await;
-        respond(
-            send,
-            200,
-            &list("20", vec![config_map("d", "19", json!({}))]),
-        );
-        expect(&mut api, true, Some("20")).await
+        listed(&mut api, "20", vec![config_map("d", "19", json!({}))]).await
     });
 
     let limit = Duration::from_secs(60);

@@ -35,6 +35,14 @@ impl Answer {
             .unwrap_or_default()
             .to_owned()
     }
+
+    /// The message of the review's status: why it was denied or not decided.
+    fn review_message(&self) -> String {
+        self.json()["response"]["status"]["message"]
+            .as_str()
+            .expect("a status message")
+            .to_owned()
+    }
 }
 
 async fn call_with(
@@ -371,12 +379,8 @@ async fn denials_carry_the_message_in_status() {
     assert_eq!(response["allowed"], false);
     assert_eq!(response["status"]["code"], 403);
     assert_eq!(response["status"]["reason"], "Forbidden");
-    assert!(
-        response["status"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("IPC_LOCK is not allowed")
-    );
+    let message = answer.review_message();
+    assert!(message.contains("IPC_LOCK is not allowed"), "{message}");
     assert!(response.get("patch").is_none());
     assert_eq!(metrics.requests("denied", "psa-restricted"), 1);
 }
@@ -423,12 +427,8 @@ async fn a_panicking_handler_is_an_error_answer_not_a_crash() {
         fixtures::uid(fixtures::POD_CREATE_CONTROLLER)
     );
     assert_eq!(response["status"]["code"], 500);
-    assert!(
-        response["status"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("panicked")
-    );
+    let message = answer.review_message();
+    assert!(message.contains("panicked"), "{message}");
     assert_eq!(metrics.errors("panic"), 1);
     assert_eq!(metrics.requests("error", "panic"), 1);
 }
@@ -453,12 +453,8 @@ async fn a_slow_handler_is_answered_at_the_deadline() {
     let response = &answer.json()["response"];
     assert_eq!(response["allowed"], false);
     assert_eq!(response["status"]["reason"], "InternalError");
-    assert!(
-        response["status"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("deadline")
-    );
+    let message = answer.review_message();
+    assert!(message.contains("deadline"), "{message}");
     assert_eq!(metrics.errors("deadline"), 1);
 }
 
@@ -489,12 +485,8 @@ async fn inline_handlers_panics_and_overruns_are_error_answers() {
     .await;
     let response = &answer.json()["response"];
     assert_eq!(response["allowed"], false);
-    assert!(
-        response["status"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("deadline")
-    );
+    let message = answer.review_message();
+    assert!(message.contains("deadline"), "{message}");
     assert_eq!(metrics.errors("deadline"), 1);
 }
 
@@ -511,12 +503,8 @@ async fn the_api_servers_timeout_shortens_the_deadline() {
         elapsed >= Duration::from_millis(350) && elapsed < Duration::from_millis(1500),
         "{elapsed:?}"
     );
-    assert!(
-        answer.json()["response"]["status"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("400ms")
-    );
+    let message = answer.review_message();
+    assert!(message.contains("400ms"), "{message}");
 }
 
 #[tokio::test]
@@ -537,12 +525,8 @@ async fn handler_errors_follow_the_error_policy() {
     .await;
     let response = &answer.json()["response"];
     assert_eq!(response["allowed"], false);
-    assert!(
-        response["status"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("profile cache empty")
-    );
+    let message = answer.review_message();
+    assert!(message.contains("profile cache empty"), "{message}");
     assert_eq!(metrics.errors("handler"), 1);
 
     let config = AdmissionConfig {

@@ -33,9 +33,7 @@ pub const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Awaits `future`, failing the test if it takes longer than [`TEST_TIMEOUT`].
 pub async fn within<F: Future>(future: F) -> F::Output {
-    tokio::time::timeout(TEST_TIMEOUT, future)
-        .await
-        .expect("test exceeded its timeout")
+    rdma_streams_testkit::within_async(TEST_TIMEOUT, future).await
 }
 
 // === PKI ===

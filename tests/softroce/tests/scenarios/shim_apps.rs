@@ -76,33 +76,7 @@ fn same(ctx: &Ctx, a: &str, b: &str) -> anyhow::Result<()> {
     ctx.sh(&format!("cmp {a} {b}")).map(drop)
 }
 
-const HTTP_SERVER: &str = r#"
-import http.server, os, sys
-d, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-
-class H(http.server.SimpleHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def __init__(self, *a, **k):
-        super().__init__(*a, directory=d, **k)
-    def do_PUT(self):
-        left = int(self.headers["Content-Length"])
-        with open(os.path.join(d, self.path.lstrip("/")), "wb") as f:
-            while left:
-                b = self.rfile.read(min(left, 1 << 20))
-                if not b:
-                    break
-                f.write(b)
-                left -= len(b)
-        self.send_response(201 if left == 0 else 400)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-    def log_message(self, *a):
-        pass
-
-srv = http.server.HTTPServer((host, port), H)
-for _ in range(n):
-    srv.handle_request()
-"#;
+const HTTP_SERVER: &str = include_str!("scripts/http_server.py");
 
 /// `python3 -m http.server`'s handler serving 100 MB to curl, then curl uploading 100 MB.
 fn curl_http(ctx: &Ctx) -> anyhow::Result<()> {
@@ -162,46 +136,7 @@ fn iperf3(ctx: &Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
-const ECHO: &str = r#"
-import asyncio, hashlib, os, sys
-
-HOST, PORT = sys.argv[2], int(sys.argv[3])
-
-async def server():
-    done = asyncio.get_running_loop().create_future()
-    async def handle(r, w):
-        while True:
-            chunk = await r.read(65536)
-            if not chunk:
-                break
-            w.write(chunk)
-            await w.drain()
-        w.close()
-        await w.wait_closed()
-        done.set_result(None)
-    srv = await asyncio.start_server(handle, HOST, PORT)
-    async with srv:
-        await done
-
-async def client():
-    data = os.urandom(16 << 20)
-    r, w = await asyncio.open_connection(HOST, PORT)
-    peer = w.get_extra_info("peername")
-    assert peer == (HOST, PORT), peer
-    async def send():
-        for i in range(0, len(data), 100000):
-            w.write(data[i:i + 100000])
-            await w.drain()
-        w.write_eof()
-    t = asyncio.create_task(send())
-    got = await r.read(-1)
-    await t
-    w.close()
-    assert got == data, (len(got), len(data))
-    print("echo ok", hashlib.sha256(got).hexdigest())
-
-asyncio.run(server() if sys.argv[1] == "server" else client())
-"#;
+const ECHO: &str = include_str!("scripts/asyncio_echo.py");
 
 /// A Python asyncio echo of 16 MiB, both directions at once, `getpeername` as TCP's.
 fn asyncio_echo(ctx: &Ctx) -> anyhow::Result<()> {
@@ -314,23 +249,7 @@ fn c_client_modes(ctx: &Ctx) -> anyhow::Result<()> {
 
 /// A sink that reads nothing for `delay` seconds after its accept, then reads slowly (16 KiB
 /// every 2 ms) into a file until EOF.
-const SLOW_SINK: &str = r#"
-import socket, sys, time
-host, port, out, delay = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((host, port))
-ls.listen(1)
-c, _ = ls.accept()
-time.sleep(delay)
-with open(out, "wb") as f:
-    while True:
-        b = c.recv(16384)
-        if not b:
-            break
-        f.write(b)
-        time.sleep(0.002)
-"#;
+const SLOW_SINK: &str = include_str!("scripts/slow_sink.py");
 
 /// A client that writes 8 MiB and calls `exit(0)` at once (no close): the kernel would deliver
 /// what a TCP socket holds after the process is gone; the shim's exit flush does the same. Once

@@ -71,38 +71,7 @@ pub const SCENARIOS: &[Scenario] = &[
 
 /// Streams until killed (server) or reads until EOF or an error, reporting when it ended
 /// (client); or the other way round with `up`: the client writes, the server reads.
-const STREAM: &str = r#"
-import os, socket, sys, time
-mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-chunk = os.urandom(1 << 16)
-if mode in ("server-write", "server-read"):
-    ls = socket.socket()
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind((host, port))
-    ls.listen(1)
-    c, _ = ls.accept()
-    s = c
-else:
-    s = socket.create_connection((host, port))
-if mode in ("server-write", "client-write"):
-    while True:
-        s.sendall(chunk)
-total = 0
-marked = False
-while True:
-    try:
-        b = s.recv(1 << 16)
-    except OSError as e:
-        print("ended", repr(e), time.time(), total, flush=True)
-        break
-    if not b:
-        print("ended EOF", time.time(), total, flush=True)
-        break
-    total += len(b)
-    if total >= (8 << 20) and not marked:
-        print("flowing", time.time(), flush=True)
-        marked = True
-"#;
+const STREAM: &str = include_str!("scripts/stream.py");
 
 /// The time in the first line starting with `word` of `out`.
 fn when(out: &str, word: &str) -> Option<f64> {
@@ -192,8 +161,8 @@ fn peer_killed(ctx: &Ctx) -> anyhow::Result<()> {
 
 /// The writing peer stopped (SIGSTOP) and every RoCE packet to and from its side dropped: no
 /// disconnect ever comes. The reader's engine probes after 5 s of silence; the probe's
-/// retries run out (7 tries of ~0.27 s) and the stream fails: the reader sees a reset within
-/// 15 s of the cut.
+/// retries run out (7 tries of the 1.07 s ACK timeout, about 12.5 s in all) and the stream
+/// fails: the reader sees a reset within 15 s of the cut.
 fn node_gone(ctx: &Ctx) -> anyhow::Result<()> {
     let a = ctx.addr_a;
     let py = python();
@@ -247,67 +216,14 @@ fn node_gone(ctx: &Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
-const ECHO_SERVER: &str = r#"
-import socket, sys, time
-host, port, n, delay = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((host, port))
-ls.listen(16)
-time.sleep(delay)
-for _ in range(n):
-    c, _ = ls.accept()
-    with c:
-        while True:
-            b = c.recv(65536)
-            if not b:
-                break
-            c.sendall(b)
-"#;
+const ECHO_SERVER: &str = include_str!("scripts/echo_server.py");
 
 /// A thread-per-connection echo server for `n` connections.
-const THREADED_ECHO: &str = r#"
-import socketserver, sys, threading
-host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-class H(socketserver.BaseRequestHandler):
-    def handle(self):
-        while True:
-            b = self.request.recv(65536)
-            if not b:
-                break
-            self.request.sendall(b)
-class S(socketserver.ThreadingTCPServer):
-    allow_reuse_address = True
-    daemon_threads = False
-with S((host, port), H) as s:
-    for _ in range(n):
-        s.handle_request()
-    for t in threading.enumerate():
-        if t is not threading.current_thread():
-            t.join()
-"#;
+const THREADED_ECHO: &str = include_str!("scripts/threaded_echo.py");
 
 /// One connection: 256 KiB out and back, byte-exact; prints how long `connect()` took (the
 /// first one of the process: it includes starting the shim's engine).
-const ECHO_CLIENT: &str = r#"
-import os, socket, sys, time
-host, port = sys.argv[1], int(sys.argv[2])
-data = os.urandom(256 << 10)
-s = socket.socket()  # the shim's once-per-process decision happens here, not in connect()
-t0 = time.time()
-s.connect((host, port))
-connect = time.time() - t0
-s.sendall(data)
-s.shutdown(socket.SHUT_WR)
-got = bytearray()
-while True:
-    b = s.recv(65536)
-    if not b:
-        break
-    got += b
-assert bytes(got) == data, (len(got), len(data))
-print("echo ok connect_s %.3f" % connect)
-"#;
+const ECHO_CLIENT: &str = include_str!("scripts/echo_client.py");
 
 fn connect_seconds(out: &str) -> f64 {
     out.split_whitespace()
@@ -443,23 +359,7 @@ fn memlock(ctx: &Ctx) -> anyhow::Result<()> {
     let three = file(
         ctx,
         "three.py",
-        r#"
-import os, socket, sys
-host, port = sys.argv[1], int(sys.argv[2])
-conns = [socket.create_connection((host, port)) for _ in range(3)]
-for i, s in enumerate(conns):
-    data = os.urandom(100000) + bytes([i])
-    s.sendall(data)
-    s.shutdown(socket.SHUT_WR)
-    got = bytearray()
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        got += b
-    assert bytes(got) == data, i
-print("three ok")
-"#,
+        include_str!("scripts/three_connections.py"),
     )?;
     // A server that accepts the three at once (a sequential one would not claim the second
     // while it serves the first: the client would count TIMEOUT, rightly).
@@ -514,39 +414,7 @@ fn stalled_server(ctx: &Ctx) -> anyhow::Result<()> {
 /// A pre-fork server: socket/bind/listen in the parent, two forked children that each accept
 /// and echo until no connection comes for 20 s. The parent's engine holds every registration,
 /// but the children accept and never claim: every client falls back to TCP after its bound.
-const PREFORK: &str = r#"
-import os, socket, sys
-host, port = sys.argv[1], int(sys.argv[2])
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((host, port))
-ls.listen(64)
-ls.settimeout(20.0)
-kids = []
-for _ in range(2):
-    pid = os.fork()
-    if pid == 0:
-        served = 0
-        while True:
-            try:
-                c, _ = ls.accept()
-            except socket.timeout:
-                break
-            c.settimeout(None)
-            with c:
-                while True:
-                    b = c.recv(65536)
-                    if not b:
-                        break
-                    c.sendall(b)
-            served += 1
-        os.write(1, ("child served %d\n" % served).encode())
-        os._exit(0)
-    kids.append(pid)
-for pid in kids:
-    os.waitpid(pid, 0)
-print("parent done", flush=True)
-"#;
+const PREFORK: &str = include_str!("scripts/prefork.py");
 
 fn prefork(ctx: &Ctx) -> anyhow::Result<()> {
     let a = ctx.addr_a;

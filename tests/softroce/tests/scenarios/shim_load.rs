@@ -29,108 +29,12 @@ pub const SCENARIOS: &[Scenario] = &[
 /// A single-threaded (selectors) echo server: echoes each connection until its EOF, then
 /// closes it; exits after `n` connections. Its own resources are read by the client through
 /// /proc.
-const SERVER: &str = r#"
-import os, selectors, socket, sys
-host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-sel = selectors.DefaultSelector()
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((host, port))
-ls.listen(128)
-ls.setblocking(False)
-sel.register(ls, selectors.EVENT_READ)
-done = 0
-while done < n:
-    for key, _ in sel.select():
-        s = key.fileobj
-        if s is ls:
-            c, _ = ls.accept()
-            c.setblocking(False)
-            sel.register(c, selectors.EVENT_READ)
-            continue
-        try:
-            b = s.recv(65536)
-        except BlockingIOError:
-            continue
-        if b:
-            s.setblocking(True)
-            s.sendall(b)
-            s.setblocking(False)
-        else:
-            sel.unregister(s)
-            s.close()
-            done += 1
-"#;
+const SERVER: &str = include_str!("scripts/churn_server.py");
 
 /// Makes `n` connections one after the other (each: a line out, the same line back, close),
 /// after one warm-up connection and before a last one that ends the server; prints the
 /// resources of itself and of the server before the run and after it, as JSON.
-const CLIENT: &str = r#"
-import json, os, socket, sys, time
-host, port, n, server = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-
-def res(pid):
-    st = open(f"/proc/{pid}/status").read()
-    field = lambda k: int(next(l.split()[1] for l in st.splitlines() if l.startswith(k + ":")))
-    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": field("Threads"),
-            "vmpin_kib": field("VmPin")}
-
-def one(i):
-    msg = (b"%d:" % i) * 40
-    s = socket.create_connection((host, port))
-    s.sendall(msg)
-    s.shutdown(socket.SHUT_WR)
-    got = b""
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        got += b
-    s.close()
-    assert got == msg, (i, len(got), len(msg))
-
-def settle(pid_list, target=None):
-    # The engines finish each stream's teardown (FIN both ways, then a CM disconnect) a
-    # little after the app's close: wait (at most 30 s) until nothing is pinned and the counts
-    # are back at `target`, or, without one, hold still for a second.
-    last, still = None, 0
-    for _ in range(150):
-        now = [res(p) for p in pid_list]
-        if all(r["vmpin_kib"] == 0 for r in now):
-            if target is not None and now == target:
-                return
-            still = still + 1 if now == last else 0
-            if target is None and still >= 5:
-                return
-        last = now
-        time.sleep(0.2)
-
-def fds_of(pid):
-    out = []
-    for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
-        try:
-            out.append("%s -> %s" % (fd, os.readlink(f"/proc/{pid}/fd/{fd}")))
-        except OSError:
-            pass
-    return out
-
-me = os.getpid()
-start = {"client": res(me), "server": res(server)}
-one(0)
-settle([me, server])
-before = {"client": res(me), "server": res(server)}
-t0 = time.time()
-for i in range(1, n + 1):
-    one(i)
-elapsed = time.time() - t0
-settle([me, server], [before["client"], before["server"]])
-after = {"client": res(me), "server": res(server)}
-if after != before:
-    print("fds of the server:", fds_of(server), file=sys.stderr)
-    print("fds of the client:", fds_of(me), file=sys.stderr)
-one(n + 1)  # the last one lets the server finish (and write its stats) after the measurement
-print(json.dumps({"start": start, "before": before, "after": after, "seconds": elapsed}))
-"#;
+const CLIENT: &str = include_str!("scripts/churn_client.py");
 
 fn churn(ctx: &Ctx) -> anyhow::Result<()> {
     const N: u32 = 1000;
@@ -188,71 +92,7 @@ fn churn(ctx: &Ctx) -> anyhow::Result<()> {
 /// bytes each way, checked with sha256 on arrival. The server reads with `MSG_WAITALL` when its
 /// fifth argument says `waitall` (64 KiB at a time: 2 MiB is 32 of them), the client with plain
 /// `recv`.
-const CONCURRENT: &str = r#"
-import hashlib, os, socket, socketserver, sys, threading
-mode, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-flags = socket.MSG_WAITALL if sys.argv[5:] == ["waitall"] else 0
-SIZE = 2 << 20
-
-if mode == "server":
-    class H(socketserver.BaseRequestHandler):
-        def handle(self):
-            h = hashlib.sha256()
-            while True:
-                b = self.request.recv(65536, flags)
-                if not b:
-                    break
-                h.update(b)
-                self.request.sendall(b)
-    class S(socketserver.ThreadingTCPServer):
-        allow_reuse_address = True
-        daemon_threads = False
-        request_queue_size = 128
-    with S((host, port), H) as s:
-        for _ in range(n):
-            s.handle_request()
-        s.server_close()
-        for t in threading.enumerate():
-            if t is not threading.current_thread():
-                t.join()
-    sys.exit(0)
-
-errors = []
-# Connected one after another, then all carried at once: 64 connects in the same instant make
-# the engines set up 64 RDMA connections back to back, which on a loaded TCG host can outlast
-# the negotiation bound (a timing limit, not what this test is about).
-socks = [socket.create_connection((host, port)) for _ in range(n)]
-def one(i):
-    try:
-        data = os.urandom(SIZE)
-        s = socks[i]
-        def send():
-            s.sendall(data)
-            s.shutdown(socket.SHUT_WR)
-        t = threading.Thread(target=send)
-        t.start()
-        h = hashlib.sha256()
-        got = 0
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            h.update(b)
-            got += len(b)
-        t.join()
-        s.close()
-        if h.digest() != hashlib.sha256(data).digest():
-            errors.append(f"connection {i}: {got} bytes, sha256 differs")
-    except Exception as e:
-        errors.append(f"connection {i}: {e!r}")
-threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-print("errors", len(errors), errors[:5])
-sys.exit(1 if errors else 0)
-"#;
+const CONCURRENT: &str = include_str!("scripts/concurrent.py");
 
 /// 64 echo connections at once from one threaded client to one threaded server (reading with
 /// MSG_WAITALL), 2 MiB each way each, sha256-checked; then 8 with the client's direct reads and

@@ -16,16 +16,7 @@ pub const SCENARIOS: &[Scenario] = &[Scenario {
 }];
 
 /// Serves `<dir>/data.bin` once over HTTP.
-const HTTP_ONCE: &str = r#"
-import http.server, sys
-d, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-class H(http.server.SimpleHTTPRequestHandler):
-    def __init__(self, *a, **k):
-        super().__init__(*a, directory=d, **k)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer((host, port), H).handle_request()
-"#;
+const HTTP_ONCE: &str = include_str!("scripts/http_once.py");
 
 fn iperf3_and_curl(ctx: &Ctx) -> anyhow::Result<()> {
     let a = ctx.addr_a;
