@@ -155,9 +155,8 @@ pub const DEFAULT_RING: usize = 2 << 20;
 /// default 2 MiB rings are in flight whole; larger rings stay within what was measured. The
 /// more of a stream is unacknowledged, the more an ACK timeout re-sends, and Debian 12's rxe
 /// (Linux 6.1) can break on such a retry ("remote invalid request", or a write delivered
-/// twice): with the ACK timeout at 2^16 x 4.096 us, 64 streams failed in 19 of 40 runs with
-/// 2 MiB in flight and none of 36 with 512 KiB, and with 2^18 ([`EngineConfig::ack_timeout`])
-/// none of 18 with 2 MiB (`docs/benchmarks.md`).
+/// twice); with the ACK timeout of [`EngineConfig::ack_timeout`] 2 MiB in flight held
+/// (`docs/benchmarks.md`, "The 1.07 s ACK timeout").
 pub const MAX_UNACKED: usize = 2 << 20;
 /// Bytes of one control slot.
 const SLOT: usize = crate::wire::CONTROL_LEN;

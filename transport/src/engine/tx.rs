@@ -70,8 +70,8 @@ use crate::wire::{Control, ControlKind, RingInfo};
 /// The smallest in-flight limit (the smaller ring) at which a writer waits for room instead of
 /// writing the rest into the socketpair. With smaller rings the socketpair's buffer is a large
 /// part of what the stream can hold, and waiting on the ring alone measured slower on
-/// Soft-RoCE (four pairs with 256 KiB rings: 0.59 of rsocket's rate, 0.64-0.69 when spilling);
-/// with 2 MiB rings waiting measured faster (`docs/benchmarks.md`).
+/// Soft-RoCE; with 2 MiB rings waiting measured faster (`docs/benchmarks.md`, "2 MiB rings,
+/// and waiting for room").
 pub const WAIT_MIN_RING: u64 = 2 << 20;
 
 /// The send side of one connection, shared by the engine and its [`Writer`]s.
