@@ -457,30 +457,26 @@ impl Link {
     /// Takes every completion; an error completion is the connection's failure.
     pub(super) fn poll(&mut self, now: Instant) -> Result<(), String> {
         let mut wcs = [Wc::default(); 32];
-        loop {
-            let n = self
-                .cq
-                .poll(&mut wcs)
-                .map_err(|e| format!("polling the CQ: {e}"))?;
-            for wc in wcs.iter().take(n) {
-                self.completion(Completion::of(wc), now)?;
-            }
-            if n < wcs.len() {
-                break;
-            }
-        }
+        while self.take_completions(&mut wcs, now)? == wcs.len() {}
         // Re-arm, then look again: a completion between the last poll and the arm would
         // otherwise raise no event.
         self.cq.arm().map_err(|e| format!("arming the CQ: {e}"))?;
+        while self.take_completions(&mut wcs, now)? == wcs.len() {}
+        self.flush_control();
+        Ok(())
+    }
+
+    /// Polls up to `wcs.len()` completions and hands each to the half it concerns; how many
+    /// came.
+    fn take_completions(&mut self, wcs: &mut [Wc], now: Instant) -> Result<usize, String> {
         let n = self
             .cq
-            .poll(&mut wcs)
+            .poll(wcs)
             .map_err(|e| format!("polling the CQ: {e}"))?;
         for wc in wcs.iter().take(n) {
             self.completion(Completion::of(wc), now)?;
         }
-        self.flush_control();
-        Ok(())
+        Ok(n)
     }
 
     fn completion(&mut self, completion: Completion, now: Instant) -> Result<(), String> {
