@@ -7,6 +7,7 @@
 use std::{
     fs,
     io::{self, Write},
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
 };
 
@@ -101,8 +102,9 @@ pub fn spec(snapshot: &PoolSnapshot, dev_root: &Path) -> Value {
     })
 }
 
-/// Writes the pool's spec atomically (temp file in the same folder, fsync, rename). Returns
-/// whether the file changed.
+/// Writes the pool's spec atomically (a temporary file of its own in the same folder, fsync,
+/// rename: the manager and every pool's runner may write at once). Returns whether the file
+/// changed.
 pub fn write_spec(
     cdi_dir: &Path,
     snapshot: &PoolSnapshot,
@@ -121,17 +123,17 @@ pub fn write_spec(
         return Ok(false);
     }
     fs::create_dir_all(cdi_dir).map_err(err)?;
-    let tmp = cdi_dir.join(format!(".{SPEC_PREFIX}{}.tmp", std::process::id()));
-    let write = || -> io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&text)?;
-        f.sync_all()?;
-        fs::rename(&tmp, &path)
-    };
-    write().map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        err(e)
-    })?;
+    // A unique name (removed on any failure); readable by the container runtime as a file
+    // `File::create` makes would be.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{SPEC_PREFIX}"))
+        .suffix(".tmp")
+        .permissions(fs::Permissions::from_mode(0o644))
+        .tempfile_in(cdi_dir)
+        .map_err(err)?;
+    tmp.write_all(&text).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(&path).map_err(|e| err(e.error))?;
     Ok(true)
 }
 
@@ -159,6 +161,8 @@ pub fn clean_stale(cdi_dir: &Path, keep: &[PathBuf]) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::config::{Config, MountConfig, PoolConfig};
     use rdma_device_plugin_testkit::fixture::{FixtureTree, HcaSpec};
@@ -232,5 +236,55 @@ mod tests {
         assert_eq!(names.len(), 2, "{names:?}");
         remove_spec(&cdi, "rdma-streams.io/hca");
         assert!(!spec_path(&cdi, "rdma-streams.io/hca").exists());
+    }
+
+    /// The manager task and every pool's runner write specs at once (a two-worker runtime):
+    /// each write goes through a temporary file of its own, so no pool's spec lands on
+    /// another's path and no write fails for another's rename.
+    #[test]
+    fn many_pools_writing_at_once_each_get_their_own_spec() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = FixtureTree::new(dir.path().join("node")).unwrap();
+        tree.add_hca(HcaSpec::connectx_ib("mlx5_0", "0000:3b:00.0"))
+            .unwrap();
+        let inv =
+            crate::inventory::discovery::discover(&tree.sys_root(), &tree.dev_root()).unwrap();
+        let cdi = Arc::new(dir.path().join("cdi"));
+        let dev_root = Arc::new(tree.dev_root());
+        let pools: Vec<PoolSnapshot> = (0..8)
+            .map(|i| {
+                let pool = PoolConfig {
+                    resource_name: format!("rdma-streams.io/pool{i}"),
+                    ..Config::default().pools[0].clone()
+                };
+                PoolSnapshot::build(&pool, &inv, crate::config::DEFAULT_RESYNC)
+            })
+            .collect();
+        let writers: Vec<_> = pools
+            .into_iter()
+            .map(|snap| {
+                let (cdi, dev_root) = (Arc::clone(&cdi), Arc::clone(&dev_root));
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        remove_spec(&cdi, &snap.resource_name);
+                        write_spec(&cdi, &snap, &dev_root).map_err(|e| format!("{e:#?}"))?;
+                    }
+                    Ok::<_, String>(snap.resource_name)
+                })
+            })
+            .collect();
+        for writer in writers {
+            let name = writer.join().unwrap().unwrap();
+            let text = fs::read_to_string(spec_path(&cdi, &name)).unwrap();
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["kind"], cdi_kind(&name), "{name}'s spec holds another's");
+        }
+        let left: Vec<_> = fs::read_dir(&*cdi)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "temporary files left: {left:?}");
     }
 }
