@@ -11,6 +11,8 @@
 //!     issuer SEQUENCE, validity SEQUENCE { notBefore Time, notAfter Time }, ... }, ... }
 //! ```
 
+use rustls::pki_types::{CertificateDer, pem::PemObject};
+
 const SEQUENCE: u8 = 0x30;
 const INTEGER: u8 = 0x02;
 const VERSION: u8 = 0xa0;
@@ -71,7 +73,7 @@ pub fn summarize(der: &[u8]) -> CertSummary {
 
 /// [`summarize`] of the first certificate of a PEM text (all `None` when there is none).
 pub fn summarize_pem(pem: &str) -> CertSummary {
-    match rustls_pemfile::certs(&mut pem.as_bytes()).next() {
+    match CertificateDer::pem_slice_iter(pem.as_bytes()).next() {
         Some(Ok(der)) => summarize(der.as_ref()),
         _ => CertSummary::default(),
     }

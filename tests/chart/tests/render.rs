@@ -776,14 +776,15 @@ mod tls {
     use rustls::RootCertStore;
     use rustls::client::WebPkiServerVerifier;
     use rustls::client::danger::ServerCertVerifier;
-    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
     fn pem(b64: &str) -> Vec<u8> {
         super::decode_base64(b64).expect("standard base64")
     }
 
     fn certs(b64: &str) -> Vec<CertificateDer<'static>> {
-        rustls_pemfile::certs(&mut pem(b64).as_slice())
+        CertificateDer::pem_slice_iter(&pem(b64))
             .collect::<Result<_, _>>()
             .expect("PEM certificates")
     }
@@ -803,9 +804,7 @@ mod tls {
         verifier
             .verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now())
             .unwrap_or_else(|e| panic!("certificate does not verify for {dns}: {e}"));
-        let key = rustls_pemfile::private_key(&mut pem(key).as_slice())
-            .expect("PEM key")
-            .expect("a key");
+        let key = PrivateKeyDer::from_pem_slice(&pem(key)).expect("a PEM key");
         rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .expect("protocols")
