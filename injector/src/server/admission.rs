@@ -434,22 +434,8 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
 
 /// Standard base64 with padding (RFC 4648), as Go's `encoding/json` writes a `[]byte`.
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let byte = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
-        let n = (byte(0) << 16) | (byte(1) << 8) | byte(2);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                let sextet = (n >> (18 - 6 * i)) & 0x3f;
-                let digit = ALPHABET.get(sextet as usize).copied().unwrap_or(b'=');
-                out.push(char::from(digit));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 fn is_json(value: &header::HeaderValue) -> bool {

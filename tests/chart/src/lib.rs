@@ -422,34 +422,8 @@ pub fn newest_kubernetes(kv: &Path) -> String {
 /// Standard base64 with padding (the chart's `b64enc`, a Secret's `data`); `None` for anything
 /// else.
 pub fn decode_base64(s: &str) -> Option<Vec<u8>> {
-    let value = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => u32::from(c - b'A'),
-            b'a'..=b'z' => u32::from(c - b'a') + 26,
-            b'0'..=b'9' => u32::from(c - b'0') + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        })
-    };
-    let bytes = s.as_bytes();
-    if !bytes.len().is_multiple_of(4) {
-        return None;
-    }
-    let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
-    let chunks = bytes.len() / 4;
-    for (i, chunk) in bytes.chunks(4).enumerate() {
-        let pad = chunk.iter().rev().take_while(|&&c| c == b'=').count();
-        if pad > 2 || (pad > 0 && i + 1 != chunks) {
-            return None;
-        }
-        let mut n = 0u32;
-        for (j, &c) in chunk[..4 - pad].iter().enumerate() {
-            n |= value(c)? << (18 - 6 * j);
-        }
-        out.extend_from_slice(&n.to_be_bytes()[1..4 - pad]);
-    }
-    Some(out)
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(s).ok()
 }
 
 /// The keys of a gateway peer keys file, in order (the first signs, every one verifies), by

@@ -418,18 +418,8 @@ pub async fn get_plain(addr: SocketAddr, path: &str) -> Reply {
 
 /// Decodes standard base64 (the `patch` field).
 pub fn base64_decode(text: &str) -> Vec<u8> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut bits = 0u32;
-    let mut count = 0;
-    let mut out = Vec::new();
-    for c in text.bytes().filter(|&c| c != b'=') {
-        let value = ALPHABET.iter().position(|&a| a == c).expect("base64 digit");
-        bits = (bits << 6) | u32::try_from(value).expect("6 bits");
-        count += 6;
-        if count >= 8 {
-            count -= 8;
-            out.push(u8::try_from((bits >> count) & 0xff).expect("byte"));
-        }
-    }
-    out
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .expect("standard base64")
 }
