@@ -95,6 +95,8 @@ pub(super) struct Link {
     /// The peer FIN is in and a later work request failed (the peer is gone): nothing more is
     /// posted.
     quiet: bool,
+    /// A probe is posted and not completed (only the engine thread probes).
+    probe_outstanding: bool,
     /// When the peer was last heard from (a completion of ours or a message of its).
     last_rx: Instant,
     /// What the peer may send, by the handshake, and whether its FIN came.
@@ -322,6 +324,7 @@ impl Link {
             writing: false,
             ready: false,
             quiet: false,
+            probe_outstanding: false,
             last_rx: now,
             binding: Binding::new(handshake),
         }
@@ -501,8 +504,9 @@ impl Link {
             Completion::Sent { probe } => {
                 // A signaled request (data, control or probe): it and every request before it
                 // are done.
-                self.sender.completed(probe);
+                self.sender.completed();
                 if probe {
+                    self.probe_outstanding = false;
                     self.last_rx = now;
                 }
                 Ok(())
@@ -684,13 +688,17 @@ impl Link {
     /// Sends a liveness probe when the peer has been silent for `keepalive`; the probe fails
     /// (an error completion) when the peer is gone.
     pub(super) fn probe_if_idle(&mut self, now: Instant, keepalive: Duration) {
-        if self.ready && !self.quiet && now.saturating_duration_since(self.last_rx) >= keepalive {
-            self.sender.probe();
+        if self.ready
+            && !self.quiet
+            && !self.probe_outstanding
+            && now.saturating_duration_since(self.last_rx) >= keepalive
+        {
+            self.probe_outstanding = self.sender.probe();
         }
     }
 
     /// When the next probe is due.
     pub(super) fn probe_due(&self, keepalive: Duration) -> Option<Instant> {
-        (self.ready && !self.quiet && !self.sender.probing()).then(|| self.last_rx + keepalive)
+        (self.ready && !self.quiet && !self.probe_outstanding).then(|| self.last_rx + keepalive)
     }
 }

@@ -131,8 +131,6 @@ struct SendState {
     /// Control messages: queued, posted (their count is the next one's sequence number) and
     /// completed.
     controls: Controls,
-    /// A probe is posted and not completed.
-    probe_outstanding: bool,
     /// Signaled requests not completed yet, oldest first.
     signaled: VecDeque<Signaled>,
     /// Unsignaled requests posted since the last signaled one.
@@ -157,7 +155,6 @@ impl SendState {
             waiting: 0,
             written_by_app: 0,
             controls: Controls::default(),
-            probe_outstanding: false,
             signaled: VecDeque::new(),
             unsignaled: 0,
             mark_sent: 0,
@@ -286,15 +283,12 @@ impl Sender {
         state.flow = Some(flow);
     }
 
-    /// A signaled request completed (`probe`: the probe), and with it every request before it:
-    /// writers waiting for room are told.
-    pub(super) fn completed(&self, probe: bool) {
+    /// A signaled request completed, and with it every request before it: writers waiting for
+    /// room are told.
+    pub(super) fn completed(&self) {
         let mut state = self.lock();
         if state.signaled_done() {
             tell_waiting(&self.room, &state);
-        }
-        if probe {
-            state.probe_outstanding = false;
         }
     }
 
@@ -373,11 +367,11 @@ impl Sender {
         self.lock().controls.fin_done()
     }
 
-    /// Posts a liveness probe (a zero-length write, signaled) unless one is outstanding or the
-    /// send queue is full; true when one was posted.
+    /// Posts a liveness probe (a zero-length write, signaled) unless the send queue is full;
+    /// true when one was posted (the engine keeps one outstanding at most).
     pub(super) fn probe(&self) -> bool {
         let mut state = self.lock();
-        if state.probe_outstanding || !state.has_room() {
+        if !state.has_room() {
             return false;
         }
         let posted = self
@@ -385,15 +379,9 @@ impl Sender {
             .write_probe(TAG_PROBE, (state.peer.addr, state.peer.rkey))
             .is_ok();
         if posted {
-            state.probe_outstanding = true;
             state.note_posted(true, Request::Probe);
         }
         posted
-    }
-
-    /// A probe is outstanding.
-    pub(super) fn probing(&self) -> bool {
-        self.lock().probe_outstanding
     }
 
     /// Reads from `local` into the send ring and writes it to the peer while the window
