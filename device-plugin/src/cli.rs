@@ -384,7 +384,7 @@ pub fn write_report(
 ) -> Result<(), RunError> {
     let text = match format {
         OutputFormat::Yaml => {
-            serde_yaml::to_string(report).map_err(|e| RunError::Output(e.to_string()))?
+            rdma_streams_yaml::to_string(report).map_err(|e| RunError::Output(e.to_string()))?
         }
         OutputFormat::Json => {
             let mut s = serde_json::to_string_pretty(report)

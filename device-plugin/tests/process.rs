@@ -47,9 +47,9 @@ fn discover_example_tree_as_yaml_and_json() {
     let dev = Path::new(EXAMPLE).join("dev");
     let (ok, yaml, err) = discover(&sys, &dev, &[]);
     assert!(ok, "{err}");
-    let v: serde_yaml::Value = serde_yaml::from_str(&yaml).expect("yaml");
+    let v: serde_json::Value = rdma_streams_yaml::from_str(&yaml).expect("yaml");
     let names: Vec<_> = v["hcas"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .map(|h| h["name"].as_str().unwrap().to_string())
@@ -99,9 +99,9 @@ fn discover_warns_about_exclusive_netns_mode() {
         .unwrap();
     let (ok, yaml, err) = discover(&tree.sys_root(), &tree.dev_root(), &[]);
     assert!(ok, "{err}");
-    let v: serde_yaml::Value = serde_yaml::from_str(&yaml).expect("yaml");
+    let v: serde_json::Value = rdma_streams_yaml::from_str(&yaml).expect("yaml");
     assert_eq!(v["netnsMode"].as_str(), Some("exclusive"));
-    let notes = v["notes"].as_sequence().expect("notes");
+    let notes = v["notes"].as_array().expect("notes");
     assert!(
         notes
             .iter()

@@ -271,7 +271,7 @@ fn errors_name_their_cause() {
     );
     assert!(err.ends_with(&want), "{err}");
 
-    // serde_yaml's own words follow the document index.
+    // The YAML reader's own words follow the document index.
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "kind: Pod\n  bad: [indent\n").unwrap();
     let err = stderr(&[], &bad);

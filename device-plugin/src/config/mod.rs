@@ -263,21 +263,15 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    fn parse(origin: &str, err: &serde_yaml::Error) -> Self {
-        let location = err.location().map(|l| TextLocation {
-            line: l.line(),
-            column: l.column(),
+    fn parse(origin: &str, err: &rdma_streams_yaml::Error) -> Self {
+        let location = err.line().map(|line| TextLocation {
+            line,
+            column: err.column().unwrap_or(1),
         });
-        let mut message = err.to_string();
-        if let Some(l) = location {
-            // serde_yaml puts " at line N column M" into the message itself; we print it in
-            // front, once.
-            message = message.replacen(&format!(" at {l}"), "", 1);
-        }
         Self::Parse {
             path: PathBuf::from(origin),
             location,
-            message,
+            message: err.message().to_owned(),
         }
     }
 }
@@ -314,22 +308,13 @@ pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
 /// Parses and validates config text; `origin` names it in errors (usually the file path).
 ///
 /// A top-level `configList` key selects the Mellanox format, anything else the native one.
-/// Flow collections nested deeper than [`rdma_streams_yaml_guard::MAX_FLOW_DEPTH`] are refused
-/// before the YAML parser reads them (it would take minutes over a large file).
+/// The YAML is read with the workspace's options (bounded nesting, aliases and size:
+/// `rdma_streams_yaml`).
 pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-    // Nesting that serde_yaml's scanner would take minutes over is refused first.
-    rdma_streams_yaml_guard::check(text).map_err(|e| ConfigError::Parse {
-        path: PathBuf::from(origin),
-        location: Some(TextLocation {
-            line: e.line,
-            column: e.column,
-        }),
-        message: e.to_string(),
-    })?;
-    let peek: serde_yaml::Value =
-        serde_yaml::from_str(text).map_err(|e| ConfigError::parse(origin, &e))?;
+    let peek: serde_json::Value =
+        rdma_streams_yaml::from_str(text).map_err(|e| ConfigError::parse(origin, &e))?;
     let config = match &peek {
-        serde_yaml::Value::Null => {
+        serde_json::Value::Null => {
             return Err(ConfigError::Parse {
                 path: PathBuf::from(origin),
                 location: None,
@@ -338,7 +323,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
                     .to_string(),
             });
         }
-        serde_yaml::Value::Mapping(m) if m.contains_key("configList") => {
+        serde_json::Value::Object(m) if m.contains_key("configList") => {
             // Deserialise the text, not `peek`, so that errors keep their line and column.
             typed::<MellanoxConfig>(text, origin)?.into_config()
         }
@@ -352,7 +337,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
 }
 
 fn typed<T: DeserializeOwned>(text: &str, origin: &str) -> Result<T, ConfigError> {
-    serde_yaml::from_str(text).map_err(|e| ConfigError::parse(origin, &e))
+    rdma_streams_yaml::from_str(text).map_err(|e| ConfigError::parse(origin, &e))
 }
 
 /// The native file layout.
@@ -511,7 +496,7 @@ pools:
         assert!(q.mounts.is_empty());
 
         // Serialising gives the native form back.
-        let text = serde_yaml::to_string(&c).expect("serialize");
+        let text = rdma_streams_yaml::to_string(&c).expect("serialize");
         assert_eq!(parse_ok(&text), c);
     }
 
@@ -644,11 +629,9 @@ pools:
             err.contains("cannot parse config /etc/rdma/config.yaml"),
             "{err}"
         );
-        assert!(
-            err.contains("at line 3 column 1: did not find expected"),
-            "{err}"
-        );
-        assert_eq!(err.matches("line 3 column 1").count(), 1, "{err}");
+        assert!(err.contains("at line 2 column 19: "), "{err}");
+        assert!(err.contains("unclosed bracket"), "{err}");
+        assert_eq!(err.matches("line 2 column 19").count(), 1, "{err}");
         let err = parse_err("# nothing\n");
         assert!(err.contains("empty"), "{err}");
         let err = parse_err("pools:\n  - resourceName: a.io/b\n    slotsPerHca: -1\n");

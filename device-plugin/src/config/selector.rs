@@ -270,7 +270,7 @@ mod tests {
     }
 
     fn parse(yaml: &str) -> Selectors {
-        let s: Selectors = serde_yaml::from_str(yaml).expect("selectors parse");
+        let s: Selectors = rdma_streams_yaml::from_str(yaml).expect("selectors parse");
         s.validate().expect("selectors valid");
         s
     }
@@ -386,17 +386,18 @@ mod tests {
              numaNodes: [0]}",
         );
         assert_eq!(matching(&s), ["mlx5_0"]);
-        let text = serde_yaml::to_string(&s).expect("serialize");
+        let text = rdma_streams_yaml::to_string(&s).expect("serialize");
         assert!(text.contains("deviceIDs:"), "{text}");
         assert_eq!(
-            serde_yaml::from_str::<Selectors>(&text).expect("reparse"),
+            rdma_streams_yaml::from_str::<Selectors>(&text).expect("reparse"),
             s
         );
     }
 
     #[test]
     fn unknown_field_is_an_error() {
-        let err = serde_yaml::from_str::<Selectors>("linkTypes: [ether]").expect_err("unknown");
+        let err =
+            rdma_streams_yaml::from_str::<Selectors>("linkTypes: [ether]").expect_err("unknown");
         assert!(
             err.to_string().contains("unknown field `linkTypes`"),
             "{err}"
@@ -406,7 +407,7 @@ mod tests {
     #[test]
     fn invalid_values() {
         let bad = |yaml: &str, want: &str| {
-            let s: Selectors = serde_yaml::from_str(yaml).expect("parse");
+            let s: Selectors = rdma_streams_yaml::from_str(yaml).expect("parse");
             let err = s.validate().expect_err(yaml);
             assert!(err.contains(want), "{yaml}: {err}");
             // Invalid values never match.

@@ -313,33 +313,18 @@ pub fn load(path: &Path) -> Result<Config, ProfileError> {
 
 /// Parses and validates config text; `origin` names it in errors (a file name, `<builtin>`).
 pub fn parse(text: &str, origin: &str) -> Result<Config, ProfileError> {
-    // Nesting that serde_yaml's scanner would take minutes over is refused first.
-    rdma_streams_yaml_guard::check(text).map_err(|e| ProfileError::Syntax {
-        origin: origin.to_owned(),
-        line: Some(e.line),
-        column: Some(e.column),
-        message: e.to_string(),
-    })?;
     let config: Config =
-        serde_yaml::from_str(text).map_err(|error| syntax_error(&error, origin))?;
+        rdma_streams_yaml::from_str(text).map_err(|error| syntax_error(&error, origin))?;
     config.validate_as(origin)?;
     Ok(config)
 }
 
-fn syntax_error(error: &serde_yaml::Error, origin: &str) -> ProfileError {
-    let location = error.location();
-    let mut message = error.to_string();
-    if let Some(location) = &location {
-        let suffix = format!(" at line {} column {}", location.line(), location.column());
-        if let Some(stripped) = message.strip_suffix(&suffix) {
-            message = stripped.to_owned();
-        }
-    }
+fn syntax_error(error: &rdma_streams_yaml::Error, origin: &str) -> ProfileError {
     ProfileError::Syntax {
         origin: origin.to_owned(),
-        line: location.as_ref().map(serde_yaml::Location::line),
-        column: location.as_ref().map(serde_yaml::Location::column),
-        message,
+        line: error.line(),
+        column: error.column(),
+        message: error.message().to_owned(),
     }
 }
 
@@ -425,8 +410,8 @@ impl Config {
     }
 
     /// The config as YAML (for `make demo` and docs).
-    pub fn to_yaml(&self) -> Result<String, serde_yaml::Error> {
-        serde_yaml::to_string(self)
+    pub fn to_yaml(&self) -> Result<String, rdma_streams_yaml::Error> {
+        rdma_streams_yaml::to_string(self)
     }
 
     /// Checks every rule the schema cannot express.

@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::Value;
 
 /// Release name every test renders with (also the one `manifests/` uses).
@@ -239,13 +238,8 @@ pub struct Rendered {
 impl Rendered {
     /// Parses a multi-document YAML stream (empty documents dropped).
     pub fn parse(text: &str) -> Result<Rendered, String> {
-        let mut docs = Vec::new();
-        for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let doc = Value::deserialize(de).map_err(|e| format!("document {i}: {e}"))?;
-            if !doc.is_null() {
-                docs.push(doc);
-            }
-        }
+        let docs: Vec<Value> = rdma_streams_yaml::documents(text).map_err(|e| e.to_string())?;
+        let docs = docs.into_iter().filter(|d| !d.is_null()).collect();
         Ok(Rendered {
             text: text.to_string(),
             docs,

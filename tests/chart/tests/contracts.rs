@@ -259,7 +259,7 @@ fn configmaps_parse_with_the_components_parsers() {
 
 #[test]
 fn chart_app_version_is_the_workspace_version() {
-    let chart: serde_yaml::Value = serde_yaml::from_str(
+    let chart: serde_json::Value = rdma_streams_yaml::from_str(
         &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
     )
     .expect("Chart.yaml parses");

@@ -1056,7 +1056,8 @@ fn host_path_delivery_installs_the_bundle_and_the_policy() {
             return;
         };
         let profiles: Value =
-            serde_yaml::from_str(r.configmap_data(&named("injector"), "profiles.yaml")).unwrap();
+            rdma_streams_yaml::from_str(r.configmap_data(&named("injector"), "profiles.yaml"))
+                .unwrap();
         let shim = &profiles["profiles"]["default"]["shim"];
         assert_eq!(shim["delivery"], "host-path");
         assert_eq!(shim["hostPath"], "/opt/rdma-streams/shim/0.1.0");
@@ -1099,7 +1100,8 @@ fn image_volume_and_extra_profiles_reach_the_injector_config() {
             return;
         };
         let profiles: Value =
-            serde_yaml::from_str(r.configmap_data(&named("injector"), "profiles.yaml")).unwrap();
+            rdma_streams_yaml::from_str(r.configmap_data(&named("injector"), "profiles.yaml"))
+                .unwrap();
         let default = &profiles["profiles"]["default"];
         assert_eq!(default["shim"]["delivery"], "image-volume");
         assert_eq!(default["podSecurity"], "degrade");
@@ -1351,7 +1353,8 @@ fn the_bundled_provider_is_used_unless_turned_off() {
             return;
         };
         let profiles: Value =
-            serde_yaml::from_str(r.configmap_data(&named("injector"), "profiles.yaml")).unwrap();
+            rdma_streams_yaml::from_str(r.configmap_data(&named("injector"), "profiles.yaml"))
+                .unwrap();
         let env = &profiles["profiles"]["default"]["env"];
         assert_eq!(
             env["STREAMSHIM_PROVIDER"],
@@ -1372,7 +1375,8 @@ fn the_bundled_provider_is_used_unless_turned_off() {
             return;
         };
         let profiles: Value =
-            serde_yaml::from_str(off.configmap_data(&named("injector"), "profiles.yaml")).unwrap();
+            rdma_streams_yaml::from_str(off.configmap_data(&named("injector"), "profiles.yaml"))
+                .unwrap();
         let env = &profiles["profiles"]["default"]["env"];
         assert!(env.get("STREAMSHIM_PROVIDER").is_none(), "{env}");
         assert!(env.get("RDMAV_DRIVERS").is_none(), "{env}");

@@ -75,24 +75,12 @@ fn fmt_parse(path: Option<&Path>, line: Option<usize>, column: Option<usize>, ms
 }
 
 impl PolicyError {
-    pub(super) fn from_yaml(path: Option<&Path>, e: &serde_yaml::Error) -> PolicyError {
-        let loc = e.location();
-        let (line, column) = (
-            loc.as_ref().map(|l| l.line()),
-            loc.as_ref().map(|l| l.column()),
-        );
-        let mut message = escape_controls(&e.to_string().replace(['\n', '\r'], " "));
-        if let (Some(l), Some(c)) = (line, column) {
-            let suffix = format!(" at line {l} column {c}");
-            if let Some(stripped) = message.strip_suffix(&suffix) {
-                message = stripped.to_owned();
-            }
-        }
+    pub(super) fn from_yaml(path: Option<&Path>, e: &rdma_streams_yaml::Error) -> PolicyError {
         PolicyError::Parse {
             path: path.map(Path::to_owned),
-            line,
-            column,
-            message,
+            line: e.line(),
+            column: e.column(),
+            message: escape_controls(e.message()),
         }
     }
 

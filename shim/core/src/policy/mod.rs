@@ -141,18 +141,10 @@ impl Policy {
         Self::from_yaml(text, None)
     }
 
-    /// Parses `text` (from `path`, if given). Flow collections nested deeper than YAML parsers
-    /// read in linear time are refused first (see `rdma_streams_yaml_guard`).
+    /// Parses `text` (from `path`, if given), with the workspace's YAML options (bounded
+    /// nesting, aliases and size: `rdma_streams_yaml`).
     fn from_yaml(text: &str, path: Option<&Path>) -> Result<Policy, PolicyError> {
-        if let Err(e) = rdma_streams_yaml_guard::check(text) {
-            return Err(PolicyError::Parse {
-                path: path.map(Path::to_owned),
-                line: Some(e.line),
-                column: Some(e.column),
-                message: e.to_string(),
-            });
-        }
-        match serde_yaml::from_str::<Option<Policy>>(text) {
+        match rdma_streams_yaml::from_str::<Option<Policy>>(text) {
             Ok(p) => Ok(p.unwrap_or_default()),
             Err(e) => Err(PolicyError::from_yaml(path, &e)),
         }
@@ -383,15 +375,15 @@ server:
                 (2, 20),
                 "out of range",
             ),
-            ("loopback: maybe\n", (1, 11), "expected a boolean"),
+            ("loopback: maybe\n", (1, 11), "invalid boolean"),
             ("version: 2\n", (1, 10), "unsupported policy version 2"),
             ("programs: [\"/usr/bin/iperf3\"]\n", (1, 12), "basename"),
             ("programs: [\"\"]\n", (1, 12), "empty program pattern"),
-            ("client: [1, 2]\n", (1, 9), "invalid type"),
+            ("client: [1, 2]\n", (1, 9), "expected mapping"),
             (
                 "client:\n  allow: {cidr: 10.0.0.0/8}\n",
                 (2, 10),
-                "invalid type",
+                "expected sequence",
             ),
         ];
         for (text, loc, needle) in cases {
