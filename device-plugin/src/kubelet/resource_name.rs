@@ -3,6 +3,10 @@
 //! Whether a name is an extended resource name at all is kubelet's rule, which the injector
 //! shares: [`validate_extended_resource_name`](rdma_streams_common::names::validate_extended_resource_name).
 
+use std::hash::Hasher;
+
+use fnv::FnvHasher;
+
 /// Longest socket file name [`socket_file_name`] returns (with `.sock`). Unix socket paths are
 /// limited to 107 bytes and the kubelet's `device-plugins/` directory already takes 32 of them.
 const SOCKET_FILE_NAME_MAX: usize = 64;
@@ -33,7 +37,10 @@ pub fn socket_file_name(resource: &str) -> String {
     }
     let suffix = ".sock";
     if stem.len() + suffix.len() > SOCKET_FILE_NAME_MAX {
-        let hash = format!("{:016x}", fnv1a64(resource.as_bytes()));
+        // FNV-1a 64: small, stable across releases and platforms (std's hasher is not).
+        let mut hasher = FnvHasher::default();
+        hasher.write(resource.as_bytes());
+        let hash = format!("{:016x}", hasher.finish());
         // The stem is ASCII, so any byte index is a char boundary.
         stem.truncate(SOCKET_FILE_NAME_MAX - suffix.len() - hash.len() - 1);
         stem.push('-');
@@ -41,13 +48,6 @@ pub fn socket_file_name(resource: &str) -> String {
     }
     stem.push_str(suffix);
     stem
-}
-
-/// FNV-1a, 64 bit: small, stable across releases and platforms (std's hasher is not).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
@@ -76,5 +76,10 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a, socket_file_name(&long_a), "stable");
         assert!(a.ends_with(".sock") && !a.contains('/'));
+        // The hash is part of socket paths kubelet already knows: it must never change.
+        assert_eq!(
+            a,
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-eff93954afe8191a.sock"
+        );
     }
 }

@@ -886,11 +886,11 @@ fn relative(from: &Path, to: &Path) -> PathBuf {
     out
 }
 
-/// A stable 64-bit FNV-1a hash of `s`.
+/// A stable 64-bit FNV-1a hash of `s`'s bytes.
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    let mut hasher = fnv::FnvHasher::default();
+    std::hash::Hasher::write(&mut hasher, s.as_bytes());
+    std::hash::Hasher::finish(&hasher)
 }
 
 /// A node GUID in the kernel's `xxxx:xxxx:xxxx:xxxx` form, derived from the device name.

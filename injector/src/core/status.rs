@@ -5,9 +5,12 @@
 //! The hash covers the injection format, the mode, the profile name, the effective profile
 //! (after Pod Security adjustments) and the target containers. It is FNV-1a (64 bit) over the
 //! canonical JSON of those: an identity check between our own outputs, not a security
-//! measure, so no cryptographic hash (and no extra dependency) is needed. The injector
+//! measure, so no cryptographic hash is needed (the `fnv` crate's hasher). The injector
 //! version is recorded but not hashed, so upgrading the injector does not re-inject.
 
+use std::hash::Hasher;
+
+use fnv::FnvHasher;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -84,12 +87,12 @@ pub(crate) fn write(builder: &mut PatchBuilder, status: &InjectionStatus) -> Res
     )
 }
 
+/// FNV-1a 64 over exactly `bytes` (`Hasher::write`, not `Hash::hash`, which would add a
+/// terminator byte to a `str`).
 fn fnv1a64(bytes: &[u8]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes
-        .iter()
-        .fold(OFFSET, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(PRIME))
+    let mut hasher = FnvHasher::default();
+    hasher.write(bytes);
+    hasher.finish()
 }
 
 #[cfg(test)]
