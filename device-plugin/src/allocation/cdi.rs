@@ -5,13 +5,11 @@
 //! any device of the spec is injected. Allocate then answers with `cdi_devices` (GA in 1.31).
 
 use std::{
-    fs,
-    io::{self, Write},
-    os::unix::fs::PermissionsExt,
+    fs, io,
     path::{Path, PathBuf},
 };
 
-use rdma_streams_common::names::contract::DOMAIN;
+use rdma_streams_common::{atomic_file, names::contract::DOMAIN};
 use serde_json::{Value, json};
 
 use super::{
@@ -123,17 +121,8 @@ pub fn write_spec(
         return Ok(false);
     }
     fs::create_dir_all(cdi_dir).map_err(err)?;
-    // A unique name (removed on any failure); readable by the container runtime as a file
-    // `File::create` makes would be.
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{SPEC_PREFIX}"))
-        .suffix(".tmp")
-        .permissions(fs::Permissions::from_mode(0o644))
-        .tempfile_in(cdi_dir)
-        .map_err(err)?;
-    tmp.write_all(&text).map_err(err)?;
-    tmp.as_file().sync_all().map_err(err)?;
-    tmp.persist(&path).map_err(|e| err(e.error))?;
+    // Readable by the container runtime, as a file `File::create` makes would be.
+    atomic_file::write_atomic(&path, &text, 0o644, true).map_err(err)?;
     Ok(true)
 }
 

@@ -44,6 +44,8 @@ use std::{
     path::{Component, Path, PathBuf},
 };
 
+use rdma_streams_common::atomic_file;
+
 /// ib_core's RDMA network-namespace mode parameter, below `sys` (the plugin's
 /// `netns_mode::PARAM`): `Y` shared, `N` exclusive.
 pub const NETNS_MODE_PARAM: &str = "module/ib_core/parameters/netns_mode";
@@ -812,11 +814,10 @@ fn file_name(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Writes `contents` to a temp file beside `path` and renames it over `path`.
+/// Writes `contents` to a temporary file of its own beside `path` and renames it over `path`
+/// (mode 0644 less the umask; not synced: a test's tree need not survive a crash).
 fn write_atomic(path: &Path, contents: &str) -> io::Result<()> {
-    let tmp = path.with_file_name(format!(".{}.tmp", file_name(path)));
-    fs::write(&tmp, contents)?;
-    fs::rename(&tmp, path)
+    atomic_file::write_atomic(path, contents.as_bytes(), 0o644, false)
 }
 
 fn remove_any(path: &Path) -> io::Result<()> {

@@ -2,12 +2,9 @@
 //! each file is written to a temporary file in the same directory, synced, then renamed over
 //! the old one, so a reader sees either the old or the new file, never a partial one.
 
-use std::{
-    fs::{self, OpenOptions},
-    io::Write,
-    os::unix::fs::OpenOptionsExt,
-    path::Path,
-};
+use std::{fs, path::Path};
+
+use rdma_streams_common::atomic_file;
 
 use super::{CertError, ServingCert};
 
@@ -45,32 +42,13 @@ pub fn write_serving_cert_blocking(dir: &Path, cert: &ServingCert) -> Result<(),
     Ok(())
 }
 
+/// A file of its own for each write, created with `mode` (the key's temporary file is never
+/// readable by others either), synced, renamed over `path`.
 fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertError> {
-    let io = |source| CertError::Io {
+    atomic_file::write_atomic(path, contents, mode, true).map_err(|source| CertError::Io {
         path: path.to_owned(),
         source,
-    };
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
-    // A leftover from a crash may have other permissions: start from nothing.
-    let _ = fs::remove_file(&tmp);
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(io)
+    })
 }
 
 #[cfg(test)]

@@ -22,9 +22,10 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
-use std::fs::OpenOptions;
+use std::fs::Permissions;
 use std::io::{self, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -302,36 +303,32 @@ impl StatsSnapshot {
 }
 
 /// Writes `bytes` to `path` so readers see either the old file or the whole new one: a temp file
-/// in the same directory (`.<name>.tmp.<pid>.<n>`, created exclusively, mode 0644 less umask),
-/// then `rename`. On any error the temp file is removed and the error returned; never panics.
+/// of its own in the same directory (`tempfile`: `.<name>.tmp.<random>`, created exclusively,
+/// mode 0666 less umask as `File::create` gives), then `rename`; not synced (stats are a
+/// snapshot, not a record). On any error the temp file is removed and the error returned;
+/// never panics. The same steps as `rdma_streams_common::atomic_file`, which the shim cannot
+/// link.
 pub fn write_atomic(path: &FsPath, bytes: &[u8]) -> io::Result<()> {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-
     let name = path.file_name().ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
             "stats path has no file name component",
         )
     })?;
-    let mut tmp_name = OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(
-        ".tmp.{}.{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let tmp = path.with_file_name(tmp_name);
-
-    let result = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(bytes)?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => FsPath::new("."),
+    };
+    let mut prefix = OsString::from(".");
+    prefix.push(name);
+    prefix.push(".tmp.");
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&prefix)
+        .permissions(Permissions::from_mode(0o666))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// Where this process's stats go: the `STREAMSHIM_STATS` template.
