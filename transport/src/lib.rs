@@ -10,6 +10,7 @@
 //!   [`flow`] (credits over a receive ring) and [`wire`] (private data, control messages).
 //! - [`fd`], [`route`]: operations on the kernel fds the engine drives, and the local address
 //!   the kernel would send from to a peer.
+//! - [`sockaddr`]: C socket addresses to and from `SocketAddr` (also the shim's hooks').
 //!
 //! What rides on a stream is the caller's: the shim's negotiation messages, policy, reasons and
 //! stats are in `rdma-streams-shim-core`, the gateway's connect payloads in the gateway. The
@@ -21,7 +22,7 @@ pub mod flow;
 pub mod probe;
 pub mod rdma;
 pub mod route;
-mod sockaddr;
+pub mod sockaddr;
 pub mod wire;
 
 pub use engine::{

@@ -7,11 +7,12 @@
 #![allow(unsafe_code)]
 
 use std::mem::{MaybeUninit, size_of};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::SocketAddr;
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use libc::{c_int, sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t};
+use libc::{c_int, sockaddr, sockaddr_storage, socklen_t};
+use rdma_streams_transport::sockaddr::{RawSockAddr, from_bytes};
 
 /// This thread's errno.
 #[inline]
@@ -45,7 +46,7 @@ pub fn write_stderr(mut bytes: &[u8]) {
 }
 
 /// Reads an INET socket address from a caller's buffer; None for other families, a null
-/// pointer or a short length.
+/// pointer or a short length (the transport's [`from_bytes`]).
 ///
 /// # Safety
 /// `addr`, if not null, must point to at least `len` readable bytes.
@@ -53,49 +54,30 @@ pub unsafe fn sockaddr_from_raw(addr: *const sockaddr, len: socklen_t) -> Option
     if addr.is_null() {
         return None;
     }
-    let len = usize::try_from(len).ok()?;
-    if len < size_of::<libc::sa_family_t>() {
-        return None;
-    }
-    // SAFETY: at least the family field is readable (checked above); unaligned reads because
-    // the caller's buffer need not be aligned.
-    let family = c_int::from(unsafe { std::ptr::addr_of!((*addr).sa_family).read_unaligned() });
-    match family {
-        libc::AF_INET if len >= size_of::<sockaddr_in>() => {
-            // SAFETY: `len` bytes are readable and cover a sockaddr_in.
-            let sin = unsafe { addr.cast::<sockaddr_in>().read_unaligned() };
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 if len >= size_of::<sockaddr_in6>() => {
-            // SAFETY: `len` bytes are readable and cover a sockaddr_in6.
-            let sin6 = unsafe { addr.cast::<sockaddr_in6>().read_unaligned() };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
-                u16::from_be(sin6.sin6_port),
-                sin6.sin6_flowinfo,
-                sin6.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
+    // No INET address is longer than a sockaddr_storage: never look further.
+    let len = usize::try_from(len)
+        .ok()?
+        .min(size_of::<sockaddr_storage>());
+    // SAFETY: `len` bytes are readable (the caller's contract, clamped above); bytes need no
+    // alignment, and they are only read while the caller's call lasts.
+    let bytes = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) };
+    from_bytes(bytes).ok()
 }
 
 type NameFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
 
 fn sock_name(fd: c_int, f: NameFn) -> Option<SocketAddr> {
-    let mut ss = MaybeUninit::<sockaddr_storage>::zeroed();
-    let mut len = socklen_t::try_from(size_of::<sockaddr_storage>()).ok()?;
-    // SAFETY: `ss` is a zeroed sockaddr_storage of `len` bytes; the call writes at most that.
-    let rc = unsafe { f(fd, ss.as_mut_ptr().cast(), &mut len) };
+    let mut raw = RawSockAddr::empty();
+    let mut len = raw.capacity();
+    // SAFETY: `raw` holds `len` writable bytes, aligned like a sockaddr_storage; the call
+    // writes at most that many.
+    let rc = unsafe { f(fd, raw.as_mut_ptr(), &mut len) };
     if rc != 0 {
         return None;
     }
-    let len = len.min(socklen_t::try_from(size_of::<sockaddr_storage>()).ok()?);
-    // SAFETY: `ss` is initialised (zeroed, then filled) and `len` bytes of it are readable.
-    unsafe { sockaddr_from_raw(ss.as_ptr().cast(), len) }
+    // Clamped to the buffer: a longer (truncated) address is never read past it.
+    raw.set_len(len);
+    raw.to_addr().ok()
 }
 
 /// The socket's local address (getsockname; one syscall).
@@ -283,35 +265,9 @@ pub fn set_linger_zero(fd: BorrowedFd<'_>) {
 
 /// Binds `fd` to `addr` (the real bind; bind is not hooked).
 pub fn bind(fd: c_int, addr: SocketAddr) -> std::io::Result<()> {
-    let rc = match addr {
-        SocketAddr::V4(a) => {
-            let sin = sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from(*a.ip()).to_be(),
-                },
-                sin_zero: [0; 8],
-            };
-            let len = socklen_t::try_from(size_of::<sockaddr_in>()).unwrap_or(0);
-            // SAFETY: `sin` is a whole sockaddr_in of `len` bytes.
-            unsafe { libc::bind(fd, std::ptr::addr_of!(sin).cast(), len) }
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            let len = socklen_t::try_from(size_of::<sockaddr_in6>()).unwrap_or(0);
-            // SAFETY: `sin6` is a whole sockaddr_in6 of `len` bytes.
-            unsafe { libc::bind(fd, std::ptr::addr_of!(sin6).cast(), len) }
-        }
-    };
+    let raw = RawSockAddr::from_addr(addr);
+    // SAFETY: `raw` holds a whole sockaddr_in or sockaddr_in6 of `socklen()` bytes.
+    let rc = unsafe { libc::bind(fd, raw.as_ptr(), raw.socklen()) };
     if rc != 0 {
         return Err(last_error());
     }
@@ -320,6 +276,10 @@ pub fn bind(fd: c_int, addr: SocketAddr) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6};
+
+    use libc::{sockaddr_in, sockaddr_in6};
+
     use super::*;
 
     #[test]
@@ -350,6 +310,38 @@ mod tests {
         // SAFETY: points to a whole sockaddr_un of `ulen` bytes.
         let u = unsafe { sockaddr_from_raw(std::ptr::addr_of!(un).cast(), ulen) };
         assert_eq!(u, None, "not INET");
+
+        for ip in [
+            "fe80::1".parse::<Ipv6Addr>().unwrap(),
+            Ipv4Addr::new(10, 1, 2, 3).to_ipv6_mapped(),
+        ] {
+            let sin6 = sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: 443u16.to_be(),
+                sin6_flowinfo: 7,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: ip.octets(),
+                },
+                sin6_scope_id: 2,
+            };
+            let len = socklen_t::try_from(size_of::<sockaddr_in6>()).unwrap_or(0);
+            let p = std::ptr::addr_of!(sin6).cast::<sockaddr>();
+            // SAFETY: `p` points to a whole sockaddr_in6 of `len` bytes.
+            let a = unsafe { sockaddr_from_raw(p, len) };
+            assert_eq!(a, Some(SocketAddr::V6(SocketAddrV6::new(ip, 443, 7, 2))));
+            // SAFETY: fewer bytes than the pointer holds.
+            let short = unsafe { sockaddr_from_raw(p, len - 1) };
+            assert_eq!(short, None, "short length");
+        }
+    }
+
+    #[test]
+    fn sock_names_of_a_tcp_socket() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        assert_eq!(local_addr(listener.as_raw_fd()), listener.local_addr().ok());
+        assert_eq!(peer_addr(client.as_raw_fd()), client.peer_addr().ok());
+        assert_eq!(local_addr(-1), None);
     }
 }
 
