@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod args;
 pub mod atomic_file;
+pub mod backoff;
 pub mod file_id;
 #[cfg(feature = "kube")]
 pub mod kube;

@@ -15,6 +15,7 @@ use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
 use rdma_streams_common::{
     args::{AdminArgs, LogArgs},
+    backoff::Backoff,
     reload_metrics::ReloadStatsCollector,
     report::Report,
     runtime::{self, Runtime, Tasks},
@@ -543,17 +544,17 @@ async fn self_managed_certs(
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_string());
     let cfg = certs::BootstrapConfig::new(&plan.service, &namespace, &plan.service, &plan.dir);
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     let boot = loop {
         match certs::bootstrap(client, &cfg).await {
             Ok(b) => break b,
             Err(e) if e.is_transient() => {
+                let delay = backoff.next_delay();
                 warn!(error = %Report(&e), retry_in = ?delay, "certificate bootstrap failed; retrying");
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(false),
                     () = tokio::time::sleep(delay) => {}
                 }
-                delay = (delay * 2).min(Duration::from_secs(10));
             }
             Err(e) => return Err(e.into()),
         }

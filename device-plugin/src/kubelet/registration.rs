@@ -1,8 +1,9 @@
 //! Registering a pool with kubelet: the `kubelet.sock` Register call and the plugin-watcher
-//! `pluginregistration.Registration` service, plus the retry backoff both share.
+//! `pluginregistration.Registration` service, and the retry backoff both share.
 
 use std::{path::Path, time::Duration};
 
+use rdma_streams_common::backoff::Backoff;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
@@ -63,39 +64,9 @@ pub async fn register(
     Ok(())
 }
 
-/// Exponential backoff for registration retries: 100 ms doubling to a 5 s ceiling.
-#[derive(Clone, Debug)]
-pub struct Backoff {
-    next: Duration,
-    min: Duration,
-    max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self::new(Duration::from_millis(100), Duration::from_secs(5))
-    }
-}
-
-impl Backoff {
-    pub fn new(min: Duration, max: Duration) -> Self {
-        Self {
-            next: min,
-            min,
-            max,
-        }
-    }
-
-    /// The delay before the next attempt; each call doubles the following one.
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    pub fn reset(&mut self) {
-        self.next = self.min;
-    }
+/// The delays between registration attempts: 100 ms doubling to 5 s, reset once registered.
+pub fn retry_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
 }
 
 /// What kubelet's plugin watcher told us.
@@ -151,12 +122,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_to_ceiling_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
-        let seq: Vec<_> = (0..4).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(seq, [100, 200, 350, 350]);
+    fn retries_start_at_100_ms_and_double_to_5_s() {
+        let mut b = retry_backoff();
+        let seq: Vec<_> = (0..8).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(seq, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
         b.reset();
-        assert_eq!(b.next_delay().as_millis(), 100);
+        assert_eq!(b.next_delay(), Duration::from_millis(100));
     }
 
     #[tokio::test]

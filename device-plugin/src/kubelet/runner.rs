@@ -23,7 +23,7 @@ use std::{
     time::Duration,
 };
 
-use rdma_streams_common::{admin::Gate, report::Report};
+use rdma_streams_common::{admin::Gate, backoff::Backoff, report::Report};
 use tokio::{
     sync::{broadcast, mpsc, watch},
     time::Instant,
@@ -35,7 +35,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use super::{
     dir_watch::DirEvent,
     instance_lock::{self, InstanceLock},
-    registration::{self, Backoff, RegistrationMode, WatcherRegistration, WatcherStatus},
+    registration::{self, RegistrationMode, WatcherRegistration, WatcherStatus},
     resource_name::socket_file_name,
     service::PoolService,
 };
@@ -144,7 +144,7 @@ impl Runner {
     pub async fn run(mut self) {
         let span = info_span!("pool", resource = %self.resource_name);
         async move {
-            let mut backoff = Backoff::default();
+            let mut backoff = registration::retry_backoff();
             self.set_state(PoolState::NotRegistered);
             let lock_path = self.settings.lock_path(&self.resource_name);
             'locked: loop {

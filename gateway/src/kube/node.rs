@@ -51,7 +51,7 @@ use kube::{
         watcher::{self, DefaultBackoff},
     },
 };
-use rdma_streams_common::{kube::Cache, report::Report};
+use rdma_streams_common::{backoff::Backoff, kube::Cache, report::Report};
 use serde_json::{Value, json};
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -168,19 +168,21 @@ impl NodePublisher {
     pub async fn remove(&self, deadline: Duration) -> Result<(), kube::Error> {
         let body = NodeAnnotations::removal_patch();
         let give_up = tokio::time::Instant::now() + deadline;
-        let mut delay = Duration::from_millis(200);
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
         loop {
             match self.patch(&body).await {
                 Ok(()) => {
                     info!(node = %self.node, "removed gateway address");
                     return Ok(());
                 }
-                Err(error) if tokio::time::Instant::now() + delay < give_up => {
+                Err(error) => {
+                    let delay = backoff.next_delay();
+                    if tokio::time::Instant::now() + delay >= give_up {
+                        return Err(error);
+                    }
                     warn!(node = %self.node, error = %Report(&error), "removing gateway address failed; retrying");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
                 }
-                Err(error) => return Err(error),
             }
         }
     }

@@ -21,7 +21,7 @@ use kube::{
     Api, Client,
     runtime::watcher::{self, Event},
 };
-use rdma_streams_common::{kube::Watch, report::Report};
+use rdma_streams_common::{backoff::Backoff, kube::Watch, report::Report};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -109,7 +109,7 @@ async fn recreate(
     name: &str,
     shutdown: &CancellationToken,
 ) -> Option<CertAuthority> {
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), MAX_RECREATE_DELAY);
     loop {
         let attempt = tokio::select! {
             biased;
@@ -122,12 +122,12 @@ async fn recreate(
                 return Some(ca);
             }
             Err(error) => {
+                let delay = backoff.next_delay();
                 warn!(error = %Report(&error), retry_in = ?delay, "re-creating the CA Secret failed; retrying");
                 tokio::select! {
                     () = shutdown.cancelled() => return None,
                     () = tokio::time::sleep(delay) => {}
                 }
-                delay = (delay * 2).min(MAX_RECREATE_DELAY);
             }
         }
     }
