@@ -1,5 +1,7 @@
 use super::*;
 
+mod fuzz;
+
 /// The two header blocks Python grpcio 1.85.3 sent on one connection for two calls to
 /// `unix:///tmp/capt/kubelet.sock`: literals entered in the dynamic table, then references to
 /// them. The authority is `tmp%2Fcapt%2Fkubelet.sock`.
