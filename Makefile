@@ -46,8 +46,20 @@ VNG := $(VNG_VENV)/bin/vng
 # cargo's bin directory. Exceptions it cannot see: `[package.metadata.cargo-machete]`.
 MACHETE_VERSION := 0.9.2
 
-.PHONY: all build deps test check fmt-check machete clippy unit bench demo e2e-softroce clean manifests manifests-check \
-	images e2e
+# cargo-deny (crates.io): advisories, bans, licences and sources of the crate graph
+# (deny.toml, scripts/deny.sh). ADVISORY_DB: the RustSec database snapshot used where
+# github.com does not answer (scripts/deny.sh says which database it used, and its date).
+DENY_VERSION := 0.20.2
+ADVISORY_DB ?= $(firstword $(wildcard $(CURDIR)/../shared/advisory-db /work/shared/advisory-db))
+
+# cargo-auditable (crates.io): shipped binaries and libstreamshim.so carry their dependency
+# list (a `.dep-v0` section that Trivy, Grype and Syft read); `make auditable` builds them so and
+# reads it back.
+AUDITABLE_VERSION := 0.7.7
+SHIPPED := rdma-device-plugin rdma-stream-injector rdma-migration-gateway rdma-streams-shim
+
+.PHONY: all build deps test check fmt-check machete deny auditable clippy unit bench demo e2e-softroce clean manifests \
+	manifests-check images e2e
 
 all: build
 
@@ -106,6 +118,14 @@ deps:
 		echo "make deps: installing cargo-machete $(MACHETE_VERSION)"; \
 		$(CARGO) install --locked --quiet cargo-machete --version $(MACHETE_VERSION); \
 	fi
+	@if [ "$$($(CARGO) deny --version 2>/dev/null)" != "cargo-deny $(DENY_VERSION)" ]; then \
+		echo "make deps: installing cargo-deny $(DENY_VERSION)"; \
+		$(CARGO) install --locked --quiet cargo-deny --version $(DENY_VERSION); \
+	fi
+	@if ! $(CARGO) install --list 2>/dev/null | grep -qx "cargo-auditable v$(AUDITABLE_VERSION):"; then \
+		echo "make deps: installing cargo-auditable $(AUDITABLE_VERSION)"; \
+		$(CARGO) install --locked --quiet cargo-auditable --version $(AUDITABLE_VERSION); \
+	fi
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -113,6 +133,20 @@ fmt-check:
 # Dependencies a crate declares but never uses.
 machete:
 	$(CARGO) machete
+
+# Advisories, bans, licences and sources (deny.toml); the advisory database it used is printed.
+deny:
+	@CARGO=$(CARGO) ADVISORY_DB=$(ADVISORY_DB) bash scripts/deny.sh
+
+# The shipped artefacts as the images build them (release, cargo auditable), each one's embedded
+# dependency list read back and checked against Cargo.lock.
+auditable:
+	$(CARGO) auditable build --release --locked $(addprefix -p ,$(SHIPPED))
+	@python3 scripts/check-auditable.py Cargo.lock \
+		target/release/rdma-device-plugin=rdma-device-plugin \
+		target/release/rdma-stream-injector=rdma-stream-injector \
+		target/release/rdma-migration-gateway=rdma-migration-gateway \
+		target/release/libstreamshim.so=rdma-streams-shim
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
@@ -153,7 +187,7 @@ manifests:
 manifests-check:
 	@HELM=$(HELM) bash scripts/render-manifests.sh --check
 
-test: deps fmt-check machete clippy manifests-check unit
+test: deps fmt-check machete deny clippy manifests-check auditable unit
 
 # Every benchmark runs even when an earlier one misses a goal; the list of those that did and a
 # non-zero exit come at the end.
