@@ -25,7 +25,7 @@ if [ -z "${ADVISORY_DB_OFFLINE:-}" ] && timeout 20 git ls-remote --exit-code "$U
 	$CARGO deny --locked fetch db
 	db="$root/$DB_DIR"
 	echo "cargo deny: advisories from the live RustSec database ($URL), commit $(git -C "$db" rev-parse --short=12 HEAD) of $(git -C "$db" show -s --format=%cs HEAD)"
-	exec $CARGO deny --locked check
+	exec $CARGO deny --locked check --deny warnings
 fi
 
 snapshot=${ADVISORY_DB:-}
@@ -55,4 +55,4 @@ cp -R "$snapshot/." "$root/$DB_DIR/"
 )
 export RDMA_STREAMS_ADVISORY_DB_ROOT="$root"
 echo "cargo deny: advisories from the snapshot $snapshot (RustSec commit ${commit:0:12} of $date, $age days old; $URL is unreachable)"
-$CARGO deny --frozen check
+$CARGO deny --frozen check --deny warnings
