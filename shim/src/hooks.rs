@@ -206,7 +206,8 @@ fn read_direct(fd: c_int, buf: *mut c_void, len: usize) -> Option<isize> {
 }
 
 /// `recv`/`recvfrom` of an upgraded fd, the way [`calls::recv`] says: a direct read; with
-/// `MSG_WAITALL` on a blocking fd, the buffer filled from direct reads and the original `orig`
+/// `MSG_TRUNC`, the bytes counted and discarded as TCP does; with `MSG_WAITALL` on a blocking
+/// fd, the buffer filled from direct reads and the original `orig`
 /// (called without the flag) in turn ([`direct::wait_all`]). None: the caller calls the
 /// original with its arguments.
 fn recv_upgraded(
@@ -218,6 +219,16 @@ fn recv_upgraded(
     match calls::recv(flags, wants_addr) {
         Recv::Original => return None,
         Recv::Direct => return read_direct(fd, buf, len),
+        Recv::Discard if fdtable::get(fd) & fdtable::SWAPPED != 0 => {
+            let mut scratch = [0u8; calls::DISCARD_CHUNK];
+            let n = len.min(scratch.len());
+            return Some(orig(
+                scratch.as_mut_ptr().cast(),
+                n,
+                flags & !libc::MSG_TRUNC,
+            ));
+        }
+        Recv::Discard => return None,
         Recv::WaitAll => {}
     }
     if buf.is_null() || len == 0 || fdtable::get(fd) & fdtable::SWAPPED == 0 {
@@ -417,9 +428,17 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: usize, flags: 
     write_result(fd, unsafe { orig(fd, buf, len, flags) })
 }
 
+/// Whether a send's address is dropped: on an upgraded fd, which is connected, TCP ignores the
+/// address a `sendto` or `sendmsg` names (`tcp_sendmsg` reads no `msg_name`), where the
+/// socketpair behind the fd would answer `EISCONN`. One atomic load.
+fn drops_address(fd: c_int) -> bool {
+    fdtable::get(fd) & fdtable::SWAPPED != 0
+}
+
 /// `ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr
 /// *addr, socklen_t addrlen)`: as [`send`] when no address is given (a connected stream
-/// socket's only use).
+/// socket's only use); an upgraded fd ignores the address, as TCP does
+/// ([`drops_address`]).
 ///
 /// # Safety
 /// The C contract of `sendto(2)`.
@@ -435,6 +454,11 @@ pub unsafe extern "C" fn sendto(
     let Some(orig) = real::sendto() else {
         return no_original() as isize;
     };
+    let (addr, addrlen) = if drops_address(fd) {
+        (std::ptr::null(), 0)
+    } else {
+        (addr, addrlen)
+    };
     // SAFETY: the caller's fd with the unwritten tail of its buffer and its flags, no address.
     let mut call =
         |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags, std::ptr::null(), 0) };
@@ -445,6 +469,31 @@ pub unsafe extern "C" fn sendto(
     }
     // SAFETY: the caller's arguments, passed on unchanged.
     write_result(fd, unsafe { orig(fd, buf, len, flags, addr, addrlen) })
+}
+
+/// `ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)`: the original, with the
+/// message's address dropped on an upgraded fd ([`drops_address`]); its ancillary data go to
+/// the socketpair, whose engine end reads the bytes and drops the rest (`SCM_RIGHTS` and
+/// `SCM_CREDENTIALS` mean nothing to TCP either).
+///
+/// # Safety
+/// The C contract of `sendmsg(2)`: `msg` points to a readable `struct msghdr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
+    let Some(orig) = real::sendmsg() else {
+        return no_original() as isize;
+    };
+    if msg.is_null() || !drops_address(fd) {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return write_result(fd, unsafe { orig(fd, msg, flags) });
+    }
+    // SAFETY: per sendmsg's contract `msg` points to a readable msghdr; the copy shares its
+    // buffers, which stay the caller's for the call.
+    let mut without_name = unsafe { msg.read() };
+    without_name.msg_name = std::ptr::null_mut();
+    without_name.msg_namelen = 0;
+    // SAFETY: the caller's fd, message (less its address) and flags.
+    write_result(fd, unsafe { orig(fd, &without_name, flags) })
 }
 
 /// `int close(int fd)`. Safe in signal handlers and between fork and exec: an atomic store and
@@ -677,8 +726,23 @@ pub unsafe extern "C" fn setsockopt(
     };
     // SAFETY: the caller's arguments, passed on unchanged (to the fd or the kept socket).
     let call = move |f: c_int| unsafe { orig(f, level, name, val, len) };
-    if fdtable::get(fd) & fdtable::SWAPPED == 0 || !calls::option_on_kept(level, name) {
+    if fdtable::get(fd) & fdtable::SWAPPED == 0 {
         return call(fd);
+    }
+    if !calls::option_on_kept(level, name) {
+        let rc = call(fd);
+        if rc == 0 && level == libc::SOL_SOCKET && name == libc::SO_LINGER && !val.is_null() {
+            let errno = sys::errno();
+            // SAFETY: setsockopt's contract: `val` holds `len` readable bytes.
+            let value = unsafe {
+                std::slice::from_raw_parts(val.cast::<u8>(), usize::try_from(len).unwrap_or(0))
+            };
+            if let Some(reset) = calls::linger_resets(level, name, value) {
+                let _ = guarded(|| ops::mirror_linger(fd, reset));
+            }
+            sys::set_errno(errno);
+        }
+        return rc;
     }
     detour(&|| call(fd), |real| {
         ops::redirect(fd, real, &mut |k| call(k))

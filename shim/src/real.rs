@@ -65,6 +65,9 @@ pub type SendFn = unsafe extern "C" fn(c_int, *const c_void, usize, c_int) -> is
 pub type SendtoFn =
     unsafe extern "C" fn(c_int, *const c_void, usize, c_int, *const sockaddr, socklen_t) -> isize;
 
+/// `ssize_t sendmsg(int, const struct msghdr *, int)`.
+pub type SendmsgFn = unsafe extern "C" fn(c_int, *const libc::msghdr, c_int) -> isize;
+
 /// Looks `name` up in the objects after this one and caches the address in `slot`.
 fn resolve(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
     // SAFETY: RTLD_NEXT is a valid pseudo-handle inside a shared object and `name` is
@@ -127,4 +130,5 @@ originals! {
     WRITE, write, c"write", WriteFn;
     SEND, send, c"send", SendFn;
     SENDTO, sendto, c"sendto", SendtoFn;
+    SENDMSG, sendmsg, c"sendmsg", SendmsgFn;
 }

@@ -4,7 +4,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
-use nix::sys::socket::{MsgFlags, Shutdown, recv, send, setsockopt, shutdown, sockopt};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{MsgFlags, Shutdown, getsockopt, recv, send, setsockopt, shutdown, sockopt};
 
 fn to_io(e: nix::Error) -> io::Error {
     io::Error::from_raw_os_error(e as i32)
@@ -36,6 +37,32 @@ pub fn reset(fd: BorrowedFd<'_>) {
         l_linger: 0,
     };
     let _ = setsockopt(&fd, sockopt::Linger, &linger);
+}
+
+/// Sets whether the next close of a TCP socket sends an RST (`SO_LINGER` on with 0 s) or a FIN
+/// (`SO_LINGER` off; never a lingering close, which would block its closer).
+pub fn set_reset_on_close(fd: BorrowedFd<'_>, reset: bool) -> io::Result<()> {
+    let linger = libc::linger {
+        l_onoff: i32::from(reset),
+        l_linger: 0,
+    };
+    setsockopt(&fd, sockopt::Linger, &linger).map_err(to_io)
+}
+
+/// Whether the next close of a TCP socket sends an RST ([`set_reset_on_close`]).
+pub fn resets_on_close(fd: BorrowedFd<'_>) -> bool {
+    getsockopt(&fd, sockopt::Linger).is_ok_and(|l| l.l_onoff != 0 && l.l_linger == 0)
+}
+
+/// Whether the other end of a socketpair is closed (both directions hung up), not only shut
+/// for writing.
+pub fn peer_closed(fd: BorrowedFd<'_>) -> bool {
+    let mut pfd = [PollFd::new(fd, PollFlags::empty())];
+    poll(&mut pfd, PollTimeout::ZERO).is_ok_and(|_| {
+        pfd[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLHUP))
+    })
 }
 
 /// `recv` into `buf` (non-blocking fds: `WouldBlock` when empty).

@@ -130,6 +130,7 @@ fn lost(why: &str) -> End {
         sent: 0,
         received: 0,
         error: Some(why.to_owned()),
+        reset: true,
     }
 }
 
@@ -341,6 +342,7 @@ pub mod double {
                     sent: 0,
                     received: 0,
                     error: Some("aborted".into()),
+                    reset: true,
                 }));
             }
         }
@@ -439,6 +441,7 @@ mod tests {
                 sent: 5,
                 received: 5,
                 error: None,
+                reset: false,
             };
             conn.end(end.clone());
             assert_eq!(ended(carrying.await.unwrap()), end);

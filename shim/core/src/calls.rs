@@ -15,15 +15,25 @@ pub enum Recv {
     /// (called without the flag) in turn ([`crate::direct::wait_all`]); on a non-blocking one,
     /// as [`Recv::Direct`] (it waits for nothing).
     WaitAll,
-    /// The original, with the caller's arguments (`MSG_PEEK`, `MSG_OOB`, `MSG_TRUNC`, an
-    /// address asked for, ...): it reads the socketpair, which holds every byte in order.
+    /// `MSG_TRUNC`: TCP counts the bytes it takes (or peeks) and copies none into the
+    /// caller's buffer; the socketpair would copy them. The original without the flag, into a
+    /// scratch buffer ([`DISCARD_CHUNK`] at most: one receive of a stream may return less than
+    /// asked).
+    Discard,
+    /// The original, with the caller's arguments (`MSG_PEEK`, `MSG_OOB`, an address asked
+    /// for, ...): it reads the socketpair, which holds every byte in order.
     Original,
 }
+
+/// The most one `MSG_TRUNC` receive of an upgraded fd takes ([`Recv::Discard`]).
+pub const DISCARD_CHUNK: usize = 4096;
 
 /// The way for a receive with `flags`; `wants_addr`: `recvfrom` asked for the sender's address.
 pub fn recv(flags: c_int, wants_addr: bool) -> Recv {
     const PLAIN: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-    if wants_addr {
+    if flags & libc::MSG_TRUNC != 0 && flags & libc::MSG_OOB == 0 {
+        Recv::Discard
+    } else if wants_addr {
         Recv::Original
     } else if flags & !PLAIN == 0 {
         // None of these changes what a plain read returns.
@@ -60,6 +70,21 @@ pub fn option_on_kept(level: c_int, name: c_int) -> bool {
     level != libc::SOL_SOCKET || matches!(name, libc::SO_DOMAIN | libc::SO_PROTOCOL)
 }
 
+/// Whether a `setsockopt` of (`level`, `name`) with `value` asks for an abortive close
+/// (`SO_LINGER` on with 0 s): Some(true); Some(false) for any other `SO_LINGER`; None for
+/// another option (or a value too short to be a `struct linger`). An upgraded fd's kept TCP
+/// socket is set to match, so that the engine resets the connection when the app closes it
+/// (`transport::fd::resets_on_close`).
+pub fn linger_resets(level: c_int, name: c_int, value: &[u8]) -> Option<bool> {
+    if level != libc::SOL_SOCKET || name != libc::SO_LINGER {
+        return None;
+    }
+    let int = |at: usize| -> Option<i32> {
+        Some(i32::from_ne_bytes(value.get(at..at + 4)?.try_into().ok()?))
+    };
+    Some(int(0)? != 0 && int(4)? == 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,10 +102,12 @@ mod tests {
             recv(libc::MSG_WAITALL | libc::MSG_NOSIGNAL, false),
             Recv::WaitAll
         );
+        assert_eq!(recv(libc::MSG_TRUNC, false), Recv::Discard);
+        assert_eq!(recv(libc::MSG_TRUNC | libc::MSG_PEEK, true), Recv::Discard);
         for other in [
             libc::MSG_PEEK,
             libc::MSG_OOB,
-            libc::MSG_TRUNC,
+            libc::MSG_OOB | libc::MSG_TRUNC,
             libc::MSG_WAITALL | libc::MSG_PEEK,
             libc::MSG_WAITALL | libc::MSG_DONTWAIT,
             libc::MSG_ERRQUEUE,
@@ -106,6 +133,30 @@ mod tests {
         }
         assert!(send_dontwait(libc::MSG_DONTWAIT | libc::MSG_MORE));
         assert!(!send_dontwait(libc::MSG_MORE));
+    }
+
+    #[test]
+    fn only_a_linger_of_zero_seconds_asks_for_a_reset() {
+        let linger = |on: i32, secs: i32| [on.to_ne_bytes(), secs.to_ne_bytes()].concat();
+        let sol = libc::SOL_SOCKET;
+        assert_eq!(
+            linger_resets(sol, libc::SO_LINGER, &linger(1, 0)),
+            Some(true)
+        );
+        assert_eq!(
+            linger_resets(sol, libc::SO_LINGER, &linger(1, 5)),
+            Some(false)
+        );
+        assert_eq!(
+            linger_resets(sol, libc::SO_LINGER, &linger(0, 0)),
+            Some(false)
+        );
+        assert_eq!(linger_resets(sol, libc::SO_LINGER, &[1, 0, 0]), None);
+        assert_eq!(linger_resets(sol, libc::SO_KEEPALIVE, &linger(1, 0)), None);
+        assert_eq!(
+            linger_resets(libc::IPPROTO_TCP, libc::SO_LINGER, &linger(1, 0)),
+            None
+        );
     }
 
     #[test]

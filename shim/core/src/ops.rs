@@ -300,6 +300,18 @@ pub fn redirect(
     }
 }
 
+/// `setsockopt(SO_LINGER)` of the upgraded `fd` succeeded: its kept TCP socket resets on close
+/// when `reset` (an abortive close the engine carries to the peer), else closes with a FIN.
+pub fn mirror_linger(fd: c_int, reset: bool) {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return;
+    }
+    if let Some(kept) = upgrade::kept(fd) {
+        let _ =
+            rdma_streams_transport::fd::set_reset_on_close(std::os::fd::AsFd::as_fd(&*kept), reset);
+    }
+}
+
 /// `read`/`recv` of `fd` into `buf`: for an upgraded fd whose socketpair end holds nothing,
 /// the stream's received bytes straight from its ring (one copy instead of two); None: the
 /// caller calls the original (which reads what the engine delivered, in order).

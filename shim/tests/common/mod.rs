@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The hooks `libstreamshim.so` exports, and nothing else.
-pub const HOOKS: [&str; 22] = [
+pub const HOOKS: [&str; 23] = [
     "accept",
     "accept4",
     "close",
@@ -37,6 +37,7 @@ pub const HOOKS: [&str; 22] = [
     "recv",
     "recvfrom",
     "send",
+    "sendmsg",
     "sendto",
     "setsockopt",
     "socket",

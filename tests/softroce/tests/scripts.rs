@@ -46,3 +46,46 @@ fn every_script_parses_and_a_scenario_includes_it() {
         assert!(out.status.success(), "{name}: {}", out.stderr);
     }
 }
+
+/// The conformance probe (`scripts/conformance.py`) on this machine's loopback, without the
+/// shim: both of its modes are plain TCP here, so every row answers the same in both (a row
+/// whose answer depends on timing would make the guest's comparison flaky), and every row has
+/// its line in docs/shim-conformance.md's matrix.
+#[test]
+fn the_conformance_probe_is_deterministic_on_tcp_and_every_row_is_in_the_matrix() {
+    let probe =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/scripts/conformance.py");
+    let matrix = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/shim-conformance.md"),
+    )
+    .unwrap();
+    let mut runs = Vec::new();
+    for mode in ["upgraded", "fallback"] {
+        let port = rdma_streams_testkit::free_port();
+        // Each row listens on its own port from `port` on; a free one is likely followed by
+        // free ones on a test machine's loopback.
+        let out = process::run(
+            Command::new("python3")
+                .arg(&probe)
+                .args(["127.0.0.1", &port.to_string(), mode]),
+            Duration::from_secs(120),
+        );
+        assert!(out.status.success(), "{mode}: {}", out.stderr);
+        runs.push(out.stdout);
+    }
+    assert_eq!(
+        runs[0], runs[1],
+        "the probe's answers depend on more than TCP"
+    );
+    let rows: Vec<&str> = runs[0]
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    assert!(rows.len() >= 20, "{}", runs[0]);
+    for row in rows {
+        assert!(
+            matrix.contains(&format!("| `probe: {row}` |")),
+            "{row}: no line `| \\`probe: {row}\\` |` in docs/shim-conformance.md"
+        );
+    }
+}

@@ -57,6 +57,7 @@ fn main() -> ExitCode {
         .chain(scenarios::shim_wire::SCENARIOS)
         .chain(scenarios::gateway::SCENARIOS)
         .chain(scenarios::attacks::SCENARIOS)
+        .chain(scenarios::conformance::SCENARIOS)
         .copied()
         .collect();
     runner::main(&all)

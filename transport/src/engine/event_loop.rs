@@ -851,7 +851,14 @@ impl Loop {
         if moved > 0 {
             self.inner.progress.fetch_add(moved, Ordering::Release);
         }
-        let stream_over = conn.settle(&mut fds);
+        let mut stream_over = conn.settle(&mut fds);
+        if conn.relay_unstepped() {
+            // A relay that started in `settle` (the client stayed on TCP): stepped now, as the
+            // app may have written before it started (a server's banner) and no event will
+            // come for that.
+            conn.progress(now, config, self.draining, &mut fds);
+            stream_over = conn.settle(&mut fds);
+        }
         let teardown =
             stream_over && conn.id.is_some() && !matches!(conn.cm, CmPhase::Disconnecting(_));
         self.apply(fds);

@@ -294,6 +294,11 @@ pub struct End {
     pub received: u64,
     /// Both directions finished normally; otherwise why not.
     pub error: Option<String>,
+    /// The app's side reports the end as a reset (`ECONNRESET`), as TCP does for an RST that
+    /// comes before the peer's FIN: the stream failed while bytes of the peer's direction could
+    /// still be missing. False for an orderly end, and for a failure after the peer's FIN (TCP
+    /// then reads EOF and answers a write with `EPIPE`).
+    pub reset: bool,
 }
 
 /// Options of [`Conn::attach`].

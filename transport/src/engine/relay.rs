@@ -67,6 +67,8 @@ pub(super) struct Relay {
     down: Direction,
     /// The far side's first bytes must not be this secret (see the module docs).
     guard: Option<(Secret, Instant)>,
+    /// Stepped at least once ([`Relay::stepped`]).
+    stepped: bool,
 }
 
 /// How a relay step ended.
@@ -97,6 +99,7 @@ impl Relay {
             up: Direction::new(),
             down: Direction::new(),
             guard: None,
+            stepped: false,
         }
     }
 
@@ -112,6 +115,13 @@ impl Relay {
             guard: Some((secret, until)),
             ..Relay::new(local, far)
         }
+    }
+
+    /// Whether the relay was stepped since it started. One that was not must be stepped
+    /// without waiting for an event: bytes written before it started (a server's banner)
+    /// raise none.
+    pub(super) fn stepped(&self) -> bool {
+        self.stepped
     }
 
     /// When the guard stops waiting for the rest of the secret's start (the engine steps the
@@ -133,6 +143,7 @@ impl Relay {
     /// Moves what it can without blocking. `draining`: a local side with nothing to read
     /// counts as EOF (the process is exiting).
     pub(super) fn step(&mut self, draining: bool) -> Step {
+        self.stepped = true;
         if let Some((secret, until)) = self.guard {
             match proof::look(self.far.as_fd(), &secret) {
                 Look::Whole => {
@@ -284,6 +295,22 @@ mod tests {
         peer.read_to_string(&mut got).unwrap();
         assert_eq!(got, "hello");
         assert_eq!(r.moved(), (5, 5));
+    }
+
+    #[test]
+    fn bytes_written_before_the_relay_started_go_at_its_first_step() {
+        // A server's banner, written while the engine still waited for the client's proof:
+        // it raises no event once the relay runs, so the loop steps an unstepped relay at once.
+        let (mut r, mut app, mut peer) = relay(None);
+        app.write_all(b"220 ready").unwrap();
+        assert!(!r.stepped());
+        assert!(matches!(r.step(false), Step::Idle));
+        assert!(r.stepped());
+        let mut got = [0u8; 9];
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"220 ready");
     }
 
     fn step_until(r: &mut Relay, done: impl Fn(&Step, &Relay) -> bool) -> Step {

@@ -419,6 +419,7 @@ fn unreachable() -> End {
         sent: 0,
         received: 0,
         error: Some(String::from("checked above")),
+        reset: true,
     }
 }
 

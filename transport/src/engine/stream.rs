@@ -211,6 +211,7 @@ impl StreamConn {
                         sent: 0,
                         received: 0,
                         error: Some(String::from("the connection ended before it was attached")),
+                        reset: true,
                     }));
                     fd::shutdown_quietly(attached.local.as_fd(), Shutdown::Both);
                     if let Some(k) = kept {
@@ -361,6 +362,7 @@ impl StreamConn {
                     error: Some(String::from(
                         "no CONFIRM and no TCP connection to fall back on",
                     )),
+                    reset: true,
                 }));
                 fd::shutdown_quietly(local.as_fd(), Shutdown::Both);
                 fds.closing.push(Arc::new(local));
@@ -393,6 +395,7 @@ impl StreamConn {
         if let Some(link) = &mut self.link {
             link.set_writing(false);
         }
+        let peer_fin = self.link.as_ref().is_some_and(Link::peer_fin);
         let app = std::mem::replace(&mut self.app, App::Done);
         match app {
             App::Stream(mut a) => {
@@ -411,6 +414,7 @@ impl StreamConn {
                     sent: a.sent,
                     received: a.received,
                     error: Some(why),
+                    reset: !peer_fin,
                 }));
                 fd::shutdown_quietly(a.local.as_fd(), Shutdown::Both);
                 if let Some(k) = a.kept.take() {
@@ -511,6 +515,7 @@ impl StreamConn {
             sent,
             received,
             error,
+            reset: failed,
         }));
         if failed {
             // After the report: the app's next read can tell the failure from an end.
@@ -585,6 +590,7 @@ impl StreamConn {
             sent,
             received,
             error: None,
+            reset: false,
         }));
         fds.closing.push(Arc::new(local));
         if let Some(k) = kept {
@@ -603,6 +609,11 @@ impl StreamConn {
             }
             App::Unattached | App::Done => 0,
         }
+    }
+
+    /// A relay started and not stepped yet ([`Relay::stepped`]): the loop steps it at once.
+    pub(super) fn relay_unstepped(&self) -> bool {
+        matches!(&self.app, App::Relay(r, _) if !r.stepped())
     }
 
     /// The stream's graceful end: both directions done, nothing attached any more.
@@ -650,6 +661,16 @@ impl StreamConn {
     }
 }
 
+/// Whether the app's end of the local side is closed (not only shut for writing) and the kept
+/// TCP socket is set to reset on close: the hooks set that when the app asks for an abortive
+/// close (`SO_LINGER` on with 0 s).
+fn closed_with_reset(a: &Attached) -> bool {
+    a.kept
+        .as_ref()
+        .is_some_and(|k| fd::resets_on_close(k.as_fd()))
+        && fd::peer_closed(a.local.as_fd())
+}
+
 /// The stream's pump: what arrived to the local side, the local side's bytes to the peer, the
 /// half-closes and the credits.
 fn pump(link: &mut Link, a: &mut Attached, draining: bool) -> io::Result<()> {
@@ -665,6 +686,16 @@ fn pump(link: &mut Link, a: &mut Attached, draining: bool) -> io::Result<()> {
         let (eof, moved) = link.send_from(&a.local, &mut a.local_ready, draining)?;
         sent += moved;
         a.local_eof = eof;
+        if eof && closed_with_reset(a) {
+            // The app closed with SO_LINGER {1, 0}: TCP sends an RST, not a FIN, and drops
+            // what it had not sent; the peer's app reads what arrived, then ECONNRESET. The
+            // stream fails without its FIN (the kept socket is reset, the peer's with it).
+            a.sent += sent;
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "the app closed with a reset (SO_LINGER 0)",
+            ));
+        }
     }
     // The app may write straight into the send ring until its side ended.
     link.set_writing(link.is_ready() && !link.is_quiet() && !a.local_eof);

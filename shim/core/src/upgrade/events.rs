@@ -39,8 +39,11 @@ pub fn count_bytes(sent: u64, received: u64) {
     stats.add_rdma_bytes_received(received);
 }
 
-/// The engine's callback for one swapped connection; `broken` is set when it ends in a failure
-/// (before the engine ends the app's side, so the app's reads tell it from an orderly end).
+/// The engine's callback for one swapped connection; `broken` is set when it ends in a reset
+/// (a failure before the peer's FIN, [`End::reset`]; reported before the engine ends the
+/// app's side, so the app's reads tell it from an orderly end).
+///
+/// [`End::reset`]: rdma_streams_transport::engine::End::reset
 pub fn on_event(
     role: Role,
     fd: c_int,
@@ -53,7 +56,7 @@ pub fn on_event(
             record(role, fd, peer, path, reason);
         }
         Event::Ended(end) => {
-            if end.error.is_some() {
+            if end.reset {
                 broken.store(true, Ordering::Release);
             }
             if end.path == StreamPath::Rdma {

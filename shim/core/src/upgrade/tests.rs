@@ -54,6 +54,7 @@ fn a_failed_stream_reads_as_one_reset_and_an_orderly_end_as_none() {
             sent: 1,
             received: 2,
             error: error.map(String::from),
+            reset: error.is_some(),
         })
     };
     for failed in [true, false] {

@@ -1,6 +1,7 @@
 //! The Soft-RoCE scenarios beyond the smoke tests, one module per area.
 
 pub mod attacks;
+pub mod conformance;
 pub mod gateway;
 pub mod shim_apps;
 pub mod shim_faults;

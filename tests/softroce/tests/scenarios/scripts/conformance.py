@@ -1,0 +1,647 @@
+"""The differential probe of docs/shim-conformance.md: each row makes the same socket calls on
+a fresh TCP connection and prints one line, `<row> <result>`; the suite runs it on plain TCP,
+under the shim with the connection upgraded, and under the shim with it fallen back, and
+compares the lines.
+
+Usage: conformance.py HOST FIRST_PORT MODE [ROW ...]
+  MODE upgraded: the server accepts in a thread before the client connects (the shim upgrades);
+  MODE fallback: the client connects before the server accepts, in one thread (the shim's
+                 negotiation gives up and the connection stays TCP).
+  Without the shim both modes are plain TCP. Each row listens on its own port (FIRST_PORT + i),
+  so no row's fallback puts the next row's destination in the shim's negative cache.
+
+A row is a function of (client, server) sockets, connected to each other, that returns a short
+text: what the calls answered. A new row is one function in ROWS.
+"""
+
+import errno
+import fcntl
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import termios
+import threading
+import time
+
+WAIT = 2.0  # seconds a row waits for bytes that should arrive
+
+
+def err(e):
+    return errno.errorcode.get(e.errno, str(e.errno))
+
+
+def call(f):
+    """f()'s result, or the errno name it raised."""
+    try:
+        return f()
+    except OSError as e:
+        return err(e)
+
+
+def readable(s, timeout=WAIT):
+    r, _, _ = select.select([s], [], [], timeout)
+    return bool(r)
+
+
+def exceptional(s, timeout=WAIT):
+    _, _, x = select.select([], [], [s], timeout)
+    return bool(x)
+
+
+def recv_exact(s, n):
+    got = b""
+    s.settimeout(WAIT)
+    try:
+        while len(got) < n:
+            b = s.recv(n - len(got))
+            if not b:
+                break
+            got += b
+    finally:
+        s.settimeout(None)
+    return got
+
+
+def settle():
+    """Lets bytes in flight arrive (a stream's engine, a kernel's loopback)."""
+    time.sleep(0.3)
+
+
+# === rows ===
+
+
+def sendto_with_address(c, s):
+    n = call(lambda: c.sendto(b"abc", s.getsockname()))
+    return "%s %r" % (n, recv_exact(s, 3))
+
+
+def sendmsg_with_address(c, s):
+    n = call(lambda: c.sendmsg([b"abc"], [], 0, s.getsockname()))
+    return "%s %r" % (n, recv_exact(s, 3))
+
+
+def send_plain(c, s):
+    n = call(lambda: c.send(b"abc"))
+    return "%s %r" % (n, recv_exact(s, 3))
+
+
+def sendmsg_scm_rights(c, s):
+    r, w = os.pipe()
+    try:
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", r))]
+        n = call(lambda: c.sendmsg([b"abc"], rights))
+    finally:
+        os.close(r)
+        os.close(w)
+    return "%s %r" % (n, recv_exact(s, 3))
+
+
+def recv_peek(c, s):
+    c.sendall(b"hello")
+    settle()
+    s.settimeout(WAIT)
+    peek = s.recv(5, socket.MSG_PEEK)
+    s.settimeout(None)
+    return "%r %r" % (peek, recv_exact(s, 5))
+
+
+def rcvtimeo(s, seconds):
+    """A kernel receive timeout (a blocking socket stays blocking, unlike settimeout)."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", seconds, 0))
+
+
+def recv_waitall(c, s):
+    def later():
+        time.sleep(0.2)
+        c.sendall(b"world")
+
+    t = threading.Thread(target=later)
+    c.sendall(b"hello ")
+    t.start()
+    rcvtimeo(s, 4)
+    got = call(lambda: s.recv(11, socket.MSG_WAITALL))
+    t.join()
+    return repr(got)
+
+
+def recv_dontwait_empty(c, s):
+    return call(lambda: s.recv(10, socket.MSG_DONTWAIT))
+
+
+def recv_trunc(c, s):
+    c.sendall(b"abcdef")
+    settle()
+    rcvtimeo(s, 2)
+    b = bytearray(3)
+    n = call(lambda: s.recv_into(b, 3, socket.MSG_TRUNC))
+    return "%s %r %r" % (n, bytes(b), recv_exact(s, 3))
+
+
+def recvmsg_and_readv(c, s):
+    c.sendall(b"abcdef")
+    settle()
+    s.settimeout(WAIT)
+    data, anc, flags, addr = s.recvmsg(3)
+    s.settimeout(None)
+    b = bytearray(3)
+    n = os.readv(s.fileno(), [b])
+    return "%r %r %d %r %d %r" % (data, anc, flags, addr, n, bytes(b))
+
+
+def fionread(c, s):
+    c.sendall(b"12345")
+    settle()
+    n = fcntl.ioctl(s.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    return str(struct.unpack("i", n)[0])
+
+
+def rcvlowat_readiness(c, s):
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 4)
+    c.sendall(b"ab")
+    settle()
+    early = readable(s, 0.5)
+    c.sendall(b"cd")
+    settle()
+    return "%s %s" % (early, readable(s))
+
+
+def urgent_byte(c, s):
+    n = call(lambda: c.send(b"!", socket.MSG_OOB))
+    settle()
+    x = exceptional(s)
+    rcvtimeo(s, 2)
+    oob = call(lambda: s.recv(1, socket.MSG_OOB | socket.MSG_DONTWAIT))
+    return "%s %s %r" % (n, x, oob)
+
+
+def urgent_mark_and_fionread(c, s):
+    c.send(b"!", socket.MSG_OOB)
+    c.sendall(b"12345")
+    settle()
+    n = fcntl.ioctl(s.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    return str(struct.unpack("i", n)[0])
+
+
+def shutdown_write(c, s):
+    c.sendall(b"bye")
+    c.shutdown(socket.SHUT_WR)
+    got = recv_exact(s, 3)
+    s.settimeout(WAIT)
+    eof = s.recv(10)
+    s.settimeout(None)
+    s.sendall(b"back")
+    return "%r %r %r" % (got, eof, recv_exact(c, 4))
+
+
+def shutdown_read(c, s):
+    c.shutdown(socket.SHUT_RD)
+    c.settimeout(WAIT)
+    got = call(lambda: c.recv(10))
+    c.settimeout(None)
+    return repr(got)
+
+
+def close_then_peer_reads_eof(c, s):
+    c.sendall(b"last")
+    c.close()
+    got = recv_exact(s, 4)
+    s.settimeout(WAIT)
+    eof = call(lambda: s.recv(10))
+    s.settimeout(None)
+    return "%r %r" % (got, eof)
+
+
+def close_with_reset(c, s):
+    c.sendall(b"last")
+    settle()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.close()
+    settle()
+    s.settimeout(WAIT)
+    first = call(lambda: s.recv(10))
+    then = call(lambda: s.recv(10))
+    s.settimeout(None)
+    return "%r %r" % (first, then)
+
+
+def getpeername_after_reset(c, s):
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.close()
+    settle()
+    return str(call(lambda: s.getpeername() and "ok"))
+
+
+def write_after_peer_closed(c, s):
+    s.close()
+    settle()
+    first = call(lambda: c.send(b"x"))
+    settle()
+    second = call(lambda: c.send(b"x", socket.MSG_NOSIGNAL))
+    return "%s %s" % (first, second)
+
+
+def socket_identity(c, s):
+    opts = [socket.SO_DOMAIN, socket.SO_TYPE, socket.SO_PROTOCOL, socket.SO_ACCEPTCONN]
+    return " ".join(str(c.getsockopt(socket.SOL_SOCKET, o)) for o in opts)
+
+
+def so_error_and_keepalive(c, s):
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    return "%d %d" % (
+        c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR),
+        c.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+    )
+
+
+def tcp_options(c, s):
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 5000)
+    info = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+    return "%d %d state=%d" % (
+        c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY),
+        c.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        info[0],
+    )
+
+
+def names(c, s):
+    return "%s %s" % (c.getpeername() == s.getsockname(), s.getpeername() == c.getsockname())
+
+
+def poll_rdhup(c, s):
+    p = select.poll()
+    p.register(s, select.POLLIN | select.POLLRDHUP)
+    c.shutdown(socket.SHUT_WR)
+    settle()
+    events = p.poll(int(WAIT * 1000))
+    return str(sorted(ev for _, ev in events))
+
+
+def epoll_edge_triggered(c, s):
+    ep = select.epoll()
+    try:
+        ep.register(s, select.EPOLLIN | select.EPOLLET)
+        c.sendall(b"one")
+        first = ep.poll(WAIT)
+        again = ep.poll(0.3)
+        c.sendall(b"two")
+        third = ep.poll(WAIT)
+        return "%d %d %d %r" % (len(first), len(again), len(third), recv_exact(s, 6))
+    finally:
+        ep.close()
+
+
+def nonblocking_empty(c, s):
+    s.setblocking(False)
+    got = call(lambda: s.recv(10))
+    s.setblocking(True)
+    return str(got)
+
+
+def send_more_and_nosignal(c, s):
+    a = c.send(b"ab", socket.MSG_MORE)
+    b = c.send(b"cd", socket.MSG_NOSIGNAL)
+    return "%d %d %r" % (a, b, recv_exact(s, 4))
+
+
+def sendmsg_iov_and_writev(c, s):
+    a = c.sendmsg([b"ab", b"cd"])
+    b = os.writev(c.fileno(), [b"ef", b"gh"])
+    return "%d %d %r" % (a, b, recv_exact(s, 8))
+
+
+def sendfile_to_socket(c, s):
+    r, w = os.pipe()
+    path = "/tmp/conformance-sendfile-%d" % os.getpid()
+    with open(path, "wb") as f:
+        f.write(b"0123456789")
+    try:
+        with open(path, "rb") as f:
+            n = call(lambda: os.sendfile(c.fileno(), f.fileno(), 2, 5))
+    finally:
+        os.unlink(path)
+        os.close(r)
+        os.close(w)
+    return "%s %r" % (n, recv_exact(s, 5))
+
+
+def splice_from_socket(c, s):
+    c.sendall(b"spliced")
+    settle()
+    r, w = os.pipe()
+    try:
+        n = call(lambda: os.splice(s.fileno(), w, 7))
+        got = os.read(r, 7) if isinstance(n, int) and n > 0 else b""
+    finally:
+        os.close(r)
+        os.close(w)
+    return "%s %r" % (n, got)
+
+
+def copy_file_range_from_socket(c, s):
+    c.sendall(b"abc")
+    settle()
+    path = "/tmp/conformance-cfr-%d" % os.getpid()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        n = call(lambda: os.copy_file_range(s.fileno(), fd, 3))
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return "%s %r" % (n, recv_exact(s, 3))
+
+
+def shutdown_both(c, s):
+    c.shutdown(socket.SHUT_RDWR)
+    s.settimeout(WAIT)
+    eof = call(lambda: s.recv(10))
+    s.settimeout(None)
+    after = call(lambda: c.send(b"x", socket.MSG_NOSIGNAL))
+    return "%r %s" % (eof, after)
+
+
+def close_with_linger_timeout(c, s):
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 1))
+    c.sendall(b"last")
+    c.close()
+    got = recv_exact(s, 4)
+    s.settimeout(WAIT)
+    eof = call(lambda: s.recv(10))
+    s.settimeout(None)
+    return "%r %r" % (got, eof)
+
+
+def buffer_sizes(c, s):
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    return "%d %d" % (
+        c.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+        s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+    )
+
+
+def sndlowat(c, s):
+    got = c.getsockopt(socket.SOL_SOCKET, socket.SO_SNDLOWAT)
+    set_ = call(lambda: c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDLOWAT, 10) or "ok")
+    return "%d %s" % (got, set_)
+
+
+def siocoutq(c, s):
+    c.sendall(b"abc")
+    settle()
+    n = fcntl.ioctl(c.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    return "%d %r" % (struct.unpack("i", n)[0], recv_exact(s, 3))
+
+
+def fionbio(c, s):
+    fcntl.ioctl(s.fileno(), termios.FIONBIO, struct.pack("i", 1))
+    got = call(lambda: os.read(s.fileno(), 10))
+    fcntl.ioctl(s.fileno(), termios.FIONBIO, struct.pack("i", 0))
+    return str(got)
+
+
+def sigio_to_owner(c, s):
+    seen = []
+    old = signal.signal(signal.SIGIO, lambda *_: seen.append(1))
+    try:
+        fcntl.fcntl(s.fileno(), fcntl.F_SETOWN, os.getpid())
+        flags = fcntl.fcntl(s.fileno(), fcntl.F_GETFL)
+        fcntl.fcntl(s.fileno(), fcntl.F_SETFL, flags | os.O_ASYNC)
+        c.sendall(b"io")
+        readable(s)
+        settle()
+        fcntl.fcntl(s.fileno(), fcntl.F_SETFL, flags)
+    finally:
+        signal.signal(signal.SIGIO, old)
+    return "%s %r" % (bool(seen), recv_exact(s, 2))
+
+
+def sigurg_to_owner(c, s):
+    seen = []
+    old = signal.signal(signal.SIGURG, lambda *_: seen.append(1))
+    try:
+        fcntl.fcntl(s.fileno(), fcntl.F_SETOWN, os.getpid())
+        c.send(b"!", socket.MSG_OOB)
+        settle()
+        settle()
+    finally:
+        signal.signal(signal.SIGURG, old)
+    return str(bool(seen))
+
+
+def oob_inline(c, s):
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_OOBINLINE, 1)
+    c.sendall(b"ab")
+    c.send(b"!", socket.MSG_OOB)
+    c.sendall(b"cd")
+    settle()
+    return repr(recv_exact(s, 5))
+
+
+def siocatmark(c, s):
+    c.sendall(b"ab")
+    c.send(b"!", socket.MSG_OOB)
+    settle()
+    SIOCATMARK = 0x8905
+    marks = []
+    for _ in range(2):
+        m = fcntl.ioctl(s.fileno(), SIOCATMARK, b"\0\0\0\0")
+        marks.append(struct.unpack("i", m)[0])
+        s.settimeout(WAIT)
+        call(lambda: s.recv(1))
+        s.settimeout(None)
+    m = fcntl.ioctl(s.fileno(), SIOCATMARK, b"\0\0\0\0")
+    marks.append(struct.unpack("i", m)[0])
+    return str(marks)
+
+
+def epoll_oneshot(c, s):
+    ep = select.epoll()
+    try:
+        ep.register(s, select.EPOLLIN | select.EPOLLONESHOT)
+        c.sendall(b"one")
+        first = ep.poll(WAIT)
+        c.sendall(b"two")
+        settle()
+        disarmed = ep.poll(0.3)
+        ep.modify(s, select.EPOLLIN | select.EPOLLONESHOT)
+        rearmed = ep.poll(WAIT)
+        return "%d %d %d %r" % (len(first), len(disarmed), len(rearmed), recv_exact(s, 6))
+    finally:
+        ep.close()
+
+
+def epoll_exclusive(c, s):
+    ep = select.epoll()
+    try:
+        ep.register(s, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+        c.sendall(b"x")
+        return "%d %r" % (len(ep.poll(WAIT)), recv_exact(s, 1))
+    finally:
+        ep.close()
+
+
+def getsockname_after_reset(c, s):
+    mine = s.getsockname()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.close()
+    settle()
+    return str(call(lambda: s.getsockname() == mine))
+
+
+def reset_seen_by_poll(c, s):
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.close()
+    settle()
+    p = select.poll()
+    p.register(s, select.POLLIN | select.POLLRDHUP)
+    # The events once the connection is down (POLLHUP or POLLERR), or after WAIT.
+    deadline = time.monotonic() + WAIT
+    while True:
+        events = p.poll(int(WAIT * 1000))
+        mask = 0
+        for _, ev in events:
+            mask |= ev
+        if mask & (select.POLLHUP | select.POLLERR) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    err_ = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    return "%d %s" % (mask, errno.errorcode.get(err_, err_))
+
+
+def server_speaks_first(c, s):
+    t0 = time.monotonic()
+    s.sendall(b"220 ready")
+    got = recv_exact(c, 9)
+    return "%r %s" % (got, time.monotonic() - t0 < 1.0)
+
+
+SO_ZEROCOPY = 60  # <asm-generic/socket.h>; Python names neither
+MSG_ZEROCOPY = 0x4000000
+
+
+def zerocopy_send(c, s):
+    on = call(lambda: c.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1) or "ok")
+    n = call(lambda: c.send(b"zc", MSG_ZEROCOPY))
+    return "%s %s %r" % (on, n, recv_exact(s, 2))
+
+
+def tcp_cork(c, s):
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+    c.sendall(b"co")
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+    return "%d %r" % (c.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK), recv_exact(s, 2))
+
+
+def tcp_info_counts_bytes(c, s):
+    c.sendall(b"x" * 1000)
+    recv_exact(s, 1000)
+    settle()
+    info = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+    # struct tcp_info: tcpi_bytes_acked is the u64 at offset 120 (Linux 4.1 and later).
+    acked = struct.unpack_from("Q", info, 120)[0] if len(info) >= 128 else -1
+    return str(acked >= 1000)
+
+
+ROWS = [
+    sendto_with_address,
+    sendmsg_with_address,
+    send_plain,
+    sendmsg_scm_rights,
+    recv_peek,
+    recv_waitall,
+    recv_dontwait_empty,
+    recv_trunc,
+    recvmsg_and_readv,
+    fionread,
+    rcvlowat_readiness,
+    urgent_byte,
+    urgent_mark_and_fionread,
+    shutdown_write,
+    shutdown_read,
+    close_then_peer_reads_eof,
+    close_with_reset,
+    getpeername_after_reset,
+    write_after_peer_closed,
+    socket_identity,
+    so_error_and_keepalive,
+    tcp_options,
+    names,
+    poll_rdhup,
+    epoll_edge_triggered,
+    nonblocking_empty,
+    send_more_and_nosignal,
+    sendmsg_iov_and_writev,
+    sendfile_to_socket,
+    splice_from_socket,
+    copy_file_range_from_socket,
+    shutdown_both,
+    close_with_linger_timeout,
+    buffer_sizes,
+    sndlowat,
+    siocoutq,
+    fionbio,
+    sigio_to_owner,
+    sigurg_to_owner,
+    oob_inline,
+    siocatmark,
+    epoll_oneshot,
+    epoll_exclusive,
+    getsockname_after_reset,
+    reset_seen_by_poll,
+    server_speaks_first,
+    zerocopy_send,
+    tcp_cork,
+    tcp_info_counts_bytes,
+]
+
+
+def pair(host, port, mode):
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((host, port))
+    ls.listen(4)
+    c = socket.socket()
+    try:
+        if mode == "upgraded":
+            got = []
+            t = threading.Thread(target=lambda: got.append(ls.accept()[0]))
+            t.start()
+            time.sleep(0.05)
+            c.connect((host, port))
+            t.join(WAIT * 5)
+            s = got[0]
+        else:
+            c.connect((host, port))
+            s, _ = ls.accept()
+    finally:
+        ls.close()
+    return c, s
+
+
+def main():
+    host, first, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    only = set(sys.argv[4:])
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    for i, row in enumerate(ROWS):
+        if only and row.__name__ not in only:
+            continue
+        c, s = pair(host, first + i, mode)
+        try:
+            result = row(c, s)
+        except Exception as e:  # a row that raised answers with what it raised
+            result = "raised %s: %s" % (type(e).__name__, e)
+        finally:
+            for x in (c, s):
+                try:
+                    x.close()
+                except OSError:
+                    pass
+        print("%s %s" % (row.__name__, result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
