@@ -454,7 +454,8 @@ pub unsafe extern "C" fn sendto(
     let Some(orig) = real::sendto() else {
         return no_original() as isize;
     };
-    let (addr, addrlen) = if drops_address(fd) {
+    // Only a call that names an address pays the table load (the common sendto names none).
+    let (addr, addrlen) = if !addr.is_null() && drops_address(fd) {
         (std::ptr::null(), 0)
     } else {
         (addr, addrlen)
