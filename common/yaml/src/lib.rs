@@ -25,10 +25,9 @@ use serde::de::DeserializeOwned;
 /// scanning.
 pub const MAX_FLOW_DEPTH: usize = 64;
 
-/// Deepest nesting of collections of any style read. Reading an untyped value recurses once
-/// per level: about 3 KiB of stack a level in a release build, 20 KiB in a debug build, so 64
-/// levels fit a 2 MiB thread stack (a test thread's, a tokio worker's) in either, and a release
-/// build's in 256 KiB. No file of ours nests past 10.
+/// Deepest nesting of collections of any style read (serde-saphyr's own default). Reading an
+/// untyped value recurses once per level, so the bound also bounds the stack a hostile file can
+/// take; no file of ours nests past 10.
 pub const MAX_DEPTH: usize = 64;
 
 /// Most documents read from one text.
