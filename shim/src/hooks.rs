@@ -406,6 +406,28 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: usize) -> i
     write_result(fd, unsafe { orig(fd, buf, count) })
 }
 
+/// A send of urgent data (`MSG_OOB`) on an upgraded fd ([`ops::send_urgent`]): the peer's app
+/// gets its last byte as TCP's urgent byte. None: not an upgraded fd, or `MSG_OOB` not asked;
+/// the caller calls the original.
+fn send_urgent_upgraded(fd: c_int, buf: *const c_void, len: usize, flags: c_int) -> Option<isize> {
+    if flags & libc::MSG_OOB == 0 || buf.is_null() || len == 0 {
+        return None;
+    }
+    if fdtable::get(fd) & fdtable::SWAPPED == 0 {
+        return None;
+    }
+    // SAFETY: send(2)'s contract: `buf` holds `len` readable bytes for the call.
+    let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+    let sent = guarded(|| ops::send_urgent(fd, bytes, flags)).flatten()?;
+    Some(match sent {
+        Ok(n) => write_result(fd, n as isize),
+        Err(e) => {
+            sys::set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+            write_result(fd, -1)
+        }
+    })
+}
+
 /// `ssize_t send(int fd, const void *buf, size_t len, int flags)`: as [`write`] when `flags`
 /// asks for nothing but `MSG_DONTWAIT`, `MSG_NOSIGNAL`, `MSG_MORE` and `MSG_WAITALL`
 /// ([`calls::send_direct`]); `MSG_OOB` and the rest go to libc.
@@ -419,6 +441,9 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: usize, flags: 
     };
     // SAFETY: the caller's fd with the unwritten tail of its buffer and its flags.
     let mut call = |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags) };
+    if let Some(n) = send_urgent_upgraded(fd, buf, len, flags) {
+        return n;
+    }
     if calls::send_direct(flags, false)
         && let Some(n) = write_upgraded(fd, buf, len, calls::send_dontwait(flags), &mut call)
     {
@@ -463,6 +488,9 @@ pub unsafe extern "C" fn sendto(
     // SAFETY: the caller's fd with the unwritten tail of its buffer and its flags, no address.
     let mut call =
         |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags, std::ptr::null(), 0) };
+    if let Some(n) = send_urgent_upgraded(fd, buf, len, flags) {
+        return n;
+    }
     if calls::send_direct(flags, !addr.is_null())
         && let Some(n) = write_upgraded(fd, buf, len, calls::send_dontwait(flags), &mut call)
     {
@@ -495,6 +523,30 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_i
     without_name.msg_namelen = 0;
     // SAFETY: the caller's fd, message (less its address) and flags.
     write_result(fd, unsafe { orig(fd, &without_name, flags) })
+}
+
+/// `int ioctl(int fd, unsigned long request, ...)`: `FIONREAD` (`SIOCINQ`) of an upgraded fd
+/// with an urgent byte pending counts the bytes before the mark, as TCP's does
+/// ([`ops::readable`]); everything else is the original's. Defined with a fixed third
+/// argument, as [`fcntl`] is. One comparison for any other request.
+///
+/// # Safety
+/// The C contract of `ioctl(2)`: for `FIONREAD`, `arg` points to a writable `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: *mut c_void) -> c_int {
+    let Some(orig) = real::ioctl() else {
+        return no_original();
+    };
+    if request == libc::FIONREAD
+        && !arg.is_null()
+        && let Some(n) = guarded(|| ops::readable(fd)).flatten()
+    {
+        // SAFETY: FIONREAD's contract: `arg` points to a writable int.
+        unsafe { arg.cast::<c_int>().write(n) };
+        return 0;
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { orig(fd, request, arg) }
 }
 
 /// `int close(int fd)`. Safe in signal handlers and between fork and exec: an atomic store and
@@ -702,12 +754,37 @@ pub unsafe extern "C" fn getsockopt(
     };
     // SAFETY: the caller's arguments, passed on unchanged (to the fd or the kept socket).
     let call = move |f: c_int| unsafe { orig(f, level, name, val, len) };
-    if fdtable::get(fd) & fdtable::SWAPPED == 0 || !calls::option_on_kept(level, name) {
+    if fdtable::get(fd) & fdtable::SWAPPED == 0 {
+        return call(fd);
+    }
+    if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
+        return so_error(fd, val, len, call(fd));
+    }
+    if !calls::option_on_kept(level, name) {
         return call(fd);
     }
     detour(&|| call(fd), |real| {
         ops::redirect(fd, real, &mut |k| call(k))
     })
+}
+
+/// `SO_ERROR` of an upgraded fd, after the socketpair's answer `rc`: a failed stream not
+/// reported yet answers `ECONNRESET`, once, as a reset TCP socket's pending error does (a read
+/// after it then sees the socketpair's EOF, as a TCP read sees EOF once its error was taken).
+fn so_error(fd: c_int, val: *mut libc::c_void, len: *mut socklen_t, rc: c_int) -> c_int {
+    if rc != 0 || val.is_null() || len.is_null() {
+        return rc;
+    }
+    // SAFETY: getsockopt's contract: `len` points to the size of `val`, which the original
+    // just filled with an int when it has room for one.
+    let pending = unsafe {
+        (*len as usize >= size_of::<c_int>()).then(|| val.cast::<c_int>().read_unaligned())
+    };
+    if pending == Some(0) && reset_once(fd) {
+        // SAFETY: as above: `val` holds an int.
+        unsafe { val.cast::<c_int>().write_unaligned(libc::ECONNRESET) };
+    }
+    rc
 }
 
 /// `int setsockopt(int fd, int level, int name, const void *val, socklen_t len)`.

@@ -65,6 +65,9 @@ pub type SendFn = unsafe extern "C" fn(c_int, *const c_void, usize, c_int) -> is
 pub type SendtoFn =
     unsafe extern "C" fn(c_int, *const c_void, usize, c_int, *const sockaddr, socklen_t) -> isize;
 
+/// `int ioctl(int, unsigned long, ...)`, called with its one argument.
+pub type IoctlFn = unsafe extern "C" fn(c_int, libc::c_ulong, *mut c_void) -> c_int;
+
 /// `ssize_t sendmsg(int, const struct msghdr *, int)`.
 pub type SendmsgFn = unsafe extern "C" fn(c_int, *const libc::msghdr, c_int) -> isize;
 
@@ -131,4 +134,5 @@ originals! {
     SEND, send, c"send", SendFn;
     SENDTO, sendto, c"sendto", SendtoFn;
     SENDMSG, sendmsg, c"sendmsg", SendmsgFn;
+    IOCTL, ioctl, c"ioctl", IoctlFn;
 }

@@ -65,6 +65,26 @@ pub fn peer_closed(fd: BorrowedFd<'_>) -> bool {
     })
 }
 
+/// Sets `SO_OOBINLINE`: urgent data is read in the stream, not with `MSG_OOB`.
+pub fn set_urgent_inline(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    setsockopt(&fd, sockopt::OobInline, &on).map_err(to_io)
+}
+
+/// Whether the next byte to read from stream socket `fd` is the urgent one (`SIOCATMARK`).
+pub fn at_mark(fd: BorrowedFd<'_>) -> bool {
+    crate::rdma::at_mark(fd.as_raw_fd()).unwrap_or(false)
+}
+
+/// Whether stream socket `fd` holds an urgent byte not read yet (`POLLPRI`).
+pub fn urgent_pending(fd: BorrowedFd<'_>) -> bool {
+    let mut pfd = [PollFd::new(fd, PollFlags::POLLPRI)];
+    poll(&mut pfd, PollTimeout::ZERO).is_ok_and(|_| {
+        pfd[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLPRI))
+    })
+}
+
 /// `recv` into `buf` (non-blocking fds: `WouldBlock` when empty).
 pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     nix::unistd::read(fd, buf).map_err(to_io)
@@ -73,6 +93,16 @@ pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
 /// `send(MSG_NOSIGNAL)` (a closed peer gives EPIPE, not SIGPIPE).
 pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     send(fd.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL).map_err(to_io)
+}
+
+/// `send(MSG_OOB | MSG_NOSIGNAL)` of one byte: the peer gets it as urgent data.
+pub fn write_urgent(fd: BorrowedFd<'_>, byte: u8) -> io::Result<usize> {
+    send(
+        fd.as_raw_fd(),
+        &[byte],
+        MsgFlags::MSG_OOB | MsgFlags::MSG_NOSIGNAL,
+    )
+    .map_err(to_io)
 }
 
 /// What a look at a stream socket's receive queue found ([`peek`]).

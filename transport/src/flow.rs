@@ -22,6 +22,11 @@
 //!   `ring` unconsumed bytes at the peer, a sender blocked on messages has `rq - reserve`
 //!   unreported receives there: either crosses a quarter once the peer catches up, so a credit
 //!   always follows and the stream cannot deadlock.
+//! - **Urgent data.** The sender marks a byte urgent (TCP's `MSG_OOB`) with a control message
+//!   naming its position, sent just before the data write that starts with it; the receiver
+//!   takes a mark only at the position the next write starts at, keeps only the latest (as
+//!   TCP keeps one urgent pointer: an earlier byte not handed on yet stays in the stream), and
+//!   hands bytes on up to the mark, then the urgent byte alone.
 
 /// The sending half's accounting.
 #[derive(Debug, Clone)]
@@ -190,6 +195,18 @@ pub struct RecvFlow {
     /// Receives reposted.
     reposted: u64,
     reposted_reported: u64,
+    /// The position of the urgent byte not handed on yet.
+    urgent: Option<u64>,
+}
+
+/// An urgent mark the receiver refuses: it names a byte other than the next write's first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an urgent mark at {position}, where the next write starts at {expected}")]
+pub struct BadUrgent {
+    /// The position it named.
+    pub position: u64,
+    /// Where the next data write starts.
+    pub expected: u64,
 }
 
 /// A data write the receiver refuses (a broken or hostile peer, or a device that re-sent a
@@ -240,7 +257,27 @@ impl RecvFlow {
             consumed_reported: 0,
             reposted: 0,
             reposted_reported: 0,
+            urgent: None,
         }
+    }
+
+    /// The peer marked the byte at `position` urgent: taken only when it is the first byte of
+    /// the next write (the mark comes just before it); it replaces a mark not handed on yet.
+    pub fn urgent(&mut self, position: u64) -> Result<(), BadUrgent> {
+        if position != self.arrived {
+            return Err(BadUrgent {
+                position,
+                expected: self.arrived,
+            });
+        }
+        self.urgent = Some(position);
+        Ok(())
+    }
+
+    /// The next byte to hand on is the urgent one (it goes alone: [`RecvFlow::delivered`] of
+    /// 1 hands it on and clears the mark).
+    pub fn at_mark(&self) -> bool {
+        self.urgent == Some(self.taken) && self.arrived > self.taken
     }
 
     /// A data write of `len` bytes (as the device counted them) arrived with immediate `imm`
@@ -273,10 +310,14 @@ impl RecvFlow {
         self.reposted += 1;
     }
 
-    /// The next contiguous bytes waiting for the app: `(offset, len)` in our ring.
+    /// The next contiguous bytes waiting for the app: `(offset, len)` in our ring. They stop
+    /// before an urgent byte; at the mark ([`RecvFlow::at_mark`]), the urgent byte alone.
     pub fn pending(&self) -> (usize, usize) {
         let offset = self.taken % self.ring;
-        let held = self.arrived - self.taken;
+        let mut held = self.arrived - self.taken;
+        if let Some(mark) = self.urgent.filter(|&m| m >= self.taken) {
+            held = held.min((mark - self.taken).max(1));
+        }
         let len = held.min(self.ring - offset);
         (offset as usize, len as usize)
     }
@@ -289,6 +330,7 @@ impl RecvFlow {
     /// `n` bytes were delivered to the app (their ring space is free once no claim is open).
     pub fn delivered(&mut self, n: usize) {
         self.taken = (self.taken + n as u64).min(self.arrived);
+        self.urgent = self.urgent.filter(|&m| m >= self.taken);
         if !self.claimed {
             self.consumed = self.taken;
         }
@@ -302,6 +344,7 @@ impl RecvFlow {
             return false;
         }
         self.taken = (self.taken + n as u64).min(self.arrived);
+        self.urgent = self.urgent.filter(|&m| m >= self.taken);
         self.claimed = true;
         true
     }
@@ -343,6 +386,43 @@ mod tests {
 
     fn w(local: usize, remote: usize, len: usize) -> Window {
         Window { local, remote, len }
+    }
+
+    #[test]
+    fn an_urgent_byte_is_handed_on_alone_at_its_place() {
+        let mut r = RecvFlow::new(1024, 16);
+        r.arrived(3, crate::wire::data_imm(3)).unwrap();
+        assert_eq!(
+            r.urgent(2),
+            Err(BadUrgent {
+                position: 2,
+                expected: 3
+            }),
+            "a mark on a byte that already arrived"
+        );
+        assert!(r.urgent(4).is_err(), "a mark past the next write's start");
+        r.urgent(3).unwrap();
+        r.arrived(4, crate::wire::data_imm(7)).unwrap();
+        assert_eq!(r.pending(), (0, 3), "up to the mark");
+        assert!(!r.at_mark());
+        r.delivered(3);
+        assert!(r.at_mark());
+        assert_eq!(r.pending(), (3, 1), "the urgent byte alone");
+        r.delivered(1);
+        assert!(!r.at_mark());
+        assert_eq!(r.pending(), (4, 3), "then the rest");
+        // A later mark replaces one not handed on: the earlier byte stays in the stream.
+        r.urgent(7).unwrap();
+        r.arrived(1, crate::wire::data_imm(8)).unwrap();
+        r.urgent(8).unwrap();
+        r.arrived(2, crate::wire::data_imm(10)).unwrap();
+        assert_eq!(r.pending(), (4, 4));
+        assert!(r.claim(4));
+        r.copied();
+        assert!(r.at_mark());
+        r.delivered(1);
+        assert_eq!(r.pending(), (9, 1));
+        assert!(!r.at_mark());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! 0..2   magic "RS"
-//! 2      version (2)
+//! 2      version (3)
 //! 3      kind: 1 connect, 2 accept, 3 reject
 //! 4..12  receive ring address (0 in a reject)
 //! 12..16 receive ring rkey
@@ -25,11 +25,13 @@
 //! SENDs:
 //!
 //! ```text
-//! 0      type: 1 CREDIT, 2 FIN, 3 CLAIM, 4 CONFIRM
+//! 0      type: 1 CREDIT, 2 FIN, 3 CLAIM, 4 CONFIRM, 5 URGENT
 //! 1..8   zero
 //! 8..16  bytes of the sender's receive ring consumed so far (u64)
 //! 16..24 receives the sender reposted so far (u64)
-//! 24..40 CLAIM: the binding secret (16 random bytes); zero otherwise
+//! 24..40 CLAIM: the binding secret (16 random bytes)
+//! 24..32 URGENT: the stream position of the urgent byte (u64), the first byte of the next
+//!        data write
 //! 40..48 zero
 //! ```
 
@@ -37,9 +39,9 @@ use crate::rdma::MAX_CONNECT_PRIVATE_DATA;
 
 /// First bytes of every private-data message.
 pub const MAGIC: [u8; 2] = *b"RS";
-/// The version this code speaks (2: control messages of 48 bytes with CLAIM's secret, the
-/// immediate is the stream position).
-pub const VERSION: u8 = 2;
+/// The version this code speaks (3: control messages of 48 bytes with CLAIM's secret and
+/// URGENT, the immediate is the stream position).
+pub const VERSION: u8 = 3;
 /// Header bytes before the app payload.
 pub const HEADER_LEN: usize = 20;
 /// Largest app payload of a connect request.
@@ -287,6 +289,9 @@ pub enum ControlKind {
     Claim(Secret),
     /// The connecting side moves its bytes to the stream (the shim's client side).
     Confirm,
+    /// The byte at this stream position, the first of the next data write, is urgent (TCP's
+    /// `MSG_OOB`): the receiver hands it to its app out of band, at its place in the stream.
+    Urgent(u64),
 }
 
 /// One control message: a type and the sender's receive counters.
@@ -309,11 +314,15 @@ impl Control {
             ControlKind::Fin => 2,
             ControlKind::Claim(_) => 3,
             ControlKind::Confirm => 4,
+            ControlKind::Urgent(_) => 5,
         };
         b[8..16].copy_from_slice(&self.consumed.to_be_bytes());
         b[16..24].copy_from_slice(&self.reposted.to_be_bytes());
         if let ControlKind::Claim(secret) = self.kind {
             b[24..24 + SECRET_LEN].copy_from_slice(secret.bytes());
+        }
+        if let ControlKind::Urgent(position) = self.kind {
+            b[24..32].copy_from_slice(&position.to_be_bytes());
         }
         b
     }
@@ -336,6 +345,7 @@ impl Control {
                 ControlKind::Claim(Secret(secret))
             }
             4 => ControlKind::Confirm,
+            5 => ControlKind::Urgent(word(24)),
             _ => return None,
         };
         Some(Control {
@@ -437,6 +447,7 @@ mod tests {
             ControlKind::Fin,
             ControlKind::Claim(Secret([7; SECRET_LEN])),
             ControlKind::Confirm,
+            ControlKind::Urgent(u64::MAX - 9),
         ] {
             let c = Control {
                 kind,

@@ -348,6 +348,35 @@ pub fn write_direct(
     Some(n)
 }
 
+/// `ioctl(fd, FIONREAD)` on an upgraded `fd`, answered as TCP's when an urgent byte is pending
+/// ([`sys::readable_before_mark`]); None: the caller calls the original.
+pub fn readable(fd: c_int) -> Option<c_int> {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return None;
+    }
+    sys::readable_before_mark(fd)
+}
+
+/// `send` of urgent data (`MSG_OOB` in `flags`) on the upgraded `fd`: sent so that the peer's
+/// app gets its last byte as urgent data at its place ([`upgrade::send_urgent`]), blocking as
+/// the fd and `flags` ask. None for any other fd: the caller sends it as usual.
+pub fn send_urgent(fd: c_int, buf: &[u8], flags: c_int) -> Option<std::io::Result<usize>> {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return None;
+    }
+    let blocks = flags & libc::MSG_DONTWAIT == 0 && sys::send_blocks(fd);
+    loop {
+        match upgrade::send_urgent(fd, buf, flags)? {
+            Err(e) if blocks && e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Err(e) = sys::wait_writable(fd) {
+                    return Some(Err(e));
+                }
+            }
+            done => return Some(done),
+        }
+    }
+}
+
 /// Until when a write of `fd` (the app's end of an upgraded stream) may wait for room in the
 /// send ring: [`direct::WRITE_WAIT`] from now for a blocking send without a send timeout; None
 /// for `MSG_DONTWAIT` (`dontwait`), a non-blocking fd or one with `SO_SNDTIMEO` (those queue

@@ -121,6 +121,72 @@ pub fn fd_flags(fd: c_int) -> std::io::Result<(c_int, c_int)> {
     Ok((fl, fdfl))
 }
 
+/// `FIONREAD` of the app's end `fd` of an upgraded stream, answered as TCP's `SIOCINQ` when an
+/// urgent byte is pending and not read inline: the bytes before the mark (TCP counts only
+/// those; an `AF_UNIX` socket counts all it holds). None otherwise: the kernel's answer is
+/// TCP's.
+pub fn readable_before_mark(fd: c_int) -> Option<c_int> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLPRI,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, which `p` is, for the call; no wait.
+    if unsafe { libc::poll(&mut p, 1, 0) } != 1 || p.revents & libc::POLLPRI == 0 {
+        return None;
+    }
+    let mut inline: c_int = 0;
+    let mut len = size_of::<c_int>() as socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `inline`, which holds that many.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_OOBINLINE,
+            (&raw mut inline).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 || inline != 0 {
+        return None;
+    }
+    if rdma_streams_transport::rdma::at_mark(fd).unwrap_or(false) {
+        return Some(0);
+    }
+    // A look at what the queue holds stops at the mark (`AF_UNIX` ends a read there).
+    let mut queued: c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which points at `queued`.
+    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) } < 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; usize::try_from(queued).ok()?];
+    // SAFETY: recv writes at most `buf.len()` bytes into `buf`.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    c_int::try_from(n).ok().filter(|n| *n >= 0)
+}
+
+/// Blocks until `fd` may be written (`POLLOUT`, or an error or hang-up the next send reports);
+/// `EINTR` when a signal came first, as a blocking send reports it.
+pub fn wait_writable(fd: c_int) -> std::io::Result<()> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, which `p` is, for the call.
+    if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+        return Err(last_error());
+    }
+    Ok(())
+}
+
 /// True when a send on the socket `fd` may block without bound: no `O_NONBLOCK`, and no send
 /// timeout (`SO_SNDTIMEO`). False on any error.
 pub fn send_blocks(fd: c_int) -> bool {

@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The hooks `libstreamshim.so` exports, and nothing else.
-pub const HOOKS: [&str; 23] = [
+pub const HOOKS: [&str; 24] = [
     "accept",
     "accept4",
     "close",
@@ -32,6 +32,7 @@ pub const HOOKS: [&str; 23] = [
     "getpeername",
     "getsockname",
     "getsockopt",
+    "ioctl",
     "listen",
     "read",
     "recv",

@@ -16,6 +16,8 @@
  *   wait_claim NAME MS                  "NAME claim HEX" or "NAME no-claim"
  *   prove NAME                          writes the CLAIM's secret on the TCP connection
  *   confirm NAME                        posts CONFIRM (whether or not CLAIM came)
+ *   urgent NAME POS                     posts URGENT naming stream position POS (a lie when POS
+ *                                       is not where the next write starts)
  *   write NAME TEXT                     an RDMA WRITE WITH IMMEDIATE of TEXT at the stream's
  *                                       next position, with the right immediate
  *   write_imm NAME TEXT IMM             a write of TEXT ("-": none) at the next position with the
@@ -297,13 +299,13 @@ static void parse_addr(const char *text, struct sockaddr_in *sa)
 	}
 }
 
-/* The transport header (version 2) and the shim's HELLO naming `client`. */
+/* The transport header (version 3) and the shim's HELLO naming `client`. */
 static int hello(struct conn *c, const struct sockaddr_in *client, uint8_t *pd)
 {
 	memset(pd, 0, 56);
 	pd[0] = 'R';
 	pd[1] = 'S';
-	pd[2] = 2;
+	pd[2] = 3;
 	pd[3] = 1;
 	put64(pd + 4, c ? (uintptr_t)c->mem : 0);
 	put32(pd + 12, c ? c->mr->rkey : 0);
@@ -456,11 +458,13 @@ static void post_write(struct conn *via, uint64_t raddr, uint32_t rkey, const vo
 	out("%s write-status %d", via->name, via->write_done ? via->last_status : -1);
 }
 
-static void post_control(struct conn *c, uint8_t type)
+static void post_control_at(struct conn *c, uint8_t type, uint64_t position)
 {
 	uint8_t *m = c->mem + RING + RECVS * CTRL;
 	memset(m, 0, CTRL);
 	m[0] = type;
+	if (type == 5)
+		put64(m + 24, position);
 	struct ibv_sge sge = { .addr = (uintptr_t)m, .length = CTRL, .lkey = c->mr->lkey };
 	struct ibv_send_wr wr = {
 		.wr_id = WR_CONTROL, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
@@ -476,6 +480,11 @@ static void post_control(struct conn *c, uint8_t type)
 	while (!c->write_done && now_ms() < end)
 		pump(5);
 	out("%s control-status %d", c->name, c->write_done ? c->last_status : -1);
+}
+
+static void post_control(struct conn *c, uint8_t type)
+{
+	post_control_at(c, type, 0);
 }
 
 static void step_flood(char **a)
@@ -600,6 +609,9 @@ int main(int argc, char **argv)
 		} else if (!strcmp(s, "confirm")) {
 			NEED(1);
 			post_control(find(a[0]), 4);
+		} else if (!strcmp(s, "urgent")) {
+			NEED(2);
+			post_control_at(find(a[0]), 5, strtoull(a[1], NULL, 0));
 		} else if (!strcmp(s, "write")) {
 			NEED(2);
 			struct conn *c = find(a[0]);

@@ -71,6 +71,8 @@ impl Binding {
     pub(super) fn on_control(&mut self, kind: ControlKind) -> Result<(), Violation> {
         match kind {
             ControlKind::Credit => Ok(()),
+            // It marks a byte of the next data write: taken where that write would be.
+            ControlKind::Urgent(_) => self.on_data(),
             ControlKind::Fin => {
                 self.on_data()?;
                 self.fin = true;
@@ -162,6 +164,10 @@ mod tests {
         assert_eq!(b.on_control(ControlKind::Fin), Ok(()));
         assert_eq!(b.on_data(), Err(Violation::AfterFin));
         assert_eq!(b.on_control(ControlKind::Fin), Err(Violation::AfterFin));
+        assert_eq!(
+            b.on_control(ControlKind::Urgent(0)),
+            Err(Violation::AfterFin)
+        );
     }
 
     #[test]
@@ -169,6 +175,10 @@ mod tests {
         let mut b = Binding::new(Handshake::Confirm);
         assert_eq!(b.on_data(), Err(Violation::EarlyData), "before CLAIM");
         assert_eq!(b.on_control(ControlKind::Fin), Err(Violation::EarlyData));
+        assert_eq!(
+            b.on_control(ControlKind::Urgent(0)),
+            Err(Violation::EarlyData)
+        );
         assert!(b.on_control(ControlKind::Confirm).is_err());
         assert_eq!(b.on_control(ControlKind::Claim(S)), Ok(()));
         assert_eq!(b.claim(), Some(S));

@@ -222,7 +222,11 @@ impl Loop {
             return;
         };
         let err = flags.intersects(EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP);
-        let readable = err || flags.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP);
+        // EPOLLPRI: urgent data, which a TCP socket reports without EPOLLIN when the urgent
+        // byte is all it holds.
+        let readable = err
+            || flags
+                .intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLPRI);
         let writable = err || flags.contains(EpollFlags::EPOLLOUT);
         let mut fds = Fds::default();
         match key & 3 {
@@ -388,6 +392,7 @@ impl Loop {
         });
         conn.attach(local, attach, &self.inner.config, now, &mut fds);
         let flags = EpollFlags::EPOLLIN
+            | EpollFlags::EPOLLPRI
             | EpollFlags::EPOLLOUT
             | EpollFlags::EPOLLRDHUP
             | EpollFlags::EPOLLET;

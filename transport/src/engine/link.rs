@@ -533,6 +533,9 @@ impl Link {
         if control.kind == ControlKind::Fin {
             self.recv.peer_fin();
         }
+        if let ControlKind::Urgent(position) = control.kind {
+            self.recv.urgent(position)?;
+        }
         Ok(())
     }
 
@@ -592,7 +595,7 @@ impl Link {
         if !self.ready || self.quiet {
             return Ok((false, 0));
         }
-        self.sender.send_from(local, ready, draining)
+        self.sender.send_from(local, ready, draining, &self.recv)
     }
 
     /// Writes what arrived to `local` while it takes it; the byte count.

@@ -12,6 +12,12 @@
 //! secret, the client moved to the stream after all (its proof came late), and those bytes are
 //! not the app's: the relay fails (both sides reset) instead of handing them on. Bytes that are
 //! the secret's start wait for the rest, at most until the guard's deadline.
+//!
+//! Urgent data (`MSG_OOB`) is relayed as urgent: both sides read it inline (`SO_OOBINLINE`),
+//! and a read never crosses the mark (TCP and `AF_UNIX` both end a read there), so a side at
+//! its mark (`SIOCATMARK`) gives the urgent byte alone; it is written to the other side with
+//! `MSG_OOB` at the same place in the stream. A byte that arrives between the look and the read
+//! of an empty side is relayed inline (not lost).
 
 use std::io;
 use std::net::Shutdown;
@@ -34,6 +40,8 @@ struct Direction {
     eof: bool,
     done: bool,
     moved: u64,
+    /// Where in `buf` the urgent byte not written yet is (only the latest, as TCP keeps one).
+    urgent: Option<usize>,
 }
 
 impl Direction {
@@ -45,6 +53,7 @@ impl Direction {
             eof: false,
             done: false,
             moved: 0,
+            urgent: None,
         }
     }
 }
@@ -84,6 +93,9 @@ pub(super) enum Step {
 
 impl Relay {
     pub(super) fn new(local: OwnedFd, far: Arc<OwnedFd>) -> Relay {
+        // Urgent bytes are read inline and found at the mark (see the module docs).
+        let _ = fd::set_urgent_inline(local.as_fd(), true);
+        let _ = fd::set_urgent_inline(far.as_fd(), true);
         Relay {
             local,
             far,
@@ -210,12 +222,18 @@ fn pass(
 ) -> io::Result<bool> {
     let mut progressed = false;
     if !d.eof && d.end < d.buf.len() && src_ready.readable {
-        match fd::read(src, &mut d.buf[d.end..]) {
+        // At the mark the read gives the urgent byte alone (see the module docs).
+        let urgent = fd::at_mark(src);
+        let want = if urgent { d.end + 1 } else { d.buf.len() };
+        match fd::read(src, &mut d.buf[d.end..want]) {
             Ok(0) => {
                 d.eof = true;
                 progressed = true;
             }
             Ok(n) => {
+                if urgent {
+                    d.urgent = Some(d.end);
+                }
                 d.end += n;
                 progressed = true;
             }
@@ -230,7 +248,17 @@ fn pass(
         }
     }
     if d.start < d.end && dst_ready.writable {
-        match fd::write(dst, &d.buf[d.start..d.end]) {
+        let at_urgent = d.urgent == Some(d.start);
+        let upto = d.urgent.filter(|&u| u > d.start).unwrap_or(d.end);
+        let wrote = if at_urgent {
+            fd::write_urgent(dst, d.buf[d.start])
+        } else {
+            fd::write(dst, &d.buf[d.start..upto])
+        };
+        if at_urgent && wrote.is_ok() {
+            d.urgent = None;
+        }
+        match wrote {
             Ok(n) => {
                 d.start += n;
                 d.moved += n as u64;
@@ -238,6 +266,7 @@ fn pass(
                 if d.start == d.end {
                     d.start = 0;
                     d.end = 0;
+                    d.urgent = None;
                 }
             }
             Err(e) if fd::transient(&e) => dst_ready.writable = false,
@@ -247,6 +276,7 @@ fn pass(
     if d.end == d.buf.len() && d.start > 0 {
         d.buf.copy_within(d.start..d.end, 0);
         d.end -= d.start;
+        d.urgent = d.urgent.map(|u| u - d.start);
         d.start = 0;
     }
     if d.eof && d.start == d.end && !d.done {
@@ -261,6 +291,7 @@ fn pass(
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
 
     /// A relay between a fresh app side and a fresh far side (guarded when `guard` says so),
@@ -276,6 +307,37 @@ mod tests {
             None => Relay::new(local.into(), far),
         };
         (r, app, peer)
+    }
+
+    /// Sends "ab", urgent "!", "cd" on `from`; `to` must then hold "ab" before the mark, the
+    /// urgent byte out of band, and "cd" after it.
+    fn urgent_crosses(r: &mut Relay, from: &UnixStream, to: &mut UnixStream) {
+        use nix::sys::socket::{MsgFlags, recv, send};
+        let fd = from.as_raw_fd();
+        send(fd, b"ab", MsgFlags::empty()).unwrap();
+        send(fd, b"!", MsgFlags::MSG_OOB).unwrap();
+        send(fd, b"cd", MsgFlags::empty()).unwrap();
+        step_until(r, |_, _| fd::urgent_pending(to.as_fd()));
+        step_until(r, |_, r| r.moved().0 + r.moved().1 >= 5);
+        assert!(fd::urgent_pending(to.as_fd()), "exceptional readiness");
+        let mut before = [0u8; 8];
+        assert_eq!(to.read(&mut before).unwrap(), 2, "a read ends at the mark");
+        assert_eq!(&before[..2], b"ab");
+        assert!(fd::at_mark(to.as_fd()));
+        let mut oob = [0u8; 1];
+        let n = recv(to.as_raw_fd(), &mut oob, MsgFlags::MSG_OOB).unwrap();
+        assert_eq!((n, &oob), (1, b"!"));
+        let mut after = [0u8; 8];
+        assert_eq!(to.read(&mut after).unwrap(), 2);
+        assert_eq!(&after[..2], b"cd");
+    }
+
+    #[test]
+    fn urgent_data_crosses_as_urgent_both_ways() {
+        let (mut r, mut app, mut peer) = relay(None);
+        urgent_crosses(&mut r, &app, &mut peer);
+        urgent_crosses(&mut r, &peer, &mut app);
+        assert_eq!(r.moved(), (5, 5));
     }
 
     #[test]

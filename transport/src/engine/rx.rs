@@ -126,6 +126,11 @@ impl Receiver {
             .map_err(|e| e.to_string())
     }
 
+    /// The peer marked the byte at `position` urgent ([`RecvFlow::urgent`]).
+    pub(super) fn urgent(&self, position: u64) -> Result<(), String> {
+        self.lock().flow.urgent(position).map_err(|e| e.to_string())
+    }
+
     /// A receive was posted again (the peer may send one more message).
     pub(super) fn reposted(&self) {
         self.lock().flow.reposted();
@@ -156,7 +161,14 @@ impl Receiver {
         while ready.writable && state.flow.has_pending() && budget > 0 {
             let (off, len) = state.flow.pending();
             let len = len.min(budget);
-            match self.region.send_to(local.as_raw_fd(), off, len) {
+            // The urgent byte goes alone, out of band: the app's end then answers as TCP's
+            // does to urgent data (`POLLPRI`, `SIOCATMARK`, `MSG_OOB`, `SIGURG`).
+            let sent = if state.flow.at_mark() {
+                self.region.send_urgent_to(local.as_raw_fd(), off)
+            } else {
+                self.region.send_to(local.as_raw_fd(), off, len)
+            };
+            match sent {
                 Ok(n) => {
                     state.flow.delivered(n);
                     moved += n as u64;
@@ -233,7 +245,12 @@ impl Reader {
         let recv = self.recv.upgrade()?;
         let (off, n) = {
             let mut state = recv.lock();
-            if !state.readers_on || !state.flow.has_pending() || state.flow.claim_open() {
+            if !state.readers_on
+                || !state.flow.has_pending()
+                || state.flow.claim_open()
+                || state.flow.at_mark()
+            {
+                // At the mark the engine hands the urgent byte on, out of band.
                 return None;
             }
             if !fd::holds_nothing(app) {

@@ -164,6 +164,10 @@ impl StreamConn {
             on_bytes,
             give_back,
         } = attach;
+        // The engine reads an urgent byte inline, so none is ever dropped: one the app sent
+        // through `Writer::send_urgent` it finds at the mark (`tx`), one sent past the hooks it
+        // carries as an ordinary byte.
+        let _ = fd::set_urgent_inline(local.as_fd(), true);
         self.unattached_deadline = None;
         let alive = self.error.is_none()
             && !self.peer_gone

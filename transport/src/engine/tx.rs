@@ -40,6 +40,17 @@
 //! waits on a stream that ended. The wait is bounded by the caller's deadline; after it the
 //! caller writes the rest into the socketpair, as a write that may not wait does at once.
 //!
+//! *Urgent data* (TCP's `MSG_OOB`) reaches the engine through the socketpair, which carries one
+//! urgent byte with TCP's semantics; the engine's end reads it inline (`SO_OOBINLINE`), so none
+//! is ever dropped. The shim's send hooks send it with [`Writer::send_urgent`], under the send
+//! lock, after telling the engine to look for the mark: before each read the engine asks
+//! whether the next byte is the urgent one (`SIOCATMARK`; a read never crosses the mark, the
+//! kernel ends it there), and if so reads it alone and posts an URGENT control message with
+//! its position, then the byte, as the next data write; once no urgent byte is pending
+//! (`POLLPRI`) it stops looking. Since the app's urgent send and the engine's look-and-read
+//! both happen under the lock, no urgent byte can arrive between the look and the read. One
+//! sent past the hooks (a program making the system call itself) travels as an ordinary byte.
+//!
 //! Not every send work request asks for a completion: each completion costs the device a CQ
 //! entry and the engine a wake-up. A request goes signaled when its completion matters (FIN, a
 //! probe), or when, without it, half the send queue, half of what may be in flight (the send
@@ -52,7 +63,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Condvar, Weak};
 use std::time::Instant;
 
@@ -66,6 +77,7 @@ use crate::fd;
 use crate::flow::{SendFlow, Window};
 use crate::rdma::{Local, Region, unread_by_peer};
 use crate::wire::{Control, ControlKind, RingInfo};
+use nix::sys::socket::MsgFlags;
 
 /// The smallest in-flight limit (the smaller ring) at which a writer waits for room instead of
 /// writing the rest into the socketpair. With smaller rings the socketpair's buffer is a large
@@ -128,6 +140,9 @@ struct SendState {
     waiting: u32,
     /// Bytes writers posted that the engine has not counted yet.
     written_by_app: u64,
+    /// The app may have sent an urgent byte into the socketpair ([`Writer::send_urgent`]):
+    /// the engine looks for the mark before each read until none is pending.
+    urgent: bool,
     /// Control messages: queued, posted (their count is the next one's sequence number) and
     /// completed.
     controls: Controls,
@@ -154,6 +169,7 @@ impl SendState {
             engine_waits: false,
             waiting: 0,
             written_by_app: 0,
+            urgent: false,
             controls: Controls::default(),
             signaled: VecDeque::new(),
             unsignaled: 0,
@@ -392,6 +408,7 @@ impl Sender {
         local: &OwnedFd,
         ready: &mut Ready,
         draining: bool,
+        recv: &Receiver,
     ) -> io::Result<(bool, u64)> {
         let mut moved = 0u64;
         // Reading and posting under the send lock: a direct writer sees either none of these
@@ -404,10 +421,33 @@ impl Sender {
             if w.len == 0 {
                 break;
             }
+            // Urgent data (see the module docs): a read never crosses the mark, so it is
+            // found before a read that would start with it.
+            let mut len = w.len;
+            let mut urgent = false;
+            if state.urgent {
+                if fd::at_mark(local.as_fd()) {
+                    // The mark, then the byte: two requests, one of the peer's control slots.
+                    if state.sq_used + 2 > state.sq
+                        || state.controls.in_flight() >= u64::from(state.sq)
+                    {
+                        break;
+                    }
+                    (len, urgent) = (1, true);
+                } else if !fd::urgent_pending(local.as_fd()) {
+                    state.urgent = false;
+                }
+            }
             match self
                 .region
-                .read_from(local.as_raw_fd(), self.ring_offset(&w), w.len)
+                .read_from(local.as_raw_fd(), self.ring_offset(&w), len)
             {
+                Ok(1) if urgent => {
+                    let position = state.sent();
+                    self.post_control(&mut state, recv, ControlKind::Urgent(position))?;
+                    self.post_data(&mut state, &w, 1)?;
+                    moved += 1;
+                }
                 Ok(0) => return Ok((true, moved)),
                 Ok(n) => {
                     self.post_data(&mut state, &w, n)?;
@@ -570,6 +610,21 @@ impl Writer {
             self.inner.send(Command::Consumed { token: self.token });
         }
         posted.then_some(n)
+    }
+
+    /// Sends `buf` into `app` (the app's end of the socketpair) as urgent data (`MSG_OOB`
+    /// added to `flags`; its last byte is the urgent one), without blocking: the answer is the
+    /// kernel's. Done under the send lock, with the engine told to look for the mark before
+    /// its reads, so the engine finds the urgent byte at its place and carries it as urgent
+    /// (see the module docs).
+    pub fn send_urgent(&self, app: RawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
+        let send = self.send.upgrade();
+        let mut state = send.as_ref().map(|s| s.lock());
+        if let Some(state) = &mut state {
+            state.urgent = true;
+        }
+        let flags = MsgFlags::from_bits_retain(flags) | MsgFlags::MSG_OOB | MsgFlags::MSG_DONTWAIT;
+        nix::sys::socket::send(app, buf, flags).map_err(|e| io::Error::from_raw_os_error(e as i32))
     }
 }
 

@@ -473,6 +473,15 @@ impl Region {
         let n = unsafe { libc::send(fd, src.cast(), len, libc::MSG_NOSIGNAL) };
         usize::try_from(n).map_err(|_| io::Error::last_os_error())
     }
+
+    /// `send(fd, MSG_OOB | MSG_NOSIGNAL)` of the byte at `off`: TCP's urgent byte, which an
+    /// `AF_UNIX` stream socket carries with TCP's semantics (`CONFIG_AF_UNIX_OOB`).
+    pub fn send_urgent_to(&self, fd: RawFd, off: usize) -> io::Result<usize> {
+        let src = self.check(off, 1)?;
+        // SAFETY: the byte is inside the mapping (checked); the kernel reads at most 1 byte.
+        let n = unsafe { libc::send(fd, src.cast(), 1, libc::MSG_OOB | libc::MSG_NOSIGNAL) };
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    }
 }
 
 /// What the reading end of the stream socket `fd` (our end of a socketpair) has not read yet:
@@ -487,6 +496,21 @@ pub fn unread_by_peer(fd: RawFd) -> io::Result<usize> {
         return Err(io::Error::last_os_error());
     }
     Ok(usize::try_from(queued).unwrap_or(0))
+}
+
+/// Linux's `SIOCATMARK` (`asm-generic/sockios.h`; the libc crate has it for Apple only).
+const SIOCATMARK: libc::c_ulong = 0x8905;
+
+/// Whether the next byte to read from stream socket `fd` is its urgent byte (`SIOCATMARK`).
+/// Here, beside [`unread_by_peer`], as a raw call.
+pub fn at_mark(fd: RawFd) -> io::Result<bool> {
+    let mut answer: libc::c_int = 0;
+    // SAFETY: SIOCATMARK writes one int through the pointer, which points at `answer`.
+    let rc = unsafe { libc::ioctl(fd, SIOCATMARK, &mut answer) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(answer != 0)
 }
 
 impl Drop for Region {

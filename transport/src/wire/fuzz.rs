@@ -36,6 +36,7 @@ fn control_kind() -> impl Strategy<Value = ControlKind> {
         Just(ControlKind::Fin),
         any::<[u8; SECRET_LEN]>().prop_map(|s| ControlKind::Claim(Secret(s))),
         Just(ControlKind::Confirm),
+        any::<u64>().prop_map(ControlKind::Urgent),
     ]
 }
 

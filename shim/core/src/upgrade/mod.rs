@@ -59,6 +59,8 @@ struct SwappedFd {
     reader: Option<Arc<Reader>>,
     /// Direct writes into the stream's send ring ([`writer`]).
     writer: Option<Arc<Writer>>,
+    /// The stream's send side, for urgent data ([`send_urgent`]), whatever the switches say.
+    urgent: Option<Arc<Writer>>,
     /// The stream failed and the app was not told yet ([`take_reset`]).
     broken: Arc<AtomicBool>,
 }
@@ -138,10 +140,23 @@ fn set_direct(fd: c_int, conn: &Conn) {
         .load(Ordering::Acquire)
         .then(|| conn.writer())
         .flatten();
+    let urgent = conn.writer();
     if let Some(s) = SWAPPED_FDS.lock().get_mut(&fd) {
         s.reader = reader.map(Arc::new);
         s.writer = writer.map(Arc::new);
+        s.urgent = urgent.map(Arc::new);
     }
+}
+
+/// `send` of urgent data (`MSG_OOB`) on the swapped `fd`, once and without blocking, so that
+/// the engine carries its last byte as urgent ([`Writer::send_urgent`]); None when `fd` has no
+/// stream to tell (a relayed fd, a fork child): the caller sends it as usual.
+pub fn send_urgent(fd: c_int, buf: &[u8], flags: c_int) -> Option<std::io::Result<usize>> {
+    if FORKED.load(Ordering::Acquire) {
+        return None;
+    }
+    let urgent = SWAPPED_FDS.lock().get(&fd)?.urgent.clone()?;
+    Some(urgent.send_urgent(fd, buf, flags))
 }
 
 /// The direct writer of the stream behind the swapped `fd` (`write`/`send` copy into its send

@@ -44,6 +44,7 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
             kept: Arc::clone(&kept),
             reader: None,
             writer: None,
+            urgent: None,
             broken: Arc::clone(&broken),
         },
     );

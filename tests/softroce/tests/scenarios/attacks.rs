@@ -388,7 +388,8 @@ fn foreign_rkeys(ctx: &Ctx) -> anyhow::Result<()> {
 /// TCP connection, the proof, CONFIRM) then writes nothing with an immediate that claims 2 MiB
 /// (the previous peer's bytes are in the region it took, unless cleared), or repeats a write's
 /// position: the app reads what the peer really wrote, then ECONNRESET, never a byte of the
-/// previous connection.
+/// previous connection. A third marks a byte that already arrived as urgent: its stream
+/// fails the same way, and nothing reaches the app out of band.
 fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
     let (a, b) = (ctx.addr_a, ctx.addr_b);
     let srv_out = ctx.tmp.join("srv.out");
@@ -397,7 +398,7 @@ fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
         "srv",
         "",
         9300,
-        &format!("server {a} 9300 sink 3"),
+        &format!("server {a} 9300 sink 4"),
         Some(&srv_out),
     )?;
     // The previous peer: 1 MiB of its own through the region the attacker takes next.
@@ -420,7 +421,9 @@ fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
             "connect p1 {a} 9300 {b} own tcp p1 {a} 9300 wait_claim p1 30000 prove p1 confirm p1 \
              write p1 REAL-BYTES-OF-PEER-2 write_imm p1 - 2097152 sleep 1000 \
              connect p2 {a} 9300 {b} own tcp p2 {a} 9300 wait_claim p2 30000 prove p2 confirm p2 \
-             write p2 ONE write_imm p2 ONE 3 sleep 1000"
+             write p2 ONE write_imm p2 ONE 3 sleep 1000 \
+             connect p3 {a} 9300 {b} own tcp p3 {a} 9300 wait_claim p3 30000 prove p3 confirm p3 \
+             write p3 TWO urgent p3 1 write p3 ! sleep 1000"
         ),
     )?;
     let text = finished(ctx, "phantom", run, &out)?;
@@ -442,13 +445,18 @@ fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
         second.starts_with("read 3 ") && second.ends_with("b'ONE'"),
         "{second:?}\n{served}"
     );
-    for i in 1..3 {
+    let third = nth_line(&served, "read ", 3).unwrap_or_default();
+    ensure!(
+        third.starts_with("read 3 ") && third.ends_with("b'TWO'"),
+        "a misplaced urgent mark: {third:?}\n{served}"
+    );
+    for i in 1..4 {
         ensure!(
             nth_line(&served, "end ", i) == Some("end error ECONNRESET"),
             "connection {i} did not read as a reset:\n{served}"
         );
     }
-    for p in ["p1", "p2"] {
+    for p in ["p1", "p2", "p3"] {
         ensure!(
             text.contains(&format!("{p} claim ")),
             "{p} never bound: {text}"
@@ -456,7 +464,7 @@ fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
     }
     let c = counts(ctx, "srv", "server")?;
     ensure!(
-        c.get("rdma UPGRADED") == Some(&3),
+        c.get("rdma UPGRADED") == Some(&4),
         "the server counted {c:?}"
     );
     Ok(())
