@@ -713,7 +713,12 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
         return call(fd);
     }
     detour(&|| call(fd), |real| {
-        ops::redirect(fd, real, &mut |k| call(k))
+        let rc = ops::redirect(fd, real, &mut |k| call(k));
+        if rc != 0 && sys::errno() == libc::ENOTCONN {
+            ops::peer_reset_seen(fd);
+            sys::set_errno(libc::ENOTCONN);
+        }
+        rc
     })
 }
 
@@ -818,6 +823,12 @@ pub unsafe extern "C" fn setsockopt(
             if let Some(reset) = calls::linger_resets(level, name, value) {
                 let _ = guarded(|| ops::mirror_linger(fd, reset));
             }
+            sys::set_errno(errno);
+        }
+        if rc == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT {
+            // The engine holds back bytes below the mark (the socketpair's poll ignores it).
+            let errno = sys::errno();
+            let _ = guarded(|| ops::low_water_set(fd));
             sys::set_errno(errno);
         }
         return rc;

@@ -377,6 +377,16 @@ impl RecvFlow {
     pub fn arrived_total(&self) -> u64 {
         self.arrived
     }
+
+    /// Bytes handed on so far (delivered or claimed).
+    pub fn taken_total(&self) -> u64 {
+        self.taken
+    }
+
+    /// The ring's size.
+    pub fn ring(&self) -> u64 {
+        self.ring
+    }
 }
 
 #[cfg(test)]

@@ -266,14 +266,34 @@ pub fn close(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
         return -1;
     }
     fdtable::clear(fd);
-    if flags & SWAPPED != 0 {
-        upgrade::forget_swapped(fd);
-    }
+    let kept = if flags & SWAPPED != 0 {
+        upgrade::forget_swapped(fd)
+    } else {
+        None
+    };
     if flags & SIDE != 0 {
         upgrade::close_side_listener(fd);
     }
-    real()
+    let rc = real();
+    if let Some(kept) = kept {
+        upgrade::close_abortively(kept, RESET_SETTLE);
+    }
+    rc
 }
+
+/// The kept TCP socket of the upgraded `fd` says it is no longer connected (the peer reset
+/// it): waits, at most [`RESET_SETTLE`], for the engine to hand the app what arrived before the
+/// reset and end the app's side, so that the app's next read sees those bytes, then the reset,
+/// as on a TCP socket (whose `getpeername` fails only once the RST, behind every byte before
+/// it, arrived).
+pub fn peer_reset_seen(fd: c_int) {
+    if fdtable::get(fd) & SWAPPED != 0 {
+        sys::wait_hangup(fd, RESET_SETTLE);
+    }
+}
+
+/// How long [`peer_reset_seen`] and an abortive [`close`] wait for the engine.
+pub const RESET_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Runs `other` on the kept TCP socket of a swapped fd (getpeername, getsockname, TCP
 /// options), else `real` on the fd itself.
@@ -346,6 +366,14 @@ pub fn write_direct(
     let n = writer.write(fd, chunk, wait_until)?;
     Stats::global().add_rdma_bytes_direct_written(n as u64);
     Some(n)
+}
+
+/// The app set `SO_RCVLOWAT` on the upgraded `fd`: the engine learns the mark it now has
+/// ([`upgrade::set_low_water`]).
+pub fn low_water_set(fd: c_int) {
+    if fdtable::get(fd) & SWAPPED != 0 {
+        upgrade::set_low_water(fd, sys::rcvlowat(fd));
+    }
 }
 
 /// `ioctl(fd, FIONREAD)` on an upgraded `fd`, answered as TCP's when an urgent byte is pending

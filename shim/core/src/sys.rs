@@ -121,6 +121,82 @@ pub fn fd_flags(fd: c_int) -> std::io::Result<(c_int, c_int)> {
     Ok((fl, fdfl))
 }
 
+/// The `SOL_SOCKET` options of a TCP socket that its app can read back, and that a socketpair
+/// end takes with the same meaning: what [`copy_socket_state`] carries over.
+const CARRIED_OPTIONS: [c_int; 7] = [
+    libc::SO_RCVTIMEO,
+    libc::SO_SNDTIMEO,
+    libc::SO_LINGER,
+    libc::SO_KEEPALIVE,
+    libc::SO_OOBINLINE,
+    libc::SO_RCVLOWAT,
+    libc::SO_PRIORITY,
+];
+
+/// Gives `to` (the app's new socketpair end) what the app set on the TCP socket `from` that
+/// the app can read back from its fd: the `SOL_SOCKET` options above (an accepted socket
+/// inherits them from its listener), the `F_SETOWN` owner and `O_ASYNC`. Best effort: an
+/// option the socketpair refuses keeps its default.
+pub fn copy_socket_state(from: c_int, to: BorrowedFd<'_>, fl: c_int) {
+    let to = to.as_raw_fd();
+    for name in CARRIED_OPTIONS {
+        let mut value = [0u8; 16];
+        let mut len = value.len() as socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
+        let rc = unsafe {
+            libc::getsockopt(
+                from,
+                libc::SOL_SOCKET,
+                name,
+                value.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if rc == 0 {
+            // SAFETY: `value` holds the `len` bytes getsockopt wrote.
+            unsafe {
+                libc::setsockopt(to, libc::SOL_SOCKET, name, value.as_ptr().cast(), len);
+            }
+        }
+    }
+    // SAFETY: F_GETOWN takes no argument.
+    let owner = unsafe { libc::fcntl(from, libc::F_GETOWN) };
+    if owner != 0 && owner != -1 {
+        // SAFETY: F_SETOWN takes an int argument.
+        unsafe { libc::fcntl(to, libc::F_SETOWN, owner) };
+    }
+    if fl & libc::O_ASYNC != 0 {
+        // SAFETY: fcntl with F_GETFL/F_SETFL takes an int argument at most.
+        unsafe {
+            let cur = libc::fcntl(to, libc::F_GETFL);
+            if cur >= 0 {
+                libc::fcntl(to, libc::F_SETFL, cur | libc::O_ASYNC);
+            }
+        }
+    }
+}
+
+/// `SO_RCVLOWAT` of socket `fd` (1 when it cannot be read).
+pub fn rcvlowat(fd: c_int) -> usize {
+    let mut value: c_int = 1;
+    let mut len = size_of::<c_int>() as socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&raw mut value).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        usize::try_from(value).unwrap_or(1).max(1)
+    } else {
+        1
+    }
+}
+
 /// `FIONREAD` of the app's end `fd` of an upgraded stream, answered as TCP's `SIOCINQ` when an
 /// urgent byte is pending and not read inline: the bytes before the mark (TCP counts only
 /// those; an `AF_UNIX` socket counts all it holds). None otherwise: the kernel's answer is
@@ -170,6 +246,28 @@ pub fn readable_before_mark(fd: c_int) -> Option<c_int> {
         )
     };
     c_int::try_from(n).ok().filter(|n| *n >= 0)
+}
+
+/// Waits until stream socket `fd` is hung up both ways (`POLLHUP`: the engine ended the app's
+/// side), at most `bound`.
+pub fn wait_hangup(fd: c_int, bound: std::time::Duration) {
+    let until = std::time::Instant::now() + bound;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let mut p = libc::pollfd {
+            fd,
+            events: 0,
+            revents: 0,
+        };
+        let ms = c_int::try_from(left.as_millis()).unwrap_or(c_int::MAX);
+        // SAFETY: one pollfd, which `p` is, for the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        // With no event asked, poll reports only a hang-up, an error or a closed fd.
+        let hung_up = n == 1;
+        if hung_up || left.is_zero() || (n < 0 && errno() != libc::EINTR) {
+            return;
+        }
+    }
 }
 
 /// Blocks until `fd` may be written (`POLLOUT`, or an error or hang-up the next send reports);

@@ -89,6 +89,7 @@ pub mod runner;
 pub mod scenario;
 pub mod spec;
 mod stacks;
+pub mod unittest_log;
 
 pub use accel::Accel;
 pub use error::Error;

@@ -58,6 +58,7 @@ fn main() -> ExitCode {
         .chain(scenarios::gateway::SCENARIOS)
         .chain(scenarios::attacks::SCENARIOS)
         .chain(scenarios::conformance::SCENARIOS)
+        .chain(scenarios::cpython::SCENARIOS)
         .copied()
         .collect();
     runner::main(&all)

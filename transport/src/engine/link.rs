@@ -690,6 +690,19 @@ impl Link {
 
     /// Sends a liveness probe when the peer has been silent for `keepalive`; the probe fails
     /// (an error completion) when the peer is gone.
+    /// Whether every byte posted so far reached the peer's device; when not, a probe (a
+    /// signaled zero-length write) makes sure a completion will tell (completions come in
+    /// order, so the probe's reports every write before it).
+    pub(super) fn acknowledged(&mut self) -> bool {
+        if self.sender.all_completed() {
+            return true;
+        }
+        if self.ready && !self.probe_outstanding {
+            self.probe_outstanding = self.sender.probe();
+        }
+        false
+    }
+
     pub(super) fn probe_if_idle(&mut self, now: Instant, keepalive: Duration) {
         if self.ready
             && !self.quiet

@@ -73,6 +73,9 @@ struct RecvState {
     held: u32,
     /// Holding readers now blocked on the socketpair ([`Reader::wait`]).
     waiting: u32,
+    /// The app's `SO_RCVLOWAT` ([`Reader::set_low_water`]): fewer arrived bytes than this are
+    /// held back from an empty socketpair end, whose `poll` ignores the mark.
+    low_water: usize,
 }
 
 /// What the engine delivers to a waiting reader to wake it (it takes the rest from the ring).
@@ -86,12 +89,26 @@ impl RecvState {
         if self.held > 0 {
             0
         } else if self.waiting == 0 {
-            usize::MAX
+            if self.below_low_water() && unread() == Some(0) {
+                0
+            } else {
+                usize::MAX
+            }
         } else if unread() == Some(0) {
             WAKE_BYTES
         } else {
             0
         }
+    }
+
+    /// Fewer bytes wait than the app's low-water mark, and more may come: TCP would not call
+    /// the socket readable yet. (At most half the ring is waited for, so the peer never
+    /// blocks on a mark the ring cannot reach; the peer's FIN makes what arrived readable.)
+    fn below_low_water(&self) -> bool {
+        let waiting = self.flow.arrived_total() - self.flow.taken_total();
+        self.low_water > 1
+            && !self.peer_fin
+            && waiting < (self.low_water as u64).min(self.flow.ring() / 2)
     }
 }
 
@@ -108,6 +125,7 @@ impl Receiver {
                     peer_fin: false,
                     held: 0,
                     waiting: 0,
+                    low_water: 1,
                 },
             ),
         })
@@ -249,7 +267,9 @@ impl Reader {
                 || !state.flow.has_pending()
                 || state.flow.claim_open()
                 || state.flow.at_mark()
+                || state.low_water > 1
             {
+                // With a low-water mark the socketpair's blocking read honours it.
                 // At the mark the engine hands the urgent byte on, out of band.
                 return None;
             }
@@ -279,6 +299,24 @@ impl Reader {
             self.inner.send(Command::Consumed { token: self.token });
         }
         Some(n)
+    }
+
+    /// The app set `SO_RCVLOWAT` to `bytes` on its end: fewer arrived bytes are held back
+    /// from an empty socketpair end (see [`RecvState::below_low_water`]), and the app reads
+    /// through the socketpair, whose blocking read honours the mark. A lower mark wakes the
+    /// engine, which may deliver what it held.
+    pub fn set_low_water(&self, bytes: usize) {
+        let Some(recv) = self.recv.upgrade() else {
+            return;
+        };
+        let mut state = recv.lock();
+        let lower = bytes < state.low_water;
+        state.low_water = bytes.max(1);
+        let tell = lower && state.flow.has_pending();
+        drop(state);
+        if tell {
+            self.inner.send(Command::Consumed { token: self.token });
+        }
     }
 
     /// Holds the stream (`on`) or lets go of it (see the module docs): while held, the engine

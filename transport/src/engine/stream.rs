@@ -33,6 +33,9 @@ pub(super) struct Attached {
     /// The accepting side of [`Handshake::Claim`] until its stream is bound.
     pub(super) awaiting: Option<Awaiting>,
     pub(super) local_eof: bool,
+    /// The app closed with `SO_LINGER {1, 0}`: the stream fails, without FIN, once what was
+    /// posted before reached the peer ([`pump`]).
+    pub(super) resetting: bool,
     pub(super) local_shut: bool,
     pub(super) sent: u64,
     pub(super) received: u64,
@@ -187,6 +190,7 @@ impl StreamConn {
             kept_ready: Ready::default(),
             awaiting: None,
             local_eof: false,
+            resetting: false,
             local_shut: false,
             sent: 0,
             received: 0,
@@ -297,6 +301,10 @@ impl StreamConn {
                         }
                     }
                     fd::Peeked::Failed(e) => {
+                        // The peer's RST comes after its last bytes reached this side (it
+                        // waits for their acknowledgement): the app reads them first, as
+                        // from one TCP connection.
+                        self.deliver_arrived();
                         self.fail(format!("the kept TCP connection failed: {e}"), fds);
                     }
                 }
@@ -306,6 +314,21 @@ impl StreamConn {
                 r.far_ready.writable |= writable;
             }
             App::Unattached | App::Done => {}
+        }
+    }
+
+    /// Takes the completions that came and hands what arrived to the local side, as far as it
+    /// takes it now (before a failure: what the peer sent before it failed is the app's).
+    fn deliver_arrived(&mut self) {
+        let (Some(link), App::Stream(a)) = (self.link.as_mut(), &mut self.app) else {
+            return;
+        };
+        if a.awaiting.is_some() || link.poll(Instant::now()).is_err() {
+            return;
+        }
+        a.local_ready.writable = true;
+        if let Ok(n) = link.deliver_to(&a.local, &mut a.local_ready) {
+            a.received += n;
         }
     }
 
@@ -690,16 +713,19 @@ fn pump(link: &mut Link, a: &mut Attached, draining: bool) -> io::Result<()> {
         let (eof, moved) = link.send_from(&a.local, &mut a.local_ready, draining)?;
         sent += moved;
         a.local_eof = eof;
-        if eof && closed_with_reset(a) {
-            // The app closed with SO_LINGER {1, 0}: TCP sends an RST, not a FIN, and drops
-            // what it had not sent; the peer's app reads what arrived, then ECONNRESET. The
-            // stream fails without its FIN (the kept socket is reset, the peer's with it).
-            a.sent += sent;
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "the app closed with a reset (SO_LINGER 0)",
-            ));
-        }
+        a.resetting = eof && closed_with_reset(a);
+    }
+    if a.resetting && link.acknowledged() {
+        // The app closed with SO_LINGER {1, 0}: TCP sends an RST, not a FIN, behind what it
+        // had sent; the peer's app reads what arrived, then ECONNRESET. The stream fails
+        // without its FIN once the bytes written before the close reached the peer (the
+        // kept socket is reset, the peer's with it: the RST comes after the bytes, as on one
+        // TCP connection).
+        a.sent += sent;
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "the app closed with a reset (SO_LINGER 0)",
+        ));
     }
     // The app may write straight into the send ring until its side ended.
     link.set_writing(link.is_ready() && !link.is_quiet() && !a.local_eof);
@@ -710,7 +736,7 @@ fn pump(link: &mut Link, a: &mut Attached, draining: bool) -> io::Result<()> {
     {
         count(sent, received);
     }
-    if a.local_eof && !link.fin_queued() {
+    if a.local_eof && !a.resetting && !link.fin_queued() {
         link.control(ControlKind::Fin);
     }
     Ok(())

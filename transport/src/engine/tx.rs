@@ -482,6 +482,14 @@ impl Sender {
         self.lock().sent()
     }
 
+    /// Every data byte posted so far was reported completed (the peer's device took it).
+    pub(super) fn all_completed(&self) -> bool {
+        self.lock()
+            .flow
+            .as_ref()
+            .is_none_or(SendFlow::all_completed)
+    }
+
     /// Where the engine reads socketpair bytes for window `w` into.
     fn ring_offset(&self, w: &Window) -> usize {
         self.ring_off + w.local

@@ -59,10 +59,17 @@ struct SwappedFd {
     reader: Option<Arc<Reader>>,
     /// Direct writes into the stream's send ring ([`writer`]).
     writer: Option<Arc<Writer>>,
-    /// The stream's send side, for urgent data ([`send_urgent`]), whatever the switches say.
-    urgent: Option<Arc<Writer>>,
+    /// The stream's halves, for what the hooks tell the engine whatever the switches say.
+    halves: Option<Arc<Halves>>,
     /// The stream failed and the app was not told yet ([`take_reset`]).
     broken: Arc<AtomicBool>,
+}
+
+/// The two halves of a stream, for what the hooks tell its engine: urgent data
+/// ([`send_urgent`]) and the app's receive low-water mark ([`set_low_water`]).
+struct Halves {
+    send: Writer,
+    recv: Reader,
 }
 
 /// Swapped app fds (and their copies) -> what the shim keeps of them.
@@ -140,11 +147,29 @@ fn set_direct(fd: c_int, conn: &Conn) {
         .load(Ordering::Acquire)
         .then(|| conn.writer())
         .flatten();
-    let urgent = conn.writer();
+    let halves = conn
+        .writer()
+        .zip(conn.reader())
+        .map(|(send, recv)| Arc::new(Halves { send, recv }));
+    if let Some(h) = &halves {
+        // A mark the app set on its TCP socket, or its listener, before the swap.
+        h.recv.set_low_water(crate::sys::rcvlowat(fd));
+    }
     if let Some(s) = SWAPPED_FDS.lock().get_mut(&fd) {
         s.reader = reader.map(Arc::new);
         s.writer = writer.map(Arc::new);
-        s.urgent = urgent.map(Arc::new);
+        s.halves = halves;
+    }
+}
+
+/// The app set `SO_RCVLOWAT` on the swapped `fd` ([`Reader::set_low_water`]).
+pub fn set_low_water(fd: c_int, bytes: usize) {
+    if FORKED.load(Ordering::Acquire) {
+        return;
+    }
+    let halves = SWAPPED_FDS.lock().get(&fd).and_then(|s| s.halves.clone());
+    if let Some(h) = halves {
+        h.recv.set_low_water(bytes);
     }
 }
 
@@ -155,8 +180,8 @@ pub fn send_urgent(fd: c_int, buf: &[u8], flags: c_int) -> Option<std::io::Resul
     if FORKED.load(Ordering::Acquire) {
         return None;
     }
-    let urgent = SWAPPED_FDS.lock().get(&fd)?.urgent.clone()?;
-    Some(urgent.send_urgent(fd, buf, flags))
+    let halves = SWAPPED_FDS.lock().get(&fd)?.halves.clone()?;
+    Some(halves.send.send_urgent(fd, buf, flags))
 }
 
 /// The direct writer of the stream behind the swapped `fd` (`write`/`send` copy into its send
@@ -225,9 +250,26 @@ pub fn copy_swapped(old: c_int, new: c_int) -> bool {
 }
 
 /// The app closed a swapped fd (or replaced it): its reference to the kept socket goes.
-pub fn forget_swapped(fd: c_int) {
+pub fn forget_swapped(fd: c_int) -> Option<Arc<OwnedFd>> {
     let old = SWAPPED_FDS.lock().remove(&fd);
-    drop(old);
+    old.map(|s| s.kept)
+}
+
+/// After the app closed the last copy of a swapped fd whose kept socket `kept` resets on close
+/// (`SO_LINGER {1, 0}`): waits, at most `bound`, for the engine to end the stream (it lets go
+/// of the kept socket once the bytes written before reached the peer), so that the RST leaves
+/// with the app's `close`, as TCP's does. Then lets go of `kept`: its close sends the RST.
+pub fn close_abortively(kept: Arc<OwnedFd>, bound: Duration) {
+    let abortive = !FORKED.load(Ordering::Acquire)
+        && Arc::strong_count(&kept) == 2
+        && rdma_streams_transport::fd::resets_on_close(std::os::fd::AsFd::as_fd(&*kept));
+    if !abortive {
+        return;
+    }
+    let until = Instant::now() + bound;
+    while Arc::strong_count(&kept) > 1 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// In a fork child (still single-threaded): the engine, its listeners and the registrations

@@ -34,8 +34,15 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
     if fl & libc::O_NONBLOCK != 0 {
         sys::set_nonblocking(a.as_fd())?;
     }
+    // What the app set on its TCP socket (or its listener) and can read back stays set.
+    sys::copy_socket_state(fd, a.as_fd(), fl);
     sys::set_nonblocking(b.as_fd())?;
     let kept = Arc::new(sys::dup_cloexec(fd)?);
+    // The engine's close of the kept socket never lingers (an app's `SO_LINGER {1, N}` set
+    // before the swap is the socketpair's now); an abortive close ({1, 0}) stays set.
+    if !rdma_streams_transport::fd::resets_on_close(kept.as_fd()) {
+        let _ = rdma_streams_transport::fd::set_reset_on_close(kept.as_fd(), false);
+    }
     fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
     let broken = Arc::new(AtomicBool::new(false));
     SWAPPED_FDS.lock().insert(
@@ -44,7 +51,7 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
             kept: Arc::clone(&kept),
             reader: None,
             writer: None,
-            urgent: None,
+            halves: None,
             broken: Arc::clone(&broken),
         },
     );

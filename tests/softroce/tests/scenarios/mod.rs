@@ -2,6 +2,7 @@
 
 pub mod attacks;
 pub mod conformance;
+pub mod cpython;
 pub mod gateway;
 pub mod shim_apps;
 pub mod shim_faults;

@@ -11,7 +11,9 @@ Usage: conformance.py HOST FIRST_PORT MODE [ROW ...]
   so no row's fallback puts the next row's destination in the shim's negative cache.
 
 A row is a function of (client, server) sockets, connected to each other, that returns a short
-text: what the calls answered. A new row is one function in ROWS.
+text: what the calls answered. A new row is one function in ROWS. A row may set up the client
+socket and the listener before the connection exists (its `before_client` and `before_listener`
+attributes, functions of the socket).
 """
 
 import errno
@@ -536,6 +538,40 @@ def tcp_cork(c, s):
     return "%d %r" % (c.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK), recv_exact(s, 2))
 
 
+def options_survive_the_connection(c, s):
+    def get(x, name, size=0):
+        if size:
+            return x.getsockopt(socket.SOL_SOCKET, name, size)
+        return x.getsockopt(socket.SOL_SOCKET, name)
+
+    timeo = struct.unpack("ll", get(c, socket.SO_RCVTIMEO, 16))
+    linger = struct.unpack("ii", get(c, socket.SO_LINGER, 8))
+    owner = fcntl.fcntl(c, fcntl.F_GETOWN) == os.getpid()
+    is_async = bool(fcntl.fcntl(c, fcntl.F_GETFL) & os.O_ASYNC)
+    client = [timeo, linger] + [get(c, o) for o in (socket.SO_KEEPALIVE, socket.SO_OOBINLINE, socket.SO_RCVLOWAT)]
+    server = [get(s, o) for o in (socket.SO_KEEPALIVE, socket.SO_OOBINLINE, socket.SO_RCVLOWAT)]
+    return "%s %s %s %s" % (client, owner, is_async, server)
+
+
+def _options_client(c):
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 7, 500000))
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 3))
+    for o, v in ((socket.SO_KEEPALIVE, 1), (socket.SO_OOBINLINE, 1), (socket.SO_RCVLOWAT, 3)):
+        c.setsockopt(socket.SOL_SOCKET, o, v)
+    signal.signal(signal.SIGIO, signal.SIG_IGN)  # the SIGIOs O_ASYNC raises from now on
+    fcntl.fcntl(c, fcntl.F_SETOWN, os.getpid())
+    fcntl.fcntl(c, fcntl.F_SETFL, fcntl.fcntl(c, fcntl.F_GETFL) | os.O_ASYNC)
+
+
+def _options_listener(ls):
+    for o, v in ((socket.SO_KEEPALIVE, 1), (socket.SO_OOBINLINE, 1), (socket.SO_RCVLOWAT, 2)):
+        ls.setsockopt(socket.SOL_SOCKET, o, v)
+
+
+options_survive_the_connection.before_client = _options_client
+options_survive_the_connection.before_listener = _options_listener
+
+
 def tcp_info_counts_bytes(c, s):
     c.sendall(b"x" * 1000)
     recv_exact(s, 1000)
@@ -596,15 +632,18 @@ ROWS = [
     zerocopy_send,
     tcp_cork,
     tcp_info_counts_bytes,
+    options_survive_the_connection,
 ]
 
 
-def pair(host, port, mode):
+def pair(host, port, mode, row):
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind((host, port))
+    getattr(row, "before_listener", lambda _: None)(ls)
     ls.listen(4)
     c = socket.socket()
+    getattr(row, "before_client", lambda _: None)(c)
     try:
         if mode == "upgraded":
             got = []
@@ -629,7 +668,7 @@ def main():
     for i, row in enumerate(ROWS):
         if only and row.__name__ not in only:
             continue
-        c, s = pair(host, first + i, mode)
+        c, s = pair(host, first + i, mode, row)
         try:
             result = row(c, s)
         except Exception as e:  # a row that raised answers with what it raised

@@ -1,0 +1,78 @@
+//! What a Python `unittest` run in verbose mode says of each test (the guest runs other
+//! projects' test suites under the shim and compares them test by test).
+
+use std::collections::BTreeMap;
+
+/// How a test ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum End {
+    /// `ok`, or `expected failure`.
+    Passed,
+    /// `skipped ...`.
+    Skipped,
+    /// `FAIL`, `ERROR`, or `unexpected success`.
+    Failed,
+}
+
+/// `<test id> -> how it ended`, from `python3 -m test -v` output: a line `name (id) ... ok`
+/// (or `FAIL`, `ERROR`, `skipped '...'`, `expected failure`, `unexpected success`), whose
+/// verdict may come on a later line when the test printed something first.
+pub fn verdicts(out: &str) -> BTreeMap<String, End> {
+    let verdict = |s: &str| -> Option<End> {
+        let s = s.trim();
+        if s == "ok" || s == "expected failure" {
+            Some(End::Passed)
+        } else if s.starts_with("skipped") {
+            Some(End::Skipped)
+        } else if s == "FAIL" || s == "ERROR" || s == "unexpected success" {
+            Some(End::Failed)
+        } else {
+            None
+        }
+    };
+    let mut ends = BTreeMap::new();
+    let mut open: Option<String> = None;
+    for line in out.lines() {
+        if let Some((head, rest)) = line.split_once(") ... ")
+            && let Some((_, id)) = head.rsplit_once(" (")
+            && !id.contains(' ')
+        {
+            match verdict(rest) {
+                Some(end) => {
+                    ends.insert(id.to_owned(), end);
+                    open = None;
+                }
+                None => open = Some(id.to_owned()),
+            }
+        } else if let Some(id) = &open
+            && let Some(end) = verdict(line)
+        {
+            ends.insert(id.clone(), end);
+            open = None;
+        }
+    }
+    ends
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_read_unittest_lines_and_late_verdicts() {
+        let out = "testA (test.test_socket.BasicTCPTest.testA) ... ok\n\
+                   testB (test.test_socket.X.testB) ... skipped 'no'\n\
+                   testC (test.test_socket.X.testC) ... \nsome output\nFAIL\n\
+                   test_d (test.test_ftplib.Y.test_d) ... ERROR\n\
+                   noise (not a test) ... ok and more\n";
+        let v = verdicts(out);
+        assert_eq!(
+            v.get("test.test_socket.BasicTCPTest.testA"),
+            Some(&End::Passed)
+        );
+        assert_eq!(v.get("test.test_socket.X.testB"), Some(&End::Skipped));
+        assert_eq!(v.get("test.test_socket.X.testC"), Some(&End::Failed));
+        assert_eq!(v.get("test.test_ftplib.Y.test_d"), Some(&End::Failed));
+        assert_eq!(v.len(), 4);
+    }
+}
