@@ -76,8 +76,14 @@ const SUITES: &[(&str, &[&str])] = &[
     ("test_ftplib", &[]),
     // A peer that sends bytes and resets before a TLS handshake (CVE-2023-40217's defence).
     ("test_ssl", &["TestPreHandshakeClose"]),
-    // An event loop's non-blocking sockets.
+    // An event loop's non-blocking sockets and streams.
     ("test_asyncio.test_sock_lowlevel", &[]),
+    ("test_asyncio.test_streams", &[]),
+    // Forking and threading servers.
+    ("test_socketserver", &[]),
+    // Mail clients and servers, plain and with STARTTLS.
+    ("test_smtplib", &[]),
+    ("test_poplib", &[]),
 ];
 
 /// The `python3 -m test` command line of the suites.
@@ -157,6 +163,13 @@ fn run(ctx: &Ctx) -> anyhow::Result<()> {
     }
     for id in shim.keys().filter(|id| !plain.contains_key(*id)) {
         differences.push(format!("{id}: ran only with the shim"));
+    }
+    let failing: Vec<&String> = plain
+        .iter()
+        .filter_map(|(id, e)| (*e == End::Failed).then_some(id))
+        .collect();
+    if !failing.is_empty() {
+        ctx.log(format_args!("failing without the shim too: {failing:?}"));
     }
     let tally = |m: &BTreeMap<String, End>, e: End| m.values().filter(|&&v| v == e).count();
     let client = counts(ctx, "py", "client")?;
