@@ -95,11 +95,12 @@ pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     send(fd.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL).map_err(to_io)
 }
 
-/// `send(MSG_OOB | MSG_NOSIGNAL)` of one byte: the peer gets it as urgent data.
-pub fn write_urgent(fd: BorrowedFd<'_>, byte: u8) -> io::Result<usize> {
+/// `send(MSG_OOB | MSG_NOSIGNAL)`: the peer gets the last byte of `buf` as urgent data (when
+/// the whole of it was sent), the rest as ordinary bytes before it.
+pub fn write_urgent(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     send(
         fd.as_raw_fd(),
-        &[byte],
+        buf,
         MsgFlags::MSG_OOB | MsgFlags::MSG_NOSIGNAL,
     )
     .map_err(to_io)

@@ -45,6 +45,12 @@ struct Direction {
 }
 
 impl Direction {
+    /// `n` buffered bytes were written out.
+    fn took(&mut self, n: usize) {
+        self.start += n;
+        self.moved += n as u64;
+    }
+
     fn new() -> Direction {
         Direction {
             buf: vec![0; BUFFER].into_boxed_slice(),
@@ -236,6 +242,15 @@ fn pass(
                 }
                 d.end += n;
                 progressed = true;
+                // An urgent byte right behind these is taken now, so that one send writes
+                // them and it (see below): the app never finds the bytes without the mark.
+                if !urgent && d.end < d.buf.len() && fd::at_mark(src) {
+                    let at = d.end;
+                    if let Ok(1) = fd::read(src, &mut d.buf[at..at + 1]) {
+                        d.urgent = Some(at);
+                        d.end += 1;
+                    }
+                }
             }
             Err(e) if fd::transient(&e) => {
                 src_ready.readable = false;
@@ -248,29 +263,32 @@ fn pass(
         }
     }
     if d.start < d.end && dst_ready.writable {
-        let at_urgent = d.urgent == Some(d.start);
-        let upto = d.urgent.filter(|&u| u > d.start).unwrap_or(d.end);
-        let wrote = if at_urgent {
-            fd::write_urgent(dst, d.buf[d.start])
-        } else {
-            fd::write(dst, &d.buf[d.start..upto])
-        };
-        if at_urgent && wrote.is_ok() {
-            d.urgent = None;
+        // The bytes before the urgent one, then at once the urgent byte alone (`MSG_OOB`): a
+        // partial send of both in one call would let TCP mark a byte before it.
+        let urgent = d.urgent.filter(|&u| u >= d.start);
+        let before = d.moved;
+        let mut wrote = Ok(());
+        let upto = urgent.unwrap_or(d.end);
+        if d.start < upto {
+            wrote = fd::write(dst, &d.buf[d.start..upto]).map(|n| d.took(n));
         }
-        match wrote {
-            Ok(n) => {
-                d.start += n;
-                d.moved += n as u64;
-                progressed |= n > 0;
-                if d.start == d.end {
-                    d.start = 0;
-                    d.end = 0;
+        if wrote.is_ok() && urgent == Some(d.start) {
+            wrote = fd::write_urgent(dst, &d.buf[d.start..=d.start]).map(|n| {
+                if n > 0 {
                     d.urgent = None;
                 }
-            }
+                d.took(n);
+            });
+        }
+        match wrote {
+            Ok(()) => progressed |= d.moved > before,
             Err(e) if fd::transient(&e) => dst_ready.writable = false,
             Err(e) => return Err(e),
+        }
+        if d.start == d.end {
+            d.start = 0;
+            d.end = 0;
+            d.urgent = None;
         }
     }
     if d.end == d.buf.len() && d.start > 0 {
