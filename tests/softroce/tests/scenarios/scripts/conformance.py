@@ -639,7 +639,12 @@ ROWS = [
 def pair(host, port, mode, row):
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind((host, port))
+    try:
+        ls.bind((host, port))
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        ls.bind((host, 0))  # taken by another program: any other port is as fresh
     getattr(row, "before_listener", lambda _: None)(ls)
     ls.listen(4)
     c = socket.socket()
