@@ -176,25 +176,28 @@ pub fn copy_socket_state(from: c_int, to: BorrowedFd<'_>, fl: c_int) {
     }
 }
 
-/// `SO_RCVLOWAT` of socket `fd` (1 when it cannot be read).
-pub fn rcvlowat(fd: c_int) -> usize {
-    let mut value: c_int = 1;
+/// An int-valued `SOL_SOCKET` option of socket `fd`; None when it cannot be read.
+fn int_option(fd: c_int, name: c_int) -> Option<c_int> {
+    let mut value: c_int = 0;
     let mut len = size_of::<c_int>() as socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
     let rc = unsafe {
         libc::getsockopt(
             fd,
             libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
+            name,
             (&raw mut value).cast(),
             &mut len,
         )
     };
-    if rc == 0 {
-        usize::try_from(value).unwrap_or(1).max(1)
-    } else {
-        1
-    }
+    (rc == 0).then_some(value)
+}
+
+/// `SO_RCVLOWAT` of socket `fd` (1 when it cannot be read).
+pub fn rcvlowat(fd: c_int) -> usize {
+    int_option(fd, libc::SO_RCVLOWAT)
+        .and_then(|v| usize::try_from(v).ok())
+        .map_or(1, |v| v.max(1))
 }
 
 /// `FIONREAD` of the app's end `fd` of an upgraded stream, answered as TCP's `SIOCINQ` when an
@@ -211,19 +214,7 @@ pub fn readable_before_mark(fd: c_int) -> Option<c_int> {
     if unsafe { libc::poll(&mut p, 1, 0) } != 1 || p.revents & libc::POLLPRI == 0 {
         return None;
     }
-    let mut inline: c_int = 0;
-    let mut len = size_of::<c_int>() as socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `inline`, which holds that many.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_OOBINLINE,
-            (&raw mut inline).cast(),
-            &mut len,
-        )
-    };
-    if rc < 0 || inline != 0 {
+    if int_option(fd, libc::SO_OOBINLINE) != Some(0) {
         return None;
     }
     if rdma_streams_transport::rdma::at_mark(fd).unwrap_or(false) {
