@@ -281,11 +281,33 @@ fn read_result(fd: c_int, len: usize, n: isize) -> isize {
     n
 }
 
-/// A write's result: `EPIPE` on an upgraded fd whose stream failed is `ECONNRESET`, once
-/// ([`read_result`]).
-fn write_result(fd: c_int, n: isize) -> isize {
-    if n < 0 && sys::errno() == libc::EPIPE && reset_once(fd) {
-        sys::set_errno(libc::ECONNRESET);
+/// The flag a write on `fd` adds to the app's: an upgraded fd's socketpair is always written
+/// with `MSG_NOSIGNAL`, and [`write_result`] raises `SIGPIPE` where TCP's send would. One
+/// atomic load.
+fn no_signal(fd: c_int) -> c_int {
+    if fdtable::get(fd) & fdtable::SWAPPED != 0 {
+        libc::MSG_NOSIGNAL
+    } else {
+        0
+    }
+}
+
+/// A write's result, `n`, on an fd [`no_signal`] gave `added` (0: any other fd, untouched).
+/// On an upgraded fd an `EPIPE` is a reset the app was not told of yet (`ECONNRESET`, once,
+/// without a signal: [`ops::write_error`]), as TCP's send reports it; otherwise `EPIPE`, with
+/// `SIGPIPE` to the calling thread unless the app asked for `MSG_NOSIGNAL` (`quiet`), as TCP's
+/// send raises it.
+fn write_result(fd: c_int, added: c_int, quiet: bool, n: isize) -> isize {
+    if n >= 0 || added == 0 || sys::errno() != libc::EPIPE {
+        return n;
+    }
+    match guarded(|| ops::write_error(fd)).flatten() {
+        Some(e) => sys::set_errno(e),
+        None if !quiet => {
+            sys::raise_sigpipe();
+            sys::set_errno(libc::EPIPE);
+        }
+        None => {}
     }
     n
 }
@@ -394,16 +416,21 @@ fn write_upgraded(
 /// The C contract of `write(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: usize) -> isize {
-    let Some(orig) = real::write() else {
+    let (Some(orig), Some(send)) = (real::write(), real::send()) else {
         return no_original() as isize;
     };
-    // SAFETY: the caller's fd with the unwritten tail of its buffer, as write(2) allows.
-    let mut call = |b: *const c_void, l: usize| unsafe { orig(fd, b, l) };
-    if let Some(n) = write_upgraded(fd, buf, count, false, &mut call) {
-        return write_result(fd, n);
+    let added = no_signal(fd);
+    if added == 0 {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { orig(fd, buf, count) };
     }
-    // SAFETY: the caller's arguments, passed on unchanged.
-    write_result(fd, unsafe { orig(fd, buf, count) })
+    // An upgraded fd is a socket: write(2) is send(2) without flags, here with `added`.
+    // SAFETY: the caller's fd with the unwritten tail of its buffer, as write(2) allows.
+    let mut call = |b: *const c_void, l: usize| unsafe { send(fd, b, l, added) };
+    if let Some(n) = write_upgraded(fd, buf, count, false, &mut call) {
+        return write_result(fd, added, false, n);
+    }
+    write_result(fd, added, false, call(buf, count))
 }
 
 /// A send of urgent data (`MSG_OOB`) on an upgraded fd ([`ops::send_urgent`]): the peer's app
@@ -413,17 +440,19 @@ fn send_urgent_upgraded(fd: c_int, buf: *const c_void, len: usize, flags: c_int)
     if flags & libc::MSG_OOB == 0 || buf.is_null() || len == 0 {
         return None;
     }
-    if fdtable::get(fd) & fdtable::SWAPPED == 0 {
+    let added = no_signal(fd);
+    if added == 0 {
         return None;
     }
     // SAFETY: send(2)'s contract: `buf` holds `len` readable bytes for the call.
     let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
-    let sent = guarded(|| ops::send_urgent(fd, bytes, flags)).flatten()?;
+    let sent = guarded(|| ops::send_urgent(fd, bytes, flags | added)).flatten()?;
+    let quiet = flags & libc::MSG_NOSIGNAL != 0;
     Some(match sent {
-        Ok(n) => write_result(fd, n as isize),
+        Ok(n) => n as isize,
         Err(e) => {
             sys::set_errno(e.raw_os_error().unwrap_or(libc::EIO));
-            write_result(fd, -1)
+            write_result(fd, added, quiet, -1)
         }
     })
 }
@@ -439,18 +468,19 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: usize, flags: 
     let Some(orig) = real::send() else {
         return no_original() as isize;
     };
+    let added = no_signal(fd);
+    let quiet = flags & libc::MSG_NOSIGNAL != 0;
     // SAFETY: the caller's fd with the unwritten tail of its buffer and its flags.
-    let mut call = |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags) };
+    let mut call = |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags | added) };
     if let Some(n) = send_urgent_upgraded(fd, buf, len, flags) {
         return n;
     }
     if calls::send_direct(flags, false)
         && let Some(n) = write_upgraded(fd, buf, len, calls::send_dontwait(flags), &mut call)
     {
-        return write_result(fd, n);
+        return write_result(fd, added, quiet, n);
     }
-    // SAFETY: the caller's arguments, passed on unchanged.
-    write_result(fd, unsafe { orig(fd, buf, len, flags) })
+    write_result(fd, added, quiet, call(buf, len))
 }
 
 /// Whether a send's address is dropped: on an upgraded fd, which is connected, TCP ignores the
@@ -485,19 +515,22 @@ pub unsafe extern "C" fn sendto(
     } else {
         (addr, addrlen)
     };
+    let added = no_signal(fd);
+    let quiet = flags & libc::MSG_NOSIGNAL != 0;
     // SAFETY: the caller's fd with the unwritten tail of its buffer and its flags, no address.
     let mut call =
-        |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags, std::ptr::null(), 0) };
+        |b: *const c_void, l: usize| unsafe { orig(fd, b, l, flags | added, std::ptr::null(), 0) };
     if let Some(n) = send_urgent_upgraded(fd, buf, len, flags) {
         return n;
     }
     if calls::send_direct(flags, !addr.is_null())
         && let Some(n) = write_upgraded(fd, buf, len, calls::send_dontwait(flags), &mut call)
     {
-        return write_result(fd, n);
+        return write_result(fd, added, quiet, n);
     }
-    // SAFETY: the caller's arguments, passed on unchanged.
-    write_result(fd, unsafe { orig(fd, buf, len, flags, addr, addrlen) })
+    // SAFETY: the caller's arguments, and `added`.
+    let n = unsafe { orig(fd, buf, len, flags | added, addr, addrlen) };
+    write_result(fd, added, quiet, n)
 }
 
 /// `ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)`: the original, with the
@@ -512,17 +545,20 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_i
     let Some(orig) = real::sendmsg() else {
         return no_original() as isize;
     };
-    if msg.is_null() || !drops_address(fd) {
+    let added = no_signal(fd);
+    let quiet = flags & libc::MSG_NOSIGNAL != 0;
+    if msg.is_null() || added == 0 {
         // SAFETY: the caller's arguments, passed on unchanged.
-        return write_result(fd, unsafe { orig(fd, msg, flags) });
+        return unsafe { orig(fd, msg, flags) };
     }
     // SAFETY: per sendmsg's contract `msg` points to a readable msghdr; the copy shares its
     // buffers, which stay the caller's for the call.
     let mut without_name = unsafe { msg.read() };
     without_name.msg_name = std::ptr::null_mut();
     without_name.msg_namelen = 0;
-    // SAFETY: the caller's fd, message (less its address) and flags.
-    write_result(fd, unsafe { orig(fd, &without_name, flags) })
+    // SAFETY: the caller's fd, message (less its address) and flags, and `added`.
+    let n = unsafe { orig(fd, &without_name, flags | added) };
+    write_result(fd, added, quiet, n)
 }
 
 /// `int ioctl(int fd, unsigned long request, ...)`: `FIONREAD` (`SIOCINQ`) of an upgraded fd

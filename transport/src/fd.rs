@@ -54,6 +54,13 @@ pub fn resets_on_close(fd: BorrowedFd<'_>) -> bool {
     getsockopt(&fd, sockopt::Linger).is_ok_and(|l| l.l_onoff != 0 && l.l_linger == 0)
 }
 
+/// Whether `fd` is a local (`AF_UNIX`) socket, such as a socketpair end.
+pub fn is_local_socket(fd: BorrowedFd<'_>) -> bool {
+    use nix::sys::socket::SockaddrLike;
+    nix::sys::socket::getsockname::<nix::sys::socket::SockaddrStorage>(fd.as_raw_fd())
+        .is_ok_and(|a| a.family() == Some(nix::sys::socket::AddressFamily::Unix))
+}
+
 /// Whether the other end of a socketpair is closed (both directions hung up), not only shut
 /// for writing.
 pub fn peer_closed(fd: BorrowedFd<'_>) -> bool {

@@ -6,7 +6,7 @@
 //! `dup2`, `dup3` and `fcntl(F_DUPFD*)` copy it to the new number. Fds received with
 //! SCM_RIGHTS or inherited across exec are unknown (they pass through; data works natively).
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 /// Fds at or above this are never tracked.
 pub const MAX_FDS: usize = 65_536;
@@ -37,6 +37,21 @@ pub const SHIM_OWNED: u8 = 128;
 
 static TABLE: [AtomicU8; MAX_FDS] = [const { AtomicU8::new(0) }; MAX_FDS];
 
+/// Which [`SHIM_OWNED`] fds are the engine's ends of socketpairs, one bit per fd: a fork child
+/// closes its copies of them ([`pair_ends`]). A bit goes when its entry is set or cleared.
+static PAIR_ENDS: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FDS / 64];
+
+fn pair_bit(fd: i32) -> Option<(&'static AtomicU64, u64)> {
+    let i = usize::try_from(fd).ok()?;
+    Some((PAIR_ENDS.get(i / 64)?, 1u64 << (i % 64)))
+}
+
+fn forget_pair_end(fd: i32) {
+    if let Some((word, bit)) = pair_bit(fd) {
+        word.fetch_and(!bit, Ordering::AcqRel);
+    }
+}
+
 fn slot(fd: i32) -> Option<&'static AtomicU8> {
     usize::try_from(fd).ok().and_then(|i| TABLE.get(i))
 }
@@ -50,9 +65,30 @@ pub fn get(fd: i32) -> u8 {
 /// Replaces the fd's flags (a new socket took this number).
 #[inline]
 pub fn set(fd: i32, flags: u8) {
-    if let Some(s) = slot(fd) {
-        s.store(flags, Ordering::Release);
+    if let Some(s) = slot(fd)
+        && s.swap(flags, Ordering::AcqRel) & SHIM_OWNED != 0
+    {
+        forget_pair_end(fd);
     }
+}
+
+/// `fd` is the engine's end of a socketpair the shim made (shim-owned).
+pub fn set_pair_end(fd: i32) {
+    set(fd, SHIM_OWNED);
+    if let Some((word, bit)) = pair_bit(fd) {
+        word.fetch_or(bit, Ordering::AcqRel);
+    }
+}
+
+/// The fds [`set_pair_end`] marked and nothing cleared since.
+pub fn pair_ends() -> impl Iterator<Item = i32> {
+    PAIR_ENDS.iter().enumerate().flat_map(|(w, word)| {
+        let bits = word.load(Ordering::Acquire);
+        (0..64).filter_map(move |b| {
+            let fd = i32::try_from(w * 64 + b).ok()?;
+            (bits & (1u64 << b) != 0 && get(fd) & SHIM_OWNED != 0).then_some(fd)
+        })
+    })
 }
 
 /// Adds `flags`; returns the flags before.
@@ -66,8 +102,9 @@ pub fn add(fd: i32, flags: u8) -> u8 {
 pub fn clear(fd: i32) {
     if let Some(s) = slot(fd)
         && s.load(Ordering::Relaxed) != 0
+        && s.swap(0, Ordering::AcqRel) & SHIM_OWNED != 0
     {
-        s.store(0, Ordering::Release);
+        forget_pair_end(fd);
     }
 }
 
@@ -90,5 +127,24 @@ mod tests {
             assert_eq!(add(fd, COUNTED), 0);
             clear(fd);
         }
+    }
+
+    #[test]
+    fn pair_ends_are_listed_until_their_number_changes_hands() {
+        let (a, b, c) = (40_100, 40_101, 40_163);
+        set_pair_end(a);
+        set_pair_end(b);
+        set_pair_end(c);
+        let listed = |fd| pair_ends().any(|p| p == fd);
+        assert!(listed(a) && listed(b) && listed(c));
+        clear(a);
+        set(b, INET_STREAM | TCP);
+        assert!(!listed(a), "closed");
+        assert!(!listed(b), "reused by a socket of the app");
+        assert!(listed(c));
+        set(c, SHIM_OWNED);
+        assert!(!listed(c), "reused by another shim fd");
+        clear(b);
+        clear(c);
     }
 }

@@ -431,6 +431,20 @@ pub fn take_reset(fd: c_int) -> bool {
     upgrade::take_reset(fd)
 }
 
+/// The error a write of the upgraded `fd` that the socketpair answered `EPIPE` reports instead,
+/// as a TCP socket's send reports a reset it did not report yet: the socketpair end's pending
+/// error (the kernel's report of the reset, taken as TCP's send takes it), else `ECONNRESET`
+/// once when the hooks report it ([`take_reset`]). None: `EPIPE` it is.
+pub fn write_error(fd: c_int) -> Option<c_int> {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return None;
+    }
+    match sys::take_socket_error(fd) {
+        0 => upgrade::take_reset(fd).then_some(libc::ECONNRESET),
+        e => Some(e),
+    }
+}
+
 /// At exit (atexit handler or the destructor fallback).
 pub fn at_exit() {
     upgrade::flush_at_exit();

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use libc::{c_int, sockaddr, sockaddr_storage, socklen_t};
+use libc::{c_int, c_long, sockaddr, sockaddr_storage, socklen_t};
 use rdma_streams_transport::sockaddr::{RawSockAddr, from_bytes};
 
 /// This thread's errno.
@@ -261,6 +261,20 @@ pub fn wait_hangup(fd: c_int, bound: std::time::Duration) {
     }
 }
 
+/// `fd`'s ready events among `events` (and its errors and hang-ups) now, without waiting.
+pub fn poll_now(fd: c_int, events: i16) -> i16 {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, which `p` is, for the call.
+    if unsafe { libc::poll(&mut p, 1, 0) } < 0 {
+        return 0;
+    }
+    p.revents
+}
+
 /// Blocks until `fd` may be written (`POLLOUT`, or an error or hang-up the next send reports);
 /// `EINTR` when a signal came first, as a blocking send reports it.
 pub fn wait_writable(fd: c_int) -> std::io::Result<()> {
@@ -347,6 +361,119 @@ pub fn socketpair_stream() -> std::io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: both are fresh fds owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// What names an open file: its device and inode (`fstat`, which the shim does not hook).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+/// The [`FileId`] of the file `fd` names now; None when `fd` is not open.
+pub fn file_id(fd: c_int) -> Option<FileId> {
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: fstat writes one `struct stat` into `st`, which holds one.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Some(FileId {
+        dev: st.st_dev,
+        ino: st.st_ino,
+    })
+}
+
+/// Closes `fd` with the system call itself (not the hooked `close`).
+fn close_raw(fd: c_int) {
+    // SAFETY: plain integer arguments; `fd` is one this module opened.
+    let _ = unsafe { libc::syscall(libc::SYS_close, c_long::from(fd)) };
+}
+
+/// Queues one byte from the app's end of a socketpair, `app` (an app fd number that named
+/// `end` when the socketpair was made), into the other end's receive queue, so that the other
+/// end's close gives `app`'s end `ECONNRESET` (an `AF_UNIX` end closed with unread bytes sets it
+/// on its peer). True when the other end holds a byte now (sent, or its queue was full).
+///
+/// The number is the app's and may name another file by now (closed, or replaced by a `dup2`
+/// in another thread): the byte goes through a copy of it, taken atomically and checked to be
+/// `end` first, so it can never reach another connection. Every call here is the system call
+/// itself, not a hook.
+pub fn queue_reset_byte(app: c_int, end: FileId) -> bool {
+    if file_id(app) != Some(end) {
+        return false;
+    }
+    // SAFETY: plain integer arguments; the result, when not negative, is a new fd we own.
+    let copy = unsafe {
+        libc::syscall(
+            libc::SYS_fcntl,
+            c_long::from(app),
+            c_long::from(libc::F_DUPFD_CLOEXEC),
+            0 as c_long,
+        )
+    };
+    let Ok(copy) = c_int::try_from(copy) else {
+        return false;
+    };
+    if copy < 0 {
+        return false;
+    }
+    let mut queued = false;
+    if file_id(copy) == Some(end) {
+        let byte = [0u8; 1];
+        // SAFETY: `byte` is readable for its length; the kernel copies it. No address.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_sendto,
+                c_long::from(copy),
+                byte.as_ptr(),
+                byte.len(),
+                c_long::from(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL),
+                std::ptr::null::<sockaddr>(),
+                0 as c_long,
+            )
+        };
+        queued = n == 1 || (n < 0 && errno() == libc::EAGAIN);
+    }
+    close_raw(copy);
+    queued
+}
+
+/// Takes the pending error of socket `fd` (`SO_ERROR`, read with the system call itself, not
+/// the hooked `getsockopt`): 0 when none.
+pub fn take_socket_error(fd: c_int) -> c_int {
+    let mut value: c_int = 0;
+    let mut len = size_of::<c_int>() as socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            c_long::from(fd),
+            c_long::from(libc::SOL_SOCKET),
+            c_long::from(libc::SO_ERROR),
+            (&raw mut value).cast::<libc::c_void>(),
+            &raw mut len,
+        )
+    };
+    if rc == 0 { value } else { 0 }
+}
+
+/// Raises `SIGPIPE` in the calling thread, as the kernel does for a send on a stream socket
+/// that may no longer send (it directs the signal at the sending thread).
+pub fn raise_sigpipe() {
+    // SAFETY: pthread_kill of this thread's own id with a valid signal number.
+    let _ = unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGPIPE) };
+}
+
+/// Closes the socketpair ends fork gave this child of the engine's process
+/// ([`fdtable::pair_ends`]): the engine that used them is not in the child, and a copy left
+/// open would keep an end the engine closes from closing (its app's side would never hang up).
+pub fn close_inherited_pair_ends() {
+    for fd in crate::fdtable::pair_ends() {
+        crate::fdtable::clear(fd);
+        close_raw(fd);
+    }
 }
 
 /// `dup3(src, dst, flags)`: `dst` now names `src`'s open file description (atomically

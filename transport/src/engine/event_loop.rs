@@ -284,7 +284,8 @@ impl Loop {
                     token,
                     local,
                     attach,
-                } => self.attach(token, local, attach),
+                    shared,
+                } => self.attach(token, local, attach, shared),
                 Command::Consumed { token } => self.dirty.push(token),
                 Command::Abort { token } => {
                     if let Some(conn) = self.conns.get_mut(&token) {
@@ -377,16 +378,12 @@ impl Loop {
         }
     }
 
-    fn attach(&mut self, token: u64, local: OwnedFd, attach: Attach) {
+    fn attach(&mut self, token: u64, local: OwnedFd, attach: Attach, shared: Arc<ConnShared>) {
         let now = Instant::now();
         let mut fds = Fds::default();
         let conn = self.conns.entry(token).or_insert_with(|| {
             // Gone already: a local side with no stream (relayed or broken by the handshake).
-            let mut c = StreamConn::new(
-                Arc::new(ConnShared::connecting(None)),
-                None,
-                CmPhase::Established,
-            );
+            let mut c = StreamConn::new(shared, None, CmPhase::Established);
             c.error = Some(String::from("closed"));
             c
         });

@@ -298,6 +298,11 @@ pub struct End {
     /// comes before the peer's FIN: the stream failed while bytes of the peer's direction could
     /// still be missing. False for an orderly end, and for a failure after the peer's FIN (TCP
     /// then reads EOF and answers a write with `EPIPE`).
+    ///
+    /// A reset `AF_UNIX` local side is closed after this report without a shutdown. An owner
+    /// that queues a byte into it from the app's end while the report runs makes the kernel
+    /// report the reset on the app's end (`ECONNRESET`, `POLLERR`) when it closes, as an
+    /// `AF_UNIX` socket whose peer closed with unread bytes does.
     pub reset: bool,
 }
 
@@ -408,6 +413,9 @@ enum Command {
         token: u64,
         local: OwnedFd,
         attach: Attach,
+        /// The handle's shared state, for a connection gone before the attach (its relay
+        /// still reads what the app tells the handle, such as its low-water mark).
+        shared: Arc<ConnShared>,
     },
     Abort {
         token: u64,
@@ -681,6 +689,7 @@ impl Conn {
             token: self.token,
             local,
             attach,
+            shared: Arc::clone(&self.shared),
         });
     }
 
@@ -696,6 +705,19 @@ impl Conn {
     pub fn writer(&self) -> Option<Writer> {
         let send = self.shared.sender()?;
         Some(Writer::new(&send, Arc::clone(&self.inner), self.token))
+    }
+
+    /// The app set `SO_RCVLOWAT` to `bytes` on its end: fewer arrived bytes are held back from
+    /// an end that holds none unread, by the stream's receive side ([`Reader::set_low_water`])
+    /// or by the relay that carries the connection over TCP instead. A lower mark wakes the
+    /// engine, which may deliver what it held.
+    pub fn set_low_water(&self, bytes: usize) {
+        let lower = self.shared.set_low_water(bytes);
+        match self.reader() {
+            Some(r) => r.set_low_water(bytes),
+            None if lower => self.inner.send(Command::Consumed { token: self.token }),
+            None => {}
+        }
     }
 
     /// Tears the connection down (a reset for an attached one).

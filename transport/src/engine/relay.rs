@@ -21,12 +21,13 @@
 
 use std::io;
 use std::net::Shutdown;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::proof::{self, Look};
 use crate::fd;
+use crate::rdma::unread_by_peer;
 use crate::wire::Secret;
 
 const BUFFER: usize = 64 * 1024;
@@ -84,6 +85,8 @@ pub(super) struct Relay {
     guard: Option<(Secret, Instant)>,
     /// Stepped at least once ([`Relay::stepped`]).
     stepped: bool,
+    /// The app's receive low-water mark ([`Relay::set_low_water`]).
+    low_water: usize,
 }
 
 /// How a relay step ended.
@@ -118,6 +121,7 @@ impl Relay {
             down: Direction::new(),
             guard: None,
             stepped: false,
+            low_water: 1,
         }
     }
 
@@ -133,6 +137,13 @@ impl Relay {
             guard: Some((secret, until)),
             ..Relay::new(local, far)
         }
+    }
+
+    /// The app's `SO_RCVLOWAT` on its end: fewer bytes from the far side than this (at most
+    /// half the buffer) wait here while the app's end holds none unread, as TCP keeps its
+    /// socket unreadable below the mark (a socketpair end's `poll` ignores it).
+    pub(super) fn set_low_water(&mut self, bytes: usize) {
+        self.low_water = bytes.max(1);
     }
 
     /// Whether the relay was stepped since it started. One that was not must be stepped
@@ -172,6 +183,8 @@ impl Relay {
                 // The secret's start: the far side is not read until the rest comes or the
                 // deadline passes (a TCP client whose first bytes happen to match).
                 Look::Partial if Instant::now() < until => self.far_ready.readable = false,
+                // The look took the far side's error: reading it again would say EOF.
+                Look::Failed(e) => return self.fail(e),
                 _ => self.guard = None,
             }
         }
@@ -182,7 +195,7 @@ impl Relay {
                 &mut self.local_ready,
                 self.far.as_fd(),
                 &mut self.far_ready,
-                draining,
+                (draining, 1),
             ) {
                 Ok(p) => p,
                 Err(e) => return self.fail(e),
@@ -193,7 +206,7 @@ impl Relay {
                 &mut self.far_ready,
                 self.local.as_fd(),
                 &mut self.local_ready,
-                false,
+                (false, self.low_water),
             ) {
                 Ok(p) => p,
                 Err(e) => return self.fail(e),
@@ -217,14 +230,15 @@ impl Relay {
 }
 
 /// One direction's pass: read what fits, write what is buffered, half-close after EOF. True
-/// if anything moved.
+/// if anything moved. `draining`: a side with nothing to read counts as EOF; `low_water`: the
+/// reader's mark on `dst` ([`Relay::set_low_water`], 1: none).
 fn pass(
     d: &mut Direction,
     src: BorrowedFd<'_>,
     src_ready: &mut Ready,
     dst: BorrowedFd<'_>,
     dst_ready: &mut Ready,
-    draining: bool,
+    (draining, low_water): (bool, usize),
 ) -> io::Result<bool> {
     let mut progressed = false;
     if !d.eof && d.end < d.buf.len() && src_ready.readable {
@@ -262,7 +276,13 @@ fn pass(
             Err(e) => return Err(e),
         }
     }
-    if d.start < d.end && dst_ready.writable {
+    // Below the reader's mark, with nothing unread on its side and more to come, bytes wait.
+    let held = low_water > 1
+        && !d.eof
+        && d.urgent.is_none()
+        && d.end - d.start < low_water.min(BUFFER / 2)
+        && unread_by_peer(dst.as_raw_fd()).ok() == Some(0);
+    if d.start < d.end && dst_ready.writable && !held {
         // The bytes before the urgent one, then at once the urgent byte alone (`MSG_OOB`): a
         // partial send of both in one call would let TCP mark a byte before it.
         let urgent = d.urgent.filter(|&u| u >= d.start);
@@ -375,6 +395,40 @@ mod tests {
         peer.read_to_string(&mut got).unwrap();
         assert_eq!(got, "hello");
         assert_eq!(r.moved(), (5, 5));
+    }
+
+    #[test]
+    fn bytes_below_the_apps_low_water_mark_wait_until_it_is_reached_or_lowered() {
+        let (mut r, mut app, mut peer) = relay(None);
+        app.set_nonblocking(true).unwrap();
+        let mut got = [0u8; 8];
+        r.set_low_water(4);
+        peer.write_all(b"ab").unwrap();
+        step_until(&mut r, |_, _| false);
+        assert!(
+            app.read(&mut got).is_err(),
+            "2 bytes wait below a mark of 4"
+        );
+        peer.write_all(b"cd").unwrap();
+        step_until(&mut r, |_, r| r.moved().1 == 4);
+        assert_eq!(app.read(&mut got).unwrap(), 4);
+        assert_eq!(&got[..4], b"abcd");
+        peer.write_all(b"e").unwrap();
+        step_until(&mut r, |_, _| false);
+        assert!(app.read(&mut got).is_err(), "1 byte waits");
+        r.set_low_water(1);
+        step_until(&mut r, |_, r| r.moved().1 == 5);
+        assert_eq!(app.read(&mut got).unwrap(), 1, "a lower mark lets it go");
+        peer.write_all(b"fg").unwrap();
+        r.set_low_water(8);
+        drop(peer.try_clone().unwrap());
+        peer.shutdown(Shutdown::Write).unwrap();
+        step_until(&mut r, |_, r| r.moved().1 == 7);
+        assert_eq!(
+            app.read(&mut got).unwrap(),
+            2,
+            "the far side's EOF lets it go"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! the engine's lock order ([`super::lock_order`]): nothing is taken under it.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Weak};
 use std::time::Instant;
 
@@ -106,6 +107,11 @@ struct State {
 pub(super) struct ConnShared {
     state: OrderedMutex<State>,
     changed: Condvar,
+    /// The app's `SO_RCVLOWAT` on its end of the connection ([`Conn::set_low_water`]), for a
+    /// relay (a stream's receive side keeps its own).
+    ///
+    /// [`Conn::set_low_water`]: super::Conn::set_low_water
+    low_water: AtomicUsize,
 }
 
 impl ConnShared {
@@ -122,7 +128,19 @@ impl ConnShared {
                 },
             ),
             changed: Condvar::new(),
+            low_water: AtomicUsize::new(1),
         }
+    }
+
+    /// Sets the app's receive low-water mark; true when it is lower than before.
+    pub(super) fn set_low_water(&self, bytes: usize) -> bool {
+        let bytes = bytes.max(1);
+        self.low_water.swap(bytes, Ordering::AcqRel) > bytes
+    }
+
+    /// The app's receive low-water mark (1: none).
+    pub(super) fn low_water(&self) -> usize {
+        self.low_water.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> Guard<'_, State> {

@@ -221,12 +221,11 @@ impl StreamConn {
                         error: Some(String::from("the connection ended before it was attached")),
                         reset: true,
                     }));
-                    fd::shutdown_quietly(attached.local.as_fd(), Shutdown::Both);
                     if let Some(k) = kept {
                         fd::reset(k.as_fd());
                         fds.closing.push(k);
                     }
-                    fds.closing.push(Arc::new(attached.local));
+                    end_local(attached.local, true, fds);
                     self.app = App::Done;
                 }
             }
@@ -305,7 +304,7 @@ impl StreamConn {
                         // waits for their acknowledgement): the app reads them first, as
                         // from one TCP connection.
                         self.deliver_arrived();
-                        self.fail(format!("the kept TCP connection failed: {e}"), fds);
+                        self.fail_reset(format!("the kept TCP connection failed: {e}"), fds);
                     }
                 }
             }
@@ -352,7 +351,9 @@ impl StreamConn {
                 Err(e) => self.fail(format!("taking the proof: {e}"), fds),
             },
             Look::Other | Look::Eof => self.relay_instead(fds),
-            Look::Failed(e) => self.fail(format!("the kept TCP connection failed: {e}"), fds),
+            Look::Failed(e) => {
+                self.fail_reset(format!("the kept TCP connection failed: {e}"), fds);
+            }
         }
     }
 
@@ -391,8 +392,7 @@ impl StreamConn {
                     )),
                     reset: true,
                 }));
-                fd::shutdown_quietly(local.as_fd(), Shutdown::Both);
-                fds.closing.push(Arc::new(local));
+                end_local(local, true, fds);
             }
         }
         self.error
@@ -416,6 +416,13 @@ impl StreamConn {
                 return;
             }
         }
+        self.fail_reset(why, fds);
+    }
+
+    /// The stream fails whether bound or not: the kept TCP connection failed. Its error was
+    /// taken by the look that found it (a second look would say EOF, and relay a reset
+    /// connection as one that ended).
+    fn fail_reset(&mut self, why: String, fds: &mut Fds) {
         if self.error.is_none() {
             self.error = Some(why.clone());
         }
@@ -443,12 +450,11 @@ impl StreamConn {
                     error: Some(why),
                     reset: !peer_fin,
                 }));
-                fd::shutdown_quietly(a.local.as_fd(), Shutdown::Both);
                 if let Some(k) = a.kept.take() {
                     fd::reset(k.as_fd());
                     fds.closing.push(k);
                 }
-                fds.closing.push(Arc::new(a.local));
+                end_local(a.local, !peer_fin, fds);
             }
             other => self.app = other,
         }
@@ -530,6 +536,7 @@ impl StreamConn {
         let App::Relay(relay, on_event) = &mut self.app else {
             return;
         };
+        relay.set_low_water(self.shared.low_water());
         let error = match relay.step(draining) {
             Step::Idle => return,
             Step::Finished => None,
@@ -544,12 +551,9 @@ impl StreamConn {
             error,
             reset: failed,
         }));
-        if failed {
-            // After the report: the app's next read can tell the failure from an end.
-            fd::shutdown_quietly(relay.local.as_fd(), Shutdown::Both);
-        }
         if let App::Relay(relay, _) = std::mem::replace(&mut self.app, App::Done) {
-            fds.closing.push(Arc::new(relay.local));
+            // After the report: the app's next read can tell the failure from an end.
+            end_local(relay.local, failed, fds);
             fds.closing.push(relay.far);
         }
     }
@@ -698,6 +702,20 @@ fn closed_with_reset(a: &Attached) -> bool {
         && fd::peer_closed(a.local.as_fd())
 }
 
+/// Lets go of the local side once its end was reported ([`Event::Ended`]). An orderly end is
+/// shut down both ways, so that every copy of the fd sees it. A reset of an `AF_UNIX` local
+/// side (the shim's socketpair) is only closed: when its last reference goes, the kernel hangs
+/// up the app's end and, if the owner queued a byte into this end while the report ran
+/// ([`End::reset`]), sets `ECONNRESET` on it, which `poll` reports as `POLLERR` and a read or
+/// `SO_ERROR` takes once, as a TCP socket reports an RST. A shutdown first would let a read in
+/// between take an EOF. Any other local side (the gateway's TCP sockets) is shut down.
+fn end_local(local: OwnedFd, reset: bool, fds: &mut Fds) {
+    if !reset || !fd::is_local_socket(local.as_fd()) {
+        fd::shutdown_quietly(local.as_fd(), Shutdown::Both);
+    }
+    fds.closing.push(Arc::new(local));
+}
+
 /// The stream's pump: what arrived to the local side, the local side's bytes to the peer, the
 /// half-closes and the credits.
 fn pump(link: &mut Link, a: &mut Attached, draining: bool) -> io::Result<()> {
@@ -816,7 +834,7 @@ mod tests {
     }
 
     #[test]
-    fn without_a_give_back_the_stream_ends_broken_and_the_socket_is_shut() {
+    fn without_a_give_back_the_stream_ends_broken_and_the_socket_is_closed() {
         let (mut app, local) = UnixStream::pair().unwrap();
         let events = Arc::new(Mutex::new(Vec::new()));
         let mut conn = gone();
@@ -829,6 +847,8 @@ mod tests {
             &mut fds,
         );
         assert_eq!(*events.lock().unwrap(), ["decided Broken", "ended Broken"]);
+        // A reset end is closed, not shut down: the loop closes what the attach gave up.
+        drop(fds);
         let mut rest = Vec::new();
         assert_eq!(app.read_to_end(&mut rest).unwrap(), 0, "EOF for the app");
     }

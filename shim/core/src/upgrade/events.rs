@@ -39,9 +39,10 @@ pub fn count_bytes(sent: u64, received: u64) {
     stats.add_rdma_bytes_received(received);
 }
 
-/// The engine's callback for one swapped connection; `broken` is set when it ends in a reset
-/// (a failure before the peer's FIN, [`End::reset`]; reported before the engine ends the
-/// app's side, so the app's reads tell it from an orderly end).
+/// The engine's callback for one swapped connection. An end in a reset (a failure before the
+/// peer's FIN, [`End::reset`], reported before the engine ends the app's side) is made the
+/// app's end's own error ([`super::queue_reset`]), or else sets `broken` for the hooks, so the
+/// app's reads tell it from an orderly end.
 ///
 /// [`End::reset`]: rdma_streams_transport::engine::End::reset
 pub fn on_event(
@@ -56,7 +57,9 @@ pub fn on_event(
             record(role, fd, peer, path, reason);
         }
         Event::Ended(end) => {
-            if end.reset {
+            // The kernel reports the reset on the app's end when the byte is queued; the
+            // hooks do when it cannot be.
+            if end.reset && !super::queue_reset(&broken) {
                 broken.store(true, Ordering::Release);
             }
             if end.path == StreamPath::Rdma {

@@ -37,6 +37,7 @@ use crate::log::{Level, log_at};
 use crate::negative_cache::NegativeCache;
 use crate::negotiation;
 use crate::policy::canonical_ip;
+use crate::sys;
 
 pub use client::{connect, reason_for};
 pub use engine::{config as engine_config, configure, flush_at_exit};
@@ -63,13 +64,16 @@ struct SwappedFd {
     halves: Option<Arc<Halves>>,
     /// The stream failed and the app was not told yet ([`take_reset`]).
     broken: Arc<AtomicBool>,
+    /// What the app's end of the socketpair is ([`queue_reset`]).
+    app_end: Option<sys::FileId>,
 }
 
-/// The two halves of a stream, for what the hooks tell its engine: urgent data
-/// ([`send_urgent`]) and the app's receive low-water mark ([`set_low_water`]).
+/// What the hooks tell a connection's engine whatever the switches say: urgent data
+/// ([`send_urgent`], through the stream's send half) and the app's receive low-water mark
+/// ([`set_low_water`], for the stream or the relay that carries the connection).
 struct Halves {
-    send: Writer,
-    recv: Reader,
+    send: Option<Writer>,
+    conn: Conn,
 }
 
 /// Swapped app fds (and their copies) -> what the shim keeps of them.
@@ -136,6 +140,19 @@ pub fn take_reset(fd: c_int) -> bool {
         .is_some_and(|s| s.broken.swap(false, Ordering::AcqRel))
 }
 
+/// The stream of the swapped fd whose [`SwappedFd::broken`] is `broken` ended in a reset:
+/// through one of the app's numbers for its socketpair end, queues the byte that makes the
+/// engine's close of the other end report the reset there as a TCP socket reports an RST
+/// (`POLLERR`, then `ECONNRESET` once: [`sys::queue_reset_byte`]). Called by the engine while
+/// it reports the end, before it closes its end. False when no number could (the app closed
+/// them, or shut its side for writing): the hooks then report the reset ([`take_reset`]).
+pub fn queue_reset(broken: &Arc<AtomicBool>) -> bool {
+    SWAPPED_FDS.lock().iter().any(|(&fd, s)| {
+        Arc::ptr_eq(&s.broken, broken)
+            && s.app_end.is_some_and(|end| sys::queue_reset_byte(fd, end))
+    })
+}
+
 /// The stream `conn` behind the swapped `fd` may be read and written directly from now on, as
 /// far as the switches allow.
 fn set_direct(fd: c_int, conn: &Conn) {
@@ -147,29 +164,30 @@ fn set_direct(fd: c_int, conn: &Conn) {
         .load(Ordering::Acquire)
         .then(|| conn.writer())
         .flatten();
-    let halves = conn
-        .writer()
-        .zip(conn.reader())
-        .map(|(send, recv)| Arc::new(Halves { send, recv }));
-    if let Some(h) = &halves {
-        // A mark the app set on its TCP socket, or its listener, before the swap.
-        h.recv.set_low_water(crate::sys::rcvlowat(fd));
+    let halves = Arc::new(Halves {
+        send: conn.writer(),
+        conn: conn.clone(),
+    });
+    // A mark the app set on its TCP socket, or its listener, before the swap.
+    let mark = sys::rcvlowat(fd);
+    if mark > 1 {
+        conn.set_low_water(mark);
     }
     if let Some(s) = SWAPPED_FDS.lock().get_mut(&fd) {
         s.reader = reader.map(Arc::new);
         s.writer = writer.map(Arc::new);
-        s.halves = halves;
+        s.halves = Some(halves);
     }
 }
 
-/// The app set `SO_RCVLOWAT` on the swapped `fd` ([`Reader::set_low_water`]).
+/// The app set `SO_RCVLOWAT` on the swapped `fd` ([`Conn::set_low_water`]).
 pub fn set_low_water(fd: c_int, bytes: usize) {
     if FORKED.load(Ordering::Acquire) {
         return;
     }
     let halves = SWAPPED_FDS.lock().get(&fd).and_then(|s| s.halves.clone());
     if let Some(h) = halves {
-        h.recv.set_low_water(bytes);
+        h.conn.set_low_water(bytes);
     }
 }
 
@@ -181,7 +199,7 @@ pub fn send_urgent(fd: c_int, buf: &[u8], flags: c_int) -> Option<std::io::Resul
         return None;
     }
     let halves = SWAPPED_FDS.lock().get(&fd)?.halves.clone()?;
-    Some(halves.send.send_urgent(fd, buf, flags))
+    Some(halves.send.as_ref()?.send_urgent(fd, buf, flags))
 }
 
 /// The direct writer of the stream behind the swapped `fd` (`write`/`send` copy into its send
@@ -278,6 +296,7 @@ pub fn close_abortively(kept: Arc<OwnedFd>, bound: Duration) {
 /// ([`ForkSafe::after_fork`]). Swapped fds keep answering from their kept sockets.
 pub fn after_fork_child() {
     FORKED.store(true, Ordering::Release);
+    sys::close_inherited_pair_ends();
     server::after_fork_child();
     drop(SWAPPED_FDS.after_fork());
 }

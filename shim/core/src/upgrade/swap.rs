@@ -30,7 +30,8 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
     let (fl, fdfl) = sys::fd_flags(fd)?;
     let (a, b) = sys::socketpair_stream()?;
     fdtable::set(a.as_raw_fd(), SHIM_OWNED);
-    fdtable::set(b.as_raw_fd(), SHIM_OWNED);
+    fdtable::set_pair_end(b.as_raw_fd());
+    let app_end = sys::file_id(a.as_raw_fd());
     if fl & libc::O_NONBLOCK != 0 {
         sys::set_nonblocking(a.as_fd())?;
     }
@@ -53,6 +54,7 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
             writer: None,
             halves: None,
             broken: Arc::clone(&broken),
+            app_end,
         },
     );
     if let Err(e) = sys::dup3(a.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {

@@ -40,12 +40,15 @@ fn a_fork_child_never_waits_for_a_lock_a_parent_thread_held() {
     );
 }
 
-/// A stream that fails is reported to the app once, as a reset, through every copy of its fd;
-/// one that ends in order never is.
+/// A stream that fails is reported to the app once, as a reset: by the kernel on the app's
+/// socketpair end (`POLLERR`, then `ECONNRESET` once, then EOF), or, where the app shut its
+/// side for writing and no byte can be queued, by the hooks, through every copy of its fd. One
+/// that ends in order never is.
 #[test]
 fn a_failed_stream_reads_as_one_reset_and_an_orderly_end_as_none() {
     use crate::reason::Role;
     use rdma_streams_transport::engine::{End, Event, StreamPath};
+    use std::io::Read;
     use std::os::fd::AsRawFd;
 
     let end = |error: Option<&str>| {
@@ -57,16 +60,44 @@ fn a_failed_stream_reads_as_one_reset_and_an_orderly_end_as_none() {
             reset: error.is_some(),
         })
     };
-    for failed in [true, false] {
+    let revents = |fd: c_int| sys::poll_now(fd, libc::POLLIN);
+    for (failed, shut_first) in [(true, false), (true, true), (false, false)] {
         let (app, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
         let fd = app.as_raw_fd();
         let s = swap::swap(fd).unwrap();
         let copy = sys::dup_cloexec(fd).unwrap();
         assert!(copy_swapped(fd, copy.as_raw_fd()));
         assert!(!take_reset(fd), "nothing failed yet");
+        if shut_first {
+            app.shutdown(std::net::Shutdown::Write).unwrap();
+        }
         let mut on = events::on_event(Role::Client, fd, None, Arc::clone(&s.broken));
         on(end(failed.then_some("work completion failed")));
-        assert_eq!(take_reset(copy.as_raw_fd()), failed, "failed: {failed}");
+        // The engine closes its end after the report, without a shutdown when reset.
+        if !failed {
+            rdma_streams_transport::fd::shutdown_quietly(
+                std::os::fd::AsFd::as_fd(&s.local),
+                std::net::Shutdown::Both,
+            );
+        }
+        drop(s.local);
+        let by_kernel = failed && !shut_first;
+        let hooks = failed && shut_first;
+        assert_eq!(
+            revents(fd) & libc::POLLERR != 0,
+            by_kernel,
+            "failed {failed}, shut first {shut_first}"
+        );
+        let mut buf = [0u8; 4];
+        let read = (&app).read(&mut buf).map_err(|e| e.raw_os_error());
+        if by_kernel {
+            assert_eq!(read, Err(Some(libc::ECONNRESET)), "the kernel's report");
+            assert_eq!((&app).read(&mut buf).map_err(|e| e.raw_os_error()), Ok(0));
+            assert_eq!(revents(fd) & libc::POLLERR, 0, "taken once");
+        } else {
+            assert_eq!(read, Ok(0));
+        }
+        assert_eq!(take_reset(copy.as_raw_fd()), hooks, "failed {failed}");
         assert!(!take_reset(fd), "told once, through any copy");
         assert!(!take_reset(copy.as_raw_fd()));
         forget_swapped(fd);
@@ -74,4 +105,69 @@ fn a_failed_stream_reads_as_one_reset_and_an_orderly_end_as_none() {
         assert!(!take_reset(fd), "not a swapped fd any more");
         crate::fdtable::set(fd, 0);
     }
+}
+
+/// The byte that reports a reset goes only to the socketpair end it names: an app number that
+/// names another socket by now (replaced by a `dup2`) gets nothing.
+#[test]
+fn the_reset_byte_never_reaches_another_socket() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+
+    let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let id = sys::file_id(a.as_raw_fd()).unwrap();
+    let (other, mut other_peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    assert!(
+        !sys::queue_reset_byte(other.as_raw_fd(), id),
+        "not that socket"
+    );
+    assert!(!sys::queue_reset_byte(-1, id));
+    assert!(sys::queue_reset_byte(a.as_raw_fd(), id));
+    other_peer.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 2];
+    assert!(
+        other_peer.read(&mut buf).is_err(),
+        "nothing reached the other socket"
+    );
+    assert_eq!(
+        b.read(&mut buf).unwrap(),
+        1,
+        "one byte, to the named end's peer"
+    );
+}
+
+/// A fork child closes its copies of the engine's socketpair ends (the engine is not in the
+/// child): the parent's engine closing its end hangs up the app's end while the child lives,
+/// and the child keeps the app's fd.
+#[test]
+fn a_fork_child_lets_go_of_the_engines_socketpair_ends() {
+    use std::os::fd::AsRawFd;
+
+    let (app, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let fd = app.as_raw_fd();
+    let s = swap::swap(fd).unwrap();
+    let end = s.local.as_raw_fd();
+    let (closed_tx, closed_rx) = std::os::unix::net::UnixStream::pair().unwrap();
+    let child = sys::fork_for_test(|| {
+        after_fork_child();
+        assert!(sys::file_id(end).is_none(), "the engine's end is closed");
+        assert!(sys::file_id(fd).is_some(), "the app's fd stays");
+        std::io::Write::write_all(&mut &closed_tx, b"k").unwrap();
+        std::thread::sleep(std::time::Duration::from_secs(3));
+    });
+    let mut b = [0u8; 1];
+    std::io::Read::read_exact(&mut &closed_rx, &mut b).unwrap();
+    drop(s.local);
+    let mut hung_up = false;
+    for _ in 0..100 {
+        if sys::poll_now(fd, libc::POLLIN) & libc::POLLHUP != 0 {
+            hung_up = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(sys::wait_for_test(child), 0, "the child's checks");
+    assert!(hung_up, "the app's end hung up while the child lived");
+    forget_swapped(fd);
+    crate::fdtable::set(fd, 0);
 }

@@ -514,6 +514,21 @@ def reset_seen_by_poll(c, s):
     return "%d %s" % (mask, errno.errorcode.get(err_, err_))
 
 
+def write_after_reset(c, s):
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.close()
+    settle()
+    raised = []
+    old = signal.signal(signal.SIGPIPE, lambda *_: raised.append(1))
+    try:
+        first = call(lambda: s.send(b"x"))
+        after_first = len(raised)
+        second = call(lambda: s.send(b"x"))
+    finally:
+        signal.signal(signal.SIGPIPE, old)
+    return "%s %d %s %d" % (first, after_first, second, len(raised))
+
+
 def server_speaks_first(c, s):
     t0 = time.monotonic()
     s.sendall(b"220 ready")
@@ -628,6 +643,7 @@ ROWS = [
     epoll_exclusive,
     getsockname_after_reset,
     reset_seen_by_poll,
+    write_after_reset,
     server_speaks_first,
     zerocopy_send,
     tcp_cork,
