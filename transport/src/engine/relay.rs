@@ -87,6 +87,8 @@ pub(super) struct Relay {
     stepped: bool,
     /// The app's receive low-water mark ([`Relay::set_low_water`]).
     low_water: usize,
+    /// The local side is an `AF_UNIX` socket (the shim's socketpair; [`Toward::urgent_in_one`]).
+    local_is_unix: bool,
 }
 
 /// How a relay step ended.
@@ -105,6 +107,7 @@ impl Relay {
         // Urgent bytes are read inline and found at the mark (see the module docs).
         let _ = fd::set_urgent_inline(local.as_fd(), true);
         let _ = fd::set_urgent_inline(far.as_fd(), true);
+        let local_is_unix = fd::is_local_socket(local.as_fd());
         Relay {
             local,
             far,
@@ -122,6 +125,7 @@ impl Relay {
             guard: None,
             stepped: false,
             low_water: 1,
+            local_is_unix,
         }
     }
 
@@ -195,7 +199,11 @@ impl Relay {
                 &mut self.local_ready,
                 self.far.as_fd(),
                 &mut self.far_ready,
-                (draining, 1),
+                Toward {
+                    draining,
+                    low_water: 1,
+                    urgent_in_one: false,
+                },
             ) {
                 Ok(p) => p,
                 Err(e) => return self.fail(e),
@@ -206,7 +214,11 @@ impl Relay {
                 &mut self.far_ready,
                 self.local.as_fd(),
                 &mut self.local_ready,
-                (false, self.low_water),
+                Toward {
+                    draining: false,
+                    low_water: self.low_water,
+                    urgent_in_one: self.local_is_unix,
+                },
             ) {
                 Ok(p) => p,
                 Err(e) => return self.fail(e),
@@ -229,17 +241,33 @@ impl Relay {
     }
 }
 
+/// How one direction's pass treats its sides.
+struct Toward {
+    /// The source with nothing to read counts as EOF (the process is exiting).
+    draining: bool,
+    /// The reader's mark on the destination ([`Relay::set_low_water`], 1: none).
+    low_water: usize,
+    /// The destination is an `AF_UNIX` socket: the bytes before an urgent byte and the byte
+    /// go in one send, so its reader never finds the first without the mark. (A partial send
+    /// to it takes no urgent byte; TCP's could mark a byte before it, so TCP gets two sends.)
+    urgent_in_one: bool,
+}
+
 /// One direction's pass: read what fits, write what is buffered, half-close after EOF. True
-/// if anything moved. `draining`: a side with nothing to read counts as EOF; `low_water`: the
-/// reader's mark on `dst` ([`Relay::set_low_water`], 1: none).
+/// if anything moved.
 fn pass(
     d: &mut Direction,
     src: BorrowedFd<'_>,
     src_ready: &mut Ready,
     dst: BorrowedFd<'_>,
     dst_ready: &mut Ready,
-    (draining, low_water): (bool, usize),
+    toward: Toward,
 ) -> io::Result<bool> {
+    let Toward {
+        draining,
+        low_water,
+        urgent_in_one,
+    } = toward;
     let mut progressed = false;
     if !d.eof && d.end < d.buf.len() && src_ready.readable {
         // At the mark the read gives the urgent byte alone (see the module docs).
@@ -283,16 +311,26 @@ fn pass(
         && d.end - d.start < low_water.min(BUFFER / 2)
         && unread_by_peer(dst.as_raw_fd()).ok() == Some(0);
     if d.start < d.end && dst_ready.writable && !held {
-        // The bytes before the urgent one, then at once the urgent byte alone (`MSG_OOB`): a
-        // partial send of both in one call would let TCP mark a byte before it.
+        // The bytes before the urgent one, then the urgent byte (`MSG_OOB`): in one send to an
+        // AF_UNIX side, in two to TCP, where a partial send of both in one call would mark a
+        // byte before it.
         let urgent = d.urgent.filter(|&u| u >= d.start);
         let before = d.moved;
         let mut wrote = Ok(());
         let upto = urgent.unwrap_or(d.end);
-        if d.start < upto {
+        if let Some(u) = urgent
+            && urgent_in_one
+        {
+            wrote = fd::write_urgent(dst, &d.buf[d.start..=u]).map(|n| {
+                if n == u + 1 - d.start {
+                    d.urgent = None;
+                }
+                d.took(n);
+            });
+        } else if d.start < upto {
             wrote = fd::write(dst, &d.buf[d.start..upto]).map(|n| d.took(n));
         }
-        if wrote.is_ok() && urgent == Some(d.start) {
+        if wrote.is_ok() && !urgent_in_one && urgent == Some(d.start) {
             wrote = fd::write_urgent(dst, &d.buf[d.start..=d.start]).map(|n| {
                 if n > 0 {
                     d.urgent = None;
