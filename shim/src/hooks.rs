@@ -10,7 +10,8 @@
 //!
 //! getpeername/getsockname/getsockopt/setsockopt answer from the kept TCP socket for upgraded
 //! fds (one atomic load otherwise); dup/dup2/dup3/fcntl(F_DUPFD*) copies keep what the shim
-//! knows of the fd; epoll_ctl marks sockets registered before connect (they stay TCP). A new
+//! knows of the fd; epoll_ctl marks sockets registered before connect (they stay TCP);
+//! writev/sendmmsg/sendfile/splice into an upgraded fd answer a reset as TCP's. A new
 //! detour needs a `real.rs` entry, an op, a line in `streamshim.map` and the `HOOKS` list of
 //! the tests.
 
@@ -559,6 +560,159 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_i
     // SAFETY: the caller's fd, message (less its address) and flags, and `added`.
     let n = unsafe { orig(fd, &without_name, flags | added) };
     write_result(fd, added, quiet, n)
+}
+
+/// `ssize_t writev(int fd, const struct iovec *iov, int iovcnt)`: on an upgraded fd,
+/// `sendmsg` of the same buffers with `MSG_NOSIGNAL` (what `writev` on a socket is, without the
+/// flag), so that a reset answers as TCP's ([`write_result`]); any other fd, or a count
+/// `writev` refuses, goes to libc unchanged.
+///
+/// # Safety
+/// The C contract of `writev(2)`: `iov` points to `iovcnt` readable `struct iovec`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, iovcnt: c_int) -> isize {
+    let (Some(orig), Some(sendmsg)) = (real::writev(), real::sendmsg()) else {
+        return no_original() as isize;
+    };
+    let added = no_signal(fd);
+    let Some(count) = usize::try_from(iovcnt)
+        .ok()
+        .filter(|&n| n > 0 && n <= calls::IOV_MAX)
+    else {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { orig(fd, iov, iovcnt) };
+    };
+    if added == 0 || iov.is_null() {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { orig(fd, iov, iovcnt) };
+    }
+    // SAFETY: all-zero is a valid msghdr (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.cast_mut();
+    msg.msg_iovlen = count;
+    // SAFETY: the caller's buffers, which stay theirs for the call; sendmsg only reads them.
+    let n = unsafe { sendmsg(fd, &msg, added) };
+    write_result(fd, added, false, n)
+}
+
+/// `int sendmmsg(int fd, struct mmsghdr *msgvec, unsigned int vlen, int flags)`: on an
+/// upgraded fd, each message as [`sendmsg`] sends it (its address dropped, as TCP ignores it,
+/// with `MSG_NOSIGNAL`), its length written back, until one fails or sends short; what failed
+/// after a message went is the next call's, as the kernel's `sendmmsg` leaves it. Any other fd
+/// goes to libc unchanged.
+///
+/// # Safety
+/// The C contract of `sendmmsg(2)`: `msgvec` points to `vlen` writable `struct mmsghdr`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    let (Some(orig), Some(sendmsg)) = (real::sendmmsg(), real::sendmsg()) else {
+        return no_original();
+    };
+    let added = no_signal(fd);
+    if added == 0 || msgvec.is_null() || vlen == 0 {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { orig(fd, msgvec, vlen, flags) };
+    }
+    let quiet = flags & libc::MSG_NOSIGNAL != 0;
+    // The kernel sends at most UIO_MAXIOV messages per call.
+    let vlen = usize::try_from(vlen).map_or(calls::IOV_MAX, |v| v.min(calls::IOV_MAX));
+    let mut sent: c_int = 0;
+    for i in 0..vlen {
+        // SAFETY: per sendmmsg's contract, `msgvec` holds `vlen` (at least this many) entries.
+        let entry = unsafe { &mut *msgvec.add(i) };
+        let mut without_name = entry.msg_hdr;
+        without_name.msg_name = std::ptr::null_mut();
+        without_name.msg_namelen = 0;
+        // SAFETY: the caller's message (less its address), flags and `added`.
+        let n = unsafe { sendmsg(fd, &without_name, flags | added) };
+        if n < 0 {
+            if sent == 0 {
+                return write_result(fd, added, quiet, n) as c_int;
+            }
+            break;
+        }
+        entry.msg_len = u32::try_from(n).unwrap_or(u32::MAX);
+        sent += 1;
+    }
+    sent
+}
+
+/// A `sendfile` or `splice` into `fd` by `call`: on an upgraded fd, whose socketpair raises
+/// `SIGPIPE` where TCP's send reports a reset instead, the call's `SIGPIPE` is taken back
+/// ([`sys::without_sigpipe`]) and its `EPIPE` answered as a send's ([`write_result`]).
+fn write_by_kernel(fd: c_int, call: impl FnOnce() -> isize) -> isize {
+    let added = no_signal(fd);
+    if added == 0 {
+        return call();
+    }
+    write_result(fd, added, false, sys::without_sigpipe(call))
+}
+
+/// `ssize_t sendfile(int out_fd, int in_fd, off_t *offset, size_t count)`: as libc's, with a
+/// reset of an upgraded `out_fd` answered as TCP's ([`write_by_kernel`]).
+///
+/// # Safety
+/// The C contract of `sendfile(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut libc::off_t,
+    count: usize,
+) -> isize {
+    let Some(orig) = real::sendfile() else {
+        return no_original() as isize;
+    };
+    // SAFETY: the caller's arguments, passed on unchanged.
+    write_by_kernel(out_fd, || unsafe { orig(out_fd, in_fd, offset, count) })
+}
+
+/// `ssize_t sendfile64(int out_fd, int in_fd, off64_t *offset, size_t count)`: [`sendfile`]'s
+/// other name (`off_t` is 64 bits on this target).
+///
+/// # Safety
+/// The C contract of `sendfile(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendfile64(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut libc::off_t,
+    count: usize,
+) -> isize {
+    let Some(orig) = real::sendfile64() else {
+        return no_original() as isize;
+    };
+    // SAFETY: the caller's arguments, passed on unchanged.
+    write_by_kernel(out_fd, || unsafe { orig(out_fd, in_fd, offset, count) })
+}
+
+/// `ssize_t splice(int fd_in, loff_t *off_in, int fd_out, loff_t *off_out, size_t len,
+/// unsigned int flags)`: as libc's, with a reset of an upgraded `fd_out` answered as TCP's
+/// ([`write_by_kernel`]).
+///
+/// # Safety
+/// The C contract of `splice(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: usize,
+    flags: libc::c_uint,
+) -> isize {
+    let Some(orig) = real::splice() else {
+        return no_original() as isize;
+    };
+    // SAFETY: the caller's arguments, passed on unchanged.
+    write_by_kernel(fd_out, || unsafe {
+        orig(fd_in, off_in, fd_out, off_out, len, flags)
+    })
 }
 
 /// `int ioctl(int fd, unsigned long request, ...)`: `FIONREAD` (`SIOCINQ`) of an upgraded fd

@@ -71,6 +71,22 @@ pub type IoctlFn = unsafe extern "C" fn(c_int, libc::c_ulong, *mut c_void) -> c_
 /// `ssize_t sendmsg(int, const struct msghdr *, int)`.
 pub type SendmsgFn = unsafe extern "C" fn(c_int, *const libc::msghdr, c_int) -> isize;
 
+/// `ssize_t writev(int, const struct iovec *, int)`.
+pub type WritevFn = unsafe extern "C" fn(c_int, *const libc::iovec, c_int) -> isize;
+/// `int sendmmsg(int, struct mmsghdr *, unsigned int, int)`.
+pub type SendmmsgFn = unsafe extern "C" fn(c_int, *mut libc::mmsghdr, libc::c_uint, c_int) -> c_int;
+/// `ssize_t sendfile(int, int, off_t *, size_t)` (and sendfile64: off_t is 64 bits here).
+pub type SendfileFn = unsafe extern "C" fn(c_int, c_int, *mut libc::off_t, usize) -> isize;
+/// `ssize_t splice(int, loff_t *, int, loff_t *, size_t, unsigned int)`.
+pub type SpliceFn = unsafe extern "C" fn(
+    c_int,
+    *mut libc::loff_t,
+    c_int,
+    *mut libc::loff_t,
+    usize,
+    libc::c_uint,
+) -> isize;
+
 /// Looks `name` up in the objects after this one and caches the address in `slot`.
 fn resolve(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
     // SAFETY: RTLD_NEXT is a valid pseudo-handle inside a shared object and `name` is
@@ -134,5 +150,10 @@ originals! {
     SEND, send, c"send", SendFn;
     SENDTO, sendto, c"sendto", SendtoFn;
     SENDMSG, sendmsg, c"sendmsg", SendmsgFn;
+    WRITEV, writev, c"writev", WritevFn;
+    SENDMMSG, sendmmsg, c"sendmmsg", SendmmsgFn;
+    SENDFILE, sendfile, c"sendfile", SendfileFn;
+    SENDFILE64, sendfile64, c"sendfile64", SendfileFn;
+    SPLICE, splice, c"splice", SpliceFn;
     IOCTL, ioctl, c"ioctl", IoctlFn;
 }

@@ -25,6 +25,11 @@ pub enum Recv {
     Original,
 }
 
+/// The most buffers one `writev` takes, and messages one `sendmmsg` sends (the kernel's
+/// `UIO_MAXIOV`, which glibc calls `IOV_MAX`): the hooks pass a larger count to libc, which
+/// refuses it (`writev`) or sends this many (`sendmmsg`).
+pub const IOV_MAX: usize = 1024;
+
 /// The most one `MSG_TRUNC` receive of an upgraded fd takes ([`Recv::Discard`]).
 pub const DISCARD_CHUNK: usize = 4096;
 

@@ -466,6 +466,49 @@ pub fn raise_sigpipe() {
     let _ = unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGPIPE) };
 }
 
+/// `call`'s result, with the `SIGPIPE` its `EPIPE` raised in this thread taken back: for the
+/// calls that cannot be asked for `MSG_NOSIGNAL` (`sendfile`, `splice`) into an upgraded fd,
+/// whose hook then decides, as for a send, whether TCP would have raised it
+/// ([`raise_sigpipe`]). `SIGPIPE` is blocked for the call (the kernel directs it at the calling
+/// thread, so no other thread can take it) and, when the call failed with `EPIPE` and no
+/// `SIGPIPE` was pending before, the one it raised is accepted with `sigtimedwait`; the thread's
+/// mask and errno are as the call left them.
+pub fn without_sigpipe(call: impl FnOnce() -> isize) -> isize {
+    let mut pipe = MaybeUninit::<libc::sigset_t>::uninit();
+    let mut old = MaybeUninit::<libc::sigset_t>::uninit();
+    let mut pending = MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: each pointer is to a local sigset_t; sigemptyset initialises `pipe`, and
+    // pthread_sigmask fills `old` before it is read (it cannot fail with these arguments).
+    let (pipe, old) = unsafe {
+        libc::sigemptyset(pipe.as_mut_ptr());
+        libc::sigaddset(pipe.as_mut_ptr(), libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, pipe.as_ptr(), old.as_mut_ptr());
+        (pipe.assume_init(), old.assume_init())
+    };
+    // SAFETY: sigpending fills the local `pending`; it cannot fail with a valid pointer.
+    let was_pending = unsafe {
+        libc::sigpending(pending.as_mut_ptr());
+        libc::sigismember(pending.as_ptr(), libc::SIGPIPE) == 1
+    };
+    let n = call();
+    let e = errno();
+    if n < 0 && e == libc::EPIPE && !was_pending {
+        let now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `pipe` and `now` are initialised locals; no siginfo is asked for. A zero
+        // timeout only takes a signal already pending.
+        while unsafe { libc::sigtimedwait(&pipe, std::ptr::null_mut(), &now) } < 0
+            && errno() == libc::EINTR
+        {}
+    }
+    // SAFETY: `old` is the mask pthread_sigmask returned above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    set_errno(e);
+    n
+}
+
 /// Closes the socketpair ends fork gave this child of the engine's process
 /// ([`fdtable::pair_ends`]): the engine that used them is not in the child, and a copy left
 /// open would keep an end the engine closes from closing (its app's side would never hang up).
@@ -624,6 +667,91 @@ mod tests {
         assert_eq!(local_addr(listener.as_raw_fd()), listener.local_addr().ok());
         assert_eq!(peer_addr(client.as_raw_fd()), client.peer_addr().ok());
         assert_eq!(local_addr(-1), None);
+    }
+
+    /// In a forked child with `SIGPIPE` at its default (death), a write of one byte into a
+    /// socketpair end whose other end is closed, by `write` wrapped as `wrap` says. The exit
+    /// code: 0, or 128 + 13 when the `SIGPIPE` killed the child.
+    fn write_to_a_closed_pair(wrap: fn(&dyn Fn() -> isize) -> isize, check: fn(isize)) -> i32 {
+        let child = fork_for_test(move || {
+            let mut ends = [0; 2];
+            // SAFETY: the child's own calls: default SIGPIPE, a socketpair into `ends`, the
+            // peer end closed, one byte written from a live local.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                assert_eq!(
+                    libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, ends.as_mut_ptr()),
+                    0
+                );
+                libc::close(ends[1]);
+            }
+            let byte = [1u8];
+            // SAFETY: `byte` is readable for its length.
+            let n = wrap(&|| unsafe { libc::write(ends[0], byte.as_ptr().cast(), 1) });
+            check(n);
+        });
+        wait_for_test(child)
+    }
+
+    fn blocked_sigpipe() -> bool {
+        let mut now = MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: a null new mask only reads the thread's mask into `now`.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), now.as_mut_ptr());
+            libc::sigismember(now.as_ptr(), libc::SIGPIPE) == 1
+        }
+    }
+
+    #[test]
+    fn without_sigpipe_takes_back_the_signal_of_an_epipe() {
+        let plain = write_to_a_closed_pair(|write| write(), |_| {});
+        assert_eq!(plain, 128 + libc::SIGPIPE, "the write alone raises SIGPIPE");
+        let quiet = write_to_a_closed_pair(
+            |write| without_sigpipe(write),
+            |n| {
+                assert_eq!(
+                    (n, errno()),
+                    (-1, libc::EPIPE),
+                    "the call's result and errno"
+                );
+                assert!(!blocked_sigpipe(), "the thread's mask is as it was");
+            },
+        );
+        assert_eq!(quiet, 0, "no SIGPIPE reached the thread");
+    }
+
+    #[test]
+    fn without_sigpipe_leaves_a_pending_sigpipe_pending() {
+        // A SIGPIPE the app blocked and had pending before the call is the app's: it stays.
+        let pending = write_to_a_closed_pair(
+            |write| {
+                let mut pipe = MaybeUninit::<libc::sigset_t>::uninit();
+                // SAFETY: a local set with SIGPIPE, blocked for this thread, then raised at it.
+                unsafe {
+                    libc::sigemptyset(pipe.as_mut_ptr());
+                    libc::sigaddset(pipe.as_mut_ptr(), libc::SIGPIPE);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, pipe.as_ptr(), std::ptr::null_mut());
+                    libc::pthread_kill(libc::pthread_self(), libc::SIGPIPE);
+                }
+                without_sigpipe(write)
+            },
+            |n| {
+                assert_eq!(n, -1);
+                assert!(blocked_sigpipe(), "the app's block stays");
+                let mut pipe = MaybeUninit::<libc::sigset_t>::uninit();
+                // SAFETY: unblocking SIGPIPE delivers the pending one: the child dies of it.
+                unsafe {
+                    libc::sigemptyset(pipe.as_mut_ptr());
+                    libc::sigaddset(pipe.as_mut_ptr(), libc::SIGPIPE);
+                    libc::pthread_sigmask(libc::SIG_UNBLOCK, pipe.as_ptr(), std::ptr::null_mut());
+                }
+            },
+        );
+        assert_eq!(
+            pending,
+            128 + libc::SIGPIPE,
+            "the app's pending SIGPIPE was kept"
+        );
     }
 }
 

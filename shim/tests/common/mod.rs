@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The hooks `libstreamshim.so` exports, and nothing else.
-pub const HOOKS: [&str; 24] = [
+pub const HOOKS: [&str; 29] = [
     "accept",
     "accept4",
     "close",
@@ -38,11 +38,16 @@ pub const HOOKS: [&str; 24] = [
     "recv",
     "recvfrom",
     "send",
+    "sendfile",
+    "sendfile64",
+    "sendmmsg",
     "sendmsg",
     "sendto",
     "setsockopt",
     "socket",
+    "splice",
     "write",
+    "writev",
 ];
 
 fn profile_dir() -> PathBuf {

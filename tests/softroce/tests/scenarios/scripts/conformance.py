@@ -16,6 +16,7 @@ socket and the listener before the connection exists (its `before_client` and `b
 attributes, functions of the socket).
 """
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -514,19 +515,89 @@ def reset_seen_by_poll(c, s):
     return "%d %s" % (mask, errno.errorcode.get(err_, err_))
 
 
-def write_after_reset(c, s):
+def _after_reset(c, s, send):
+    """Two sends by `send(s)` after the peer's reset, each with the SIGPIPEs counted so far."""
     c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     c.close()
     settle()
     raised = []
     old = signal.signal(signal.SIGPIPE, lambda *_: raised.append(1))
     try:
-        first = call(lambda: s.send(b"x"))
+        first = call(lambda: send(s))
         after_first = len(raised)
-        second = call(lambda: s.send(b"x"))
+        second = call(lambda: send(s))
     finally:
         signal.signal(signal.SIGPIPE, old)
     return "%s %d %s %d" % (first, after_first, second, len(raised))
+
+
+def write_after_reset(c, s):
+    return _after_reset(c, s, lambda s: s.send(b"x"))
+
+
+def writev_after_reset(c, s):
+    return _after_reset(c, s, lambda s: os.writev(s.fileno(), [b"x", b"y"]))
+
+
+def sendfile_after_reset(c, s):
+    path = "/tmp/conformance-sendfile-reset-%d" % os.getpid()
+    with open(path, "wb") as f:
+        f.write(b"0123456789")
+    try:
+        with open(path, "rb") as f:
+            return _after_reset(c, s, lambda s: os.sendfile(s.fileno(), f.fileno(), 0, 4))
+    finally:
+        os.unlink(path)
+
+
+def splice_after_reset(c, s):
+    r, w = os.pipe()
+    try:
+        os.write(w, b"spliced")
+        return _after_reset(c, s, lambda s: os.splice(r, s.fileno(), 2))
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _Msghdr(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_void_p),
+        ("namelen", ctypes.c_uint32),
+        ("iov", ctypes.POINTER(_Iovec)),
+        ("iovlen", ctypes.c_size_t),
+        ("control", ctypes.c_void_p),
+        ("controllen", ctypes.c_size_t),
+        ("flags", ctypes.c_int),
+    ]
+
+
+class _Mmsghdr(ctypes.Structure):
+    _fields_ = [("hdr", _Msghdr), ("len", ctypes.c_uint)]
+
+
+def sendmmsg_with_address(c, s):
+    """libc's sendmmsg (Python has none) of two messages, each naming the peer's address."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    host, port = s.getsockname()[:2]
+    # struct sockaddr_in: the family in host order, the port and address in network order.
+    addr = struct.pack("=H", socket.AF_INET) + struct.pack("!H4s8x", port, socket.inet_aton(host))
+    name = ctypes.create_string_buffer(addr, len(addr))
+    bufs = [ctypes.create_string_buffer(b, len(b)) for b in (b"mm", b"sg")]
+    iovs = [_Iovec(ctypes.cast(b, ctypes.c_void_p), 2) for b in bufs]
+    msgs = (_Mmsghdr * 2)()
+    for m, iov in zip(msgs, iovs):
+        m.hdr.name = ctypes.cast(name, ctypes.c_void_p)
+        m.hdr.namelen = len(addr)
+        m.hdr.iov = ctypes.pointer(iov)
+        m.hdr.iovlen = 1
+    n = libc.sendmmsg(c.fileno(), msgs, 2, 0)
+    sent = errno.errorcode.get(ctypes.get_errno(), "?") if n < 0 else str(n)
+    return "%s %s %r" % (sent, [m.len for m in msgs], recv_exact(s, 4) if n > 0 else b"")
 
 
 def server_speaks_first(c, s):
@@ -644,6 +715,10 @@ ROWS = [
     getsockname_after_reset,
     reset_seen_by_poll,
     write_after_reset,
+    writev_after_reset,
+    sendfile_after_reset,
+    splice_after_reset,
+    sendmmsg_with_address,
     server_speaks_first,
     zerocopy_send,
     tcp_cork,
