@@ -10,10 +10,10 @@
 //!
 //! getpeername/getsockname/getsockopt/setsockopt answer from the kept TCP socket for upgraded
 //! fds (one atomic load otherwise); dup/dup2/dup3/fcntl(F_DUPFD*) copies keep what the shim
-//! knows of the fd; epoll_ctl marks sockets registered before connect (they stay TCP);
-//! writev/sendmmsg/sendfile/splice into an upgraded fd answer a reset as TCP's. A new
-//! detour needs a `real.rs` entry, an op, a line in `streamshim.map` and the `HOOKS` list of
-//! the tests.
+//! knows of the fd; epoll_ctl notes the registrations of sockets not connected yet (the swap
+//! moves them); writev/sendmmsg/sendfile/splice into an upgraded fd answer a reset as TCP's.
+//! A new detour needs a `real.rs` entry, an op, a line in `streamshim.map` and the `HOOKS`
+//! list of the tests.
 
 // `unsafe` here: `#[unsafe(no_mangle)]` exports, `.init_array`/`.fini_array` entries, calls of
 // the original libc functions through raw pointers, and reading the caller's address buffers.
@@ -878,10 +878,16 @@ pub unsafe extern "C" fn epoll_ctl(
     if fdtable::get(fd) & fdtable::INET_STREAM == 0 {
         return real();
     }
+    // SAFETY: epoll_ctl's contract: for ADD and MOD, `event` points to a readable epoll_event
+    // (DEL ignores it, so it is not read then). Copied out: the struct is packed.
+    let event = (op != libc::EPOLL_CTL_DEL && !event.is_null()).then(|| unsafe {
+        let e = event.read_unaligned();
+        (e.events, e.u64)
+    });
     detour(&real, |real| {
         let rc = real();
         if rc == 0 {
-            ops::epoll_ctl(op, fd);
+            ops::epoll_ctl(epfd, op, fd, event);
         }
         rc
     })

@@ -25,8 +25,8 @@ pub const SWAPPED: u8 = 16;
 /// ... and it is a listener with an RDMA listener on the same address and port (the upgrade's
 /// side channel).
 pub const SIDE: u8 = 32;
-/// ... and it was registered with `epoll_ctl` before it was connected: its swap would leave
-/// the registration on the old (TCP) description, so it is never upgraded (`UNSUPPORTED`).
+/// ... and it was registered with `epoll_ctl` before it was connected: the swap moves its
+/// registrations ([`crate::watches`]), or it stays TCP (`UNSUPPORTED`) when they cannot be.
 pub const POLLED: u8 = 64;
 /// The fd belongs to the shim (a kept TCP socket, the engine's socketpair end, its epoll and
 /// eventfd, the connection manager's and the devices' fds): the app's `close()` of this number

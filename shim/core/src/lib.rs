@@ -34,6 +34,7 @@ pub mod settings;
 pub mod stats;
 pub mod sys;
 pub mod upgrade;
+pub mod watches;
 
 #[cfg(test)]
 mod env_fuzz;

@@ -21,7 +21,7 @@ use crate::fdtable::{
 use crate::log::{Level, log_at};
 use crate::reason::{Path, Reason, Role};
 use crate::stats::Stats;
-use crate::{direct, sys, upgrade};
+use crate::{direct, sys, upgrade, watches};
 
 /// The socket type without SOCK_NONBLOCK / SOCK_CLOEXEC.
 fn base_type(ty: c_int) -> c_int {
@@ -51,6 +51,10 @@ pub fn socket(
         } else {
             INET_STREAM
         };
+        // A number closed behind the hooks' back (a raw close, exec) may still have notes.
+        if fdtable::get(fd) & POLLED != 0 {
+            watches::forget(fd);
+        }
         fdtable::set(fd, flags);
     }
     fd
@@ -121,13 +125,13 @@ pub fn connect(
     let allowed = flags & TCP != 0
         && decision::settled() == State::Capable
         && decision::policy().is_some_and(|p| p.client_allows(peer));
-    if allowed && flags & POLLED == 0 {
+    if allowed && (flags & POLLED == 0 || watches::followable(fd)) {
         return upgrade::connect(fd, peer, real);
     }
     let (rc, err) = real();
     if (rc == 0 || err == libc::EINPROGRESS)
         && let Some(reason) = if allowed {
-            // Registered with epoll before connect: a swap would strand that registration.
+            // Registered with epoll before connect in a way the swap cannot follow.
             Some(Reason::Unsupported)
         } else {
             tcp_reason(flags, || false)
@@ -161,6 +165,13 @@ pub fn dup(old: c_int, target: Option<c_int>, real: &mut dyn FnMut() -> c_int) -
     if replaced & SIDE != 0 {
         upgrade::close_side_listener(new);
     }
+    if replaced & POLLED != 0 {
+        watches::forget(new);
+    }
+    if flags & POLLED != 0 && flags & COUNTED == 0 {
+        // The registrations are the old number's: a swap of the copy could not move them.
+        watches::unfollowable(new);
+    }
     if replaced & SHIM_OWNED != 0 {
         log_at!(
             Level::Info,
@@ -183,15 +194,15 @@ pub fn dup(old: c_int, target: Option<c_int>, real: &mut dyn FnMut() -> c_int) -
     new
 }
 
-/// `epoll_ctl(ADD|MOD)` on an INET stream socket that is not connected, accepted or
-/// listening yet marks it [`POLLED`]: it will stay TCP (see [`connect`]).
-pub fn epoll_ctl(op: c_int, fd: c_int) {
-    if op == libc::EPOLL_CTL_DEL {
-        return;
-    }
+/// A successful `epoll_ctl(epfd, op, fd, event)` (`event`: its events and data, None for
+/// `EPOLL_CTL_DEL`) on an INET stream socket that is not connected, accepted or listening yet
+/// marks it [`POLLED`] and notes the registration, which the swap moves to the socketpair
+/// ([`watches`]; one it cannot follow keeps the connection TCP, see [`connect`]).
+pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, event: Option<(u32, u64)>) {
     let flags = fdtable::get(fd);
-    if flags & (INET_STREAM | COUNTED | LISTENING | SWAPPED | POLLED) == INET_STREAM {
+    if flags & (INET_STREAM | COUNTED | LISTENING | SWAPPED) == INET_STREAM {
         fdtable::add(fd, POLLED);
+        watches::note(fd, epfd, op, event);
     }
 }
 
@@ -266,6 +277,9 @@ pub fn close(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
         return -1;
     }
     fdtable::clear(fd);
+    if flags & POLLED != 0 {
+        watches::forget(fd);
+    }
     let kept = if flags & SWAPPED != 0 {
         upgrade::forget_swapped(fd)
     } else {
@@ -455,4 +469,5 @@ pub fn at_exit() {
 pub fn at_fork_child() {
     decision::after_fork_child();
     upgrade::after_fork_child();
+    watches::after_fork_child();
 }

@@ -535,6 +535,63 @@ pub fn dup3(src: BorrowedFd<'_>, dst: c_int, cloexec: bool) -> std::io::Result<(
     }
 }
 
+/// Removes `fd`'s registration from the epoll instance `epfd` (the system call itself: the
+/// hooked `epoll_ctl` would note it). False when there was none (or `epfd` is no epoll fd).
+pub fn epoll_del(epfd: c_int, fd: c_int) -> bool {
+    // SAFETY: plain integer arguments; DEL reads no event.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_epoll_ctl,
+            c_long::from(epfd),
+            c_long::from(libc::EPOLL_CTL_DEL),
+            c_long::from(fd),
+            std::ptr::null::<libc::epoll_event>(),
+        )
+    };
+    rc == 0
+}
+
+/// Registers `fd` with the epoll instance `epfd` for `events`, reporting `data` (the system
+/// call itself, as [`epoll_del`]).
+pub fn epoll_add(epfd: c_int, fd: c_int, events: u32, data: u64) -> std::io::Result<()> {
+    let mut event = libc::epoll_event { events, u64: data };
+    // SAFETY: `event` is a live local epoll_event the kernel reads.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_epoll_ctl,
+            c_long::from(epfd),
+            c_long::from(libc::EPOLL_CTL_ADD),
+            c_long::from(fd),
+            &raw mut event,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(last_error()) }
+}
+
+/// Test helper: a new epoll fd (close it with [`close_raw_for_test`]).
+#[cfg(test)]
+pub fn test_epoll() -> c_int {
+    // SAFETY: no pointer arguments.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(ep >= 0, "epoll_create1");
+    ep
+}
+
+/// Test helper: one event of `ep` within 100 ms (its events and data), or None.
+#[cfg(test)]
+pub fn test_epoll_wait(ep: c_int) -> Option<(u32, u64)> {
+    let mut event = libc::epoll_event { events: 0, u64: 0 };
+    // SAFETY: room for one event in the live local `event`.
+    let n = unsafe { libc::epoll_wait(ep, &raw mut event, 1, 100) };
+    (n == 1).then_some((event.events, event.u64))
+}
+
+/// Test helper: closes `fd` with the system call.
+#[cfg(test)]
+pub fn close_raw_for_test(fd: c_int) {
+    close_raw(fd);
+}
+
 /// Sends all of `bytes` on the connected socket `fd` at once, never blocking and never raising
 /// SIGPIPE (`MSG_DONTWAIT | MSG_NOSIGNAL`): a few bytes on a connection whose send buffer is
 /// empty. Part of them sent, or none, is an error.

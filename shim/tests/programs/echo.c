@@ -16,7 +16,10 @@
  *             exec   the fd (no CLOEXEC) is inherited by an exec'd copy of this program,
  *                    which echoes ("echo run FD IN OUT")
  *             epoll  the socket is registered with epoll before connect() and the echo is
- *                    driven by epoll_wait
+ *                    driven by epoll_wait (level-triggered, the registration modified)
+ *             epollet  as nginx registers its upstreams: EPOLLIN | EPOLLOUT | EPOLLRDHUP |
+ *                    EPOLLET before connect(), never modified; the echo reads and writes
+ *                    until EAGAIN on each event
  *             blast  writes IN (OUT unused) and calls exit(0) at once: no close, no shutdown
  *   echo sink PORT OUT              accept one connection, write what it carries to OUT
  * Exit status 0 only if every byte came back in order and every check held; one line on
@@ -30,6 +33,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,7 +156,8 @@ static void run_echo(int rfd, int wfd, const char *in, const char *out, int peek
     if (close(ofd) < 0) die("close OUT");
 }
 
-static int connect_to(const char *host, int port, int epfd) {
+/* epfd >= 0: the socket is registered with it for `events` before connect(). */
+static int connect_to(const char *host, int port, int epfd, uint32_t events) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) die("socket");
     struct sockaddr_in sa;
@@ -162,13 +167,14 @@ static int connect_to(const char *host, int port, int epfd) {
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) fail("bad HOST");
     set_nonblocking(fd, 1);
     if (epfd >= 0) {
-        struct epoll_event ev = {.events = EPOLLOUT, .data.fd = fd};
+        struct epoll_event ev = {.events = events, .data.fd = fd};
         if (epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0) die("epoll_ctl ADD");
     }
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) die("connect");
     if (epfd >= 0) {
         struct epoll_event ev;
         if (epoll_wait(epfd, &ev, 1, 20000) != 1) fail("epoll_wait: not writable");
+        if (ev.data.fd != fd || !(ev.events & EPOLLOUT)) fail("epoll_wait: not this socket's EPOLLOUT");
     } else {
         struct pollfd p = {fd, POLLOUT, 0};
         if (poll(&p, 1, 20000) != 1) fail("poll: connect did not finish");
@@ -228,6 +234,55 @@ static void run_epoll_echo(int epfd, int fd, const char *in, const char *out) {
     if (close(ofd) < 0) die("close OUT");
 }
 
+/* The echo of mode epollet: an edge-triggered registration made before connect() and never
+ * modified, as nginx's; each event, every write and read until EAGAIN. */
+static void run_epollet_echo(int epfd, int fd, const char *in, const char *out) {
+    int ifd = open(in, O_RDONLY);
+    int ofd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (ifd < 0 || ofd < 0) die("open IN/OUT");
+    set_nonblocking(fd, 1);
+    char wbuf[65536], rbuf[65536];
+    size_t wlen = 0, woff = 0;
+    int shut = 0;
+    for (;;) {
+        while (!shut) {
+            if (woff == wlen) {
+                ssize_t n = read(ifd, wbuf, sizeof wbuf);
+                if (n < 0) die("read IN");
+                if (n == 0) {
+                    if (shutdown(fd, SHUT_WR) < 0) die("shutdown");
+                    shut = 1;
+                    break;
+                }
+                wlen = (size_t)n;
+                woff = 0;
+            }
+            ssize_t w = write(fd, wbuf + woff, wlen - woff);
+            if (w < 0 && errno == EAGAIN) break;
+            if (w < 0) die("write");
+            woff += (size_t)w;
+        }
+        int eof = 0;
+        for (;;) {
+            ssize_t r = read(fd, rbuf, sizeof rbuf);
+            if (r < 0 && errno == EAGAIN) break;
+            if (r < 0) die("read");
+            if (r == 0) {
+                eof = 1;
+                break;
+            }
+            if (write(ofd, rbuf, (size_t)r) != r) die("write OUT");
+        }
+        if (eof) break;
+        struct epoll_event ev;
+        int n = epoll_wait(epfd, &ev, 1, 20000);
+        if (n != 1) fail("epoll_wait: nothing for 20 s");
+        if (ev.data.fd != fd) fail("epoll_wait: another socket's event");
+    }
+    close(ifd);
+    if (close(ofd) < 0) die("close OUT");
+}
+
 static void send_fd(int via, int fd) {
     char data = 'F';
     struct iovec iov = {&data, 1};
@@ -277,14 +332,19 @@ static int wait_child(pid_t pid) {
 }
 
 static int client(const char *host, int port, const char *in, const char *out, const char *mode) {
-    if (strcmp(mode, "epoll") == 0) {
+    if (strcmp(mode, "epoll") == 0 || strcmp(mode, "epollet") == 0) {
         int epfd = epoll_create1(EPOLL_CLOEXEC);
         if (epfd < 0) die("epoll_create1");
-        int fd = connect_to(host, port, epfd);
-        run_epoll_echo(epfd, fd, in, out);
+        if (strcmp(mode, "epoll") == 0) {
+            int fd = connect_to(host, port, epfd, EPOLLOUT);
+            run_epoll_echo(epfd, fd, in, out);
+            return close(fd) < 0 ? 2 : 0;
+        }
+        int fd = connect_to(host, port, epfd, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET);
+        run_epollet_echo(epfd, fd, in, out);
         return close(fd) < 0 ? 2 : 0;
     }
-    int fd = connect_to(host, port, -1);
+    int fd = connect_to(host, port, -1, 0);
     if (strcmp(mode, "blast") == 0) {
         int ifd = open(in, O_RDONLY);
         if (ifd < 0) die("open IN");

@@ -1,6 +1,7 @@
 //! The swap: the app's fd number moves from its kernel TCP socket to one end of a socketpair,
-//! before `connect()`/`accept()` returns it, so no app thread can hold or have registered the
-//! old description. The TCP socket stays open under a shim-owned number (the kept socket).
+//! before `connect()`/`accept()` returns it, so no app thread can hold the old description;
+//! epoll registrations the app made before `connect()` move with the number
+//! ([`crate::watches`]). The TCP socket stays open under a shim-owned number (the kept socket).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -11,7 +12,7 @@ use libc::c_int;
 
 use super::{SWAPPED_FDS, SwappedFd};
 use crate::fdtable::{self, COUNTED, INET_STREAM, SHIM_OWNED, SWAPPED, TCP};
-use crate::sys;
+use crate::{sys, watches};
 
 /// The engine's end of the socketpair and the kept TCP socket of a swapped fd.
 pub struct Swapped {
@@ -57,10 +58,15 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
             app_end,
         },
     );
+    // The app's epoll registrations of the TCP socket move to the socketpair end with the
+    // number (or back onto the TCP socket when the number stays with it).
+    let watches = watches::unwatch(fd);
     if let Err(e) = sys::dup3(a.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {
         SWAPPED_FDS.lock().remove(&fd);
+        watches::rewatch(fd, &watches);
         return Err(e);
     }
+    watches::rewatch(fd, &watches);
     drop(a);
     fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);
     Ok(Swapped {
