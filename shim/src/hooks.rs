@@ -964,9 +964,30 @@ pub unsafe extern "C" fn getsockopt(
     if !calls::option_on_kept(level, name) {
         return call(fd);
     }
-    detour(&|| call(fd), |real| {
+    let rc = detour(&|| call(fd), |real| {
         ops::redirect(fd, real, &mut |k| call(k))
-    })
+    });
+    if rc == 0 && level == libc::IPPROTO_TCP && name == libc::TCP_INFO {
+        tcp_info_of_stream(fd, val, len);
+    }
+    rc
+}
+
+/// `TCP_INFO` of an upgraded fd, as the kept TCP socket filled it into `val` (`*len` bytes):
+/// its byte counts are the stream's ([`calls::patch_tcp_info`]), which carried the bytes.
+fn tcp_info_of_stream(fd: c_int, val: *mut c_void, len: *mut socklen_t) {
+    if val.is_null() || len.is_null() {
+        return;
+    }
+    let Some((sent, acked, received)) = guarded(|| ops::stream_counters(fd)).flatten() else {
+        return;
+    };
+    // SAFETY: getsockopt succeeded, so `len` is readable and says how many bytes of `val` the
+    // kernel wrote, within what the caller gave it.
+    let filled = usize::try_from(unsafe { *len }).unwrap_or(0);
+    // SAFETY: as above: `val` holds `filled` bytes the caller lets getsockopt write.
+    let info = unsafe { std::slice::from_raw_parts_mut(val.cast::<u8>(), filled) };
+    calls::patch_tcp_info(info, sent, acked, received);
 }
 
 /// `SO_ERROR` of an upgraded fd, after the socketpair's answer `rc`: a failed stream not

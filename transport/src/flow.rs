@@ -166,6 +166,12 @@ impl SendFlow {
         self.sent
     }
 
+    /// Bytes whose write completed locally: the peer's device acknowledged them (RC completes
+    /// a write once the peer's device has it).
+    pub fn completed_total(&self) -> u64 {
+        self.completed
+    }
+
     /// The smaller of the two rings: the most this stream can have in flight.
     pub fn in_flight_limit(&self) -> u64 {
         self.ring.min(self.local_ring)

@@ -90,9 +90,57 @@ pub fn linger_resets(level: c_int, name: c_int, value: &[u8]) -> Option<bool> {
     Some(int(0)? != 0 && int(4)? == 0)
 }
 
+/// Where `struct tcp_info` (Linux's `<linux/tcp.h>`) keeps `tcpi_bytes_acked` (a `u64`, since
+/// Linux 4.1).
+const TCP_INFO_BYTES_ACKED: usize = 120;
+/// ... `tcpi_bytes_received` (since 4.1).
+const TCP_INFO_BYTES_RECEIVED: usize = 128;
+/// ... `tcpi_bytes_sent` (since 4.19).
+const TCP_INFO_BYTES_SENT: usize = 200;
+
+/// Writes what an upgraded connection's stream carried (`sent`, `acked`, `received` bytes)
+/// over the kept TCP socket's counts in `info`, the start of a `struct tcp_info` the kernel
+/// filled (as long as the app asked for): each field that fits whole.
+pub fn patch_tcp_info(info: &mut [u8], sent: u64, acked: u64, received: u64) {
+    for (at, value) in [
+        (TCP_INFO_BYTES_ACKED, acked),
+        (TCP_INFO_BYTES_RECEIVED, received),
+        (TCP_INFO_BYTES_SENT, sent),
+    ] {
+        if let Some(field) = info.get_mut(at..at + 8) {
+            field.copy_from_slice(&value.to_ne_bytes());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tcp_info_takes_the_stream_counts_that_fit() {
+        let field =
+            |info: &[u8], at: usize| u64::from_ne_bytes(info[at..at + 8].try_into().unwrap());
+        // The kernel's struct as Linux 6.1 fills it (232 bytes): all three fields.
+        let mut info = vec![0xAAu8; 232];
+        patch_tcp_info(&mut info, 3000, 2000, 1000);
+        assert_eq!(field(&info, 120), 2000, "tcpi_bytes_acked");
+        assert_eq!(field(&info, 128), 1000, "tcpi_bytes_received");
+        assert_eq!(field(&info, 200), 3000, "tcpi_bytes_sent");
+        assert!(
+            info[..120].iter().all(|&b| b == 0xAA),
+            "the kernel's fields before stay"
+        );
+        assert!(info[136..200].iter().all(|&b| b == 0xAA), "and between");
+        // An app that asked for less (an older struct): only what fits whole.
+        let mut short = vec![0u8; 132];
+        patch_tcp_info(&mut short, 3, 2, 1);
+        assert_eq!(field(&short, 120), 2);
+        assert_eq!(&short[128..], &[0; 4], "a field cut short is left alone");
+        let mut tiny = vec![7u8; 8];
+        patch_tcp_info(&mut tiny, 3, 2, 1);
+        assert_eq!(tiny, vec![7u8; 8]);
+    }
 
     #[test]
     fn receives_go_direct_only_when_the_flags_change_nothing_a_read_returns() {

@@ -459,6 +459,15 @@ pub fn write_error(fd: c_int) -> Option<c_int> {
     }
 }
 
+/// The byte counts of the upgraded `fd`'s stream that its `TCP_INFO` answers with (sent,
+/// acknowledged, received: [`calls::patch_tcp_info`]); None: the kept TCP socket's stand.
+pub fn stream_counters(fd: c_int) -> Option<(u64, u64, u64)> {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return None;
+    }
+    upgrade::stream_counters(fd)
+}
+
 /// At exit (atexit handler or the destructor fallback).
 pub fn at_exit() {
     upgrade::flush_at_exit();

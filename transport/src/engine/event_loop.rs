@@ -287,6 +287,13 @@ impl Loop {
                     shared,
                 } => self.attach(token, local, attach, shared),
                 Command::Consumed { token } => self.dirty.push(token),
+                Command::Flush { token } => {
+                    if let Some(link) = self.conns.get_mut(&token).and_then(|c| c.link.as_mut()) {
+                        // A probe when the last writes asked for no completion: its completion
+                        // reports every write before it.
+                        let _ = link.acknowledged();
+                    }
+                }
                 Command::Abort { token } => {
                     if let Some(conn) = self.conns.get_mut(&token) {
                         let mut fds = Fds::default();

@@ -688,6 +688,13 @@ impl Link {
         self.sender.fin_queued()
     }
 
+    /// Data bytes posted, acknowledged by the peer's device, and arrived from the peer.
+    #[cfg(test)]
+    pub(super) fn byte_counts(&self) -> (u64, u64, u64) {
+        let (sent, acked) = self.sender.posted_and_acked();
+        (sent, acked, self.recv.arrived_total().0)
+    }
+
     /// Sends a liveness probe when the peer has been silent for `keepalive`; the probe fails
     /// (an error completion) when the peer is gone.
     /// Whether every byte posted so far reached the peer's device; when not, a probe (a

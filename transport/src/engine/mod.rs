@@ -79,6 +79,17 @@ pub use rx::Reader;
 pub use shared::{ConnectError, RejectedBy, WaitError};
 pub use tx::Writer;
 
+/// What a connection's stream carried ([`Conn::counters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Data bytes posted to the peer.
+    pub sent: u64,
+    /// Of those, the bytes the peer's device acknowledged.
+    pub acked: u64,
+    /// Data bytes that arrived from the peer.
+    pub received: u64,
+}
+
 use crate::rdma::{Lib, PortSpace};
 use lock_order::{Level, OrderedMutex};
 use shared::ConnShared;
@@ -424,6 +435,11 @@ enum Command {
     Consumed {
         token: u64,
     },
+    /// Someone waits for the peer's device to acknowledge every byte posted so far
+    /// ([`Conn::counters`]).
+    Flush {
+        token: u64,
+    },
     Decide {
         token: u64,
         accept: bool,
@@ -718,6 +734,30 @@ impl Conn {
             None if lower => self.inner.send(Command::Consumed { token: self.token }),
             None => {}
         }
+    }
+
+    /// What the connection's stream carried (`TCP_INFO`'s byte counts): None unless it is
+    /// carried by its stream (before it bound, or relayed over TCP, its kept TCP socket's own
+    /// counts are the truth). Bytes acknowledged are those whose writes completed (the peer's
+    /// device has them); since only some writes ask for a completion, the engine is asked to
+    /// make one report the writes posted so far, and this waits for it at most `wait`.
+    pub fn counters(&self, wait: Duration) -> Option<Counters> {
+        if !self.shared.on_stream() {
+            return None;
+        }
+        let send = self.shared.sender()?;
+        let recv = self.shared.receiver()?;
+        let (sent, acked) = send.posted_and_acked();
+        if acked < sent {
+            self.inner.send(Command::Flush { token: self.token });
+            send.wait_acked(sent, Instant::now() + wait);
+        }
+        let (sent, acked) = send.posted_and_acked();
+        Some(Counters {
+            sent,
+            acked,
+            received: recv.arrived_total().0,
+        })
     }
 
     /// Tears the connection down (a reset for an attached one).

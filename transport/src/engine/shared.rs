@@ -3,7 +3,7 @@
 //! the engine's lock order ([`super::lock_order`]): nothing is taken under it.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Weak};
 use std::time::Instant;
 
@@ -112,6 +112,8 @@ pub(super) struct ConnShared {
     ///
     /// [`Conn::set_low_water`]: super::Conn::set_low_water
     low_water: AtomicUsize,
+    /// The connection's bytes go over its stream: it bound (`Event::Decided(Rdma)`).
+    on_stream: AtomicBool,
 }
 
 impl ConnShared {
@@ -129,6 +131,7 @@ impl ConnShared {
             ),
             changed: Condvar::new(),
             low_water: AtomicUsize::new(1),
+            on_stream: AtomicBool::new(false),
         }
     }
 
@@ -136,6 +139,16 @@ impl ConnShared {
     pub(super) fn set_low_water(&self, bytes: usize) -> bool {
         let bytes = bytes.max(1);
         self.low_water.swap(bytes, Ordering::AcqRel) > bytes
+    }
+
+    /// The stream bound: the connection's bytes go over it from now on.
+    pub(super) fn set_on_stream(&self) {
+        self.on_stream.store(true, Ordering::Release);
+    }
+
+    /// See [`ConnShared::set_on_stream`].
+    pub(super) fn on_stream(&self) -> bool {
+        self.on_stream.load(Ordering::Acquire)
     }
 
     /// The app's receive low-water mark (1: none).

@@ -583,3 +583,60 @@ fn no_proof_by_the_deadline_relays_and_nothing_of_the_stream_reaches_the_app() {
         pair.peers[SERVER].got
     );
 }
+
+/// `TCP_INFO`'s counts ([`super::Conn::counters`]): a bound stream says so on both sides, and
+/// once the server's app has every byte, the writes that asked for no completion are reported
+/// acknowledged only after a flush (the engine's probe, whose completion reports every write
+/// before it), within a few steps; the server counts every byte arrived.
+#[test]
+fn a_flush_reports_every_posted_byte_acknowledged() {
+    let plan = Plan {
+        client_out: bytes(3000, 1),
+        server_out: Vec::new(),
+        carry: vec![(4, 4)],
+        chunk: 1000,
+        attach_after: 0,
+        proof_after: 0,
+        fault: Fault::None,
+        close: false,
+    };
+    let mut pair = Pair::new(&plan);
+    let mut n = 0;
+    while pair.peers[SERVER].got.len() < plan.client_out.len() {
+        assert!(n < MAX_STEPS, "the bytes never arrived");
+        pair.step(n, &plan);
+        n += 1;
+    }
+    for side in [CLIENT, SERVER] {
+        assert!(
+            pair.peers[side].conn.shared.on_stream(),
+            "side {side} bound"
+        );
+    }
+    let (sent, acked, _) = pair.peers[CLIENT].link().byte_counts();
+    assert_eq!(sent, 3000);
+    assert!(
+        acked < sent,
+        "the last writes asked for no completion ({acked} of {sent})"
+    );
+    assert_eq!(pair.peers[SERVER].link().byte_counts().2, 3000, "arrived");
+    let link = pair.peers[CLIENT].conn.link.as_mut().expect("a link");
+    assert!(!link.acknowledged(), "a probe is posted");
+    for _ in 0..10 {
+        pair.step(n, &plan);
+        n += 1;
+    }
+    assert_eq!(
+        pair.peers[CLIENT].link().byte_counts().1,
+        3000,
+        "acknowledged after the flush"
+    );
+    assert!(
+        pair.peers[CLIENT]
+            .conn
+            .link
+            .as_mut()
+            .expect("a link")
+            .acknowledged()
+    );
+}

@@ -238,6 +238,7 @@ impl StreamConn {
                 {
                     r.confirm();
                 }
+                self.shared.set_on_stream();
                 (attached.on_event)(Event::Decided(StreamPath::Rdma));
             }
             Handshake::Claim => {
@@ -590,6 +591,7 @@ impl StreamConn {
                 return Ok(false);
             }
             a.awaiting = None;
+            shared.set_on_stream();
             (a.on_event)(Event::Decided(StreamPath::Rdma));
         }
         pump(link, a, draining).map_err(|e| format!("local side: {e}"))?;

@@ -482,6 +482,30 @@ impl Sender {
         self.lock().sent()
     }
 
+    /// Data bytes posted, and those the peer's device acknowledged (their writes completed).
+    pub(super) fn posted_and_acked(&self) -> (u64, u64) {
+        self.lock()
+            .flow
+            .as_ref()
+            .map_or((0, 0), |f| (f.sent(), f.completed_total()))
+    }
+
+    /// Waits, at most until `until`, until the peer's device acknowledged `bytes` posted bytes
+    /// (the engine tells waiters of every signaled completion: [`tell_waiting`]).
+    pub(super) fn wait_acked(&self, bytes: u64, until: Instant) {
+        let mut state = self.lock();
+        while state
+            .flow
+            .as_ref()
+            .is_some_and(|f| f.completed_total() < bytes)
+        {
+            match wait_for_room(&self.room, state, until) {
+                Some(s) => state = s,
+                None => return,
+            }
+        }
+    }
+
     /// Every data byte posted so far was reported completed (the peer's device took it).
     pub(super) fn all_completed(&self) -> bool {
         self.lock()

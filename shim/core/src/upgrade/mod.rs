@@ -202,6 +202,23 @@ pub fn send_urgent(fd: c_int, buf: &[u8], flags: c_int) -> Option<std::io::Resul
     Some(halves.send.as_ref()?.send_urgent(fd, buf, flags))
 }
 
+/// How long a `TCP_INFO` read waits for the peer's device to acknowledge the bytes posted so
+/// far ([`Conn::counters`]): a round trip, and more only when the peer is gone.
+const COUNTERS_WAIT: Duration = Duration::from_millis(20);
+
+/// What the stream behind the swapped `fd` carried, as `TCP_INFO` counts it: bytes sent,
+/// acknowledged by the peer's device, and received ([`Conn::counters`]). None when no stream
+/// carries it (relayed over TCP, not bound yet, a fork child): the kept TCP socket's counts are
+/// the connection's then.
+pub fn stream_counters(fd: c_int) -> Option<(u64, u64, u64)> {
+    if FORKED.load(Ordering::Acquire) {
+        return None;
+    }
+    let halves = SWAPPED_FDS.lock().get(&fd)?.halves.clone()?;
+    let c = halves.conn.counters(COUNTERS_WAIT)?;
+    Some((c.sent, c.acked, c.received))
+}
+
 /// The direct writer of the stream behind the swapped `fd` (`write`/`send` copy into its send
 /// ring, [`Writer::write`]); None: write to the fd as usual. Never in a fork child (the ring is
 /// not mapped there).

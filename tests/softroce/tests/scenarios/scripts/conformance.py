@@ -662,10 +662,15 @@ def tcp_info_counts_bytes(c, s):
     c.sendall(b"x" * 1000)
     recv_exact(s, 1000)
     settle()
-    info = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
-    # struct tcp_info: tcpi_bytes_acked is the u64 at offset 120 (Linux 4.1 and later).
-    acked = struct.unpack_from("Q", info, 120)[0] if len(info) >= 128 else -1
-    return str(acked >= 1000)
+
+    def field(x, at):
+        # struct tcp_info: tcpi_bytes_acked, tcpi_bytes_received and tcpi_bytes_sent are the
+        # u64s at 120, 128 (Linux 4.1 and later) and 200 (4.19).
+        info = x.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+        return struct.unpack_from("Q", info, at)[0] if len(info) >= at + 8 else -1
+
+    sent, acked, received = field(c, 200), field(c, 120), field(s, 128)
+    return "%s %s %s" % (sent >= 1000, acked >= 1000, received >= 1000)
 
 
 ROWS = [
