@@ -12,7 +12,7 @@
 //! | --- | --- |
 //! | 1 stream | `rstream -T s -T b` (kernel TCP) · the same with both ends under `libstreamshim.so` (upgraded), with its default 2 MiB rings and with `STREAMSHIM_RING_KIB=256` · `rstream -T b` (librdmacm's rsocket) · `ib_write_bw -R` (verbs, RDMA WRITE) |
 //! | 4 streams | 4 concurrent rstream pairs of each kind (one port each) · `ib_write_bw -R -q 4` (one process per side: four busy-polling perftest processes starve each other on 2 vCPUs) · `iperf3 -P 4` plain and shimmed |
-//! | connect | N sequential `socket()+connect()+close()` (`rdma_tool connlat`) to an accept-and-close server: TCP · both ends shimmed (upgraded; both ring sizes) · both ends under librspreload (rsocket) |
+//! | connect | N sequential `socket()+connect()`, a 1-byte echo, `close()` (`rdma_tool connlat`) to a server that echoes one byte and closes: TCP · both ends shimmed (upgraded; both ring sizes) · both ends under librspreload (rsocket); timed: socket+connect+close, and socket until the echo is back |
 //! | migration | a QEMU live migration of 128 MiB (`tests/tools/qemu_migrate.py`), plain and both QEMUs shimmed (the first `RDMA_BENCH_MIGRATIONS` repetitions) |
 //!
 //! Every rstream moves `-S 1048576 -C COUNT` each way (4 pairs: COUNT/2 each), blocking calls
@@ -295,6 +295,9 @@ struct Sample {
     value: f64,
     /// Connect: p99 (ns). 4 pairs: the slowest and fastest pair's rate.
     p99: Option<f64>,
+    /// Connect: socket() until a 1-byte echo is back, median and p99 (ns).
+    echo: Option<f64>,
+    echo_p99: Option<f64>,
     pair_range: Option<(f64, f64)>,
     /// Bytes moved (both directions for rstream).
     bytes: f64,
@@ -463,6 +466,8 @@ fn measure(r: &RunDir, k: &Knobs) -> Result<Sample, String> {
             let out = read(&r.path.join("cli0.out"));
             s.value = kv(&out, "median_ns").ok_or("connlat printed no median")?;
             s.p99 = kv(&out, "p99_ns");
+            s.echo = kv(&out, "echo_median_ns");
+            s.echo_p99 = kv(&out, "echo_p99_ns");
             if v != "conntcp" && v != "connrsocket" {
                 let n = k.connects + k.warmup;
                 expect_upgraded(&r.path, "cli", "client", n)?;
@@ -942,6 +947,36 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
         "reported",
         "",
     );
+    // What an app's first request costs: socket() until a 1-byte echo is back.
+    for v in ["conntcp", "connshim", "connrsocket"] {
+        let mut text = t.spread(v, |s| s.echo, 1e6, "ms", 2);
+        if let Some(p) = t.med(v, |s| s.echo_p99) {
+            let _ = write!(text, "; p99 {p:.2} ms (median over runs)", p = p / 1e6);
+        }
+        t.row(
+            format!(
+                "{} (median of {} socket+connect+1-byte echo)",
+                label(v),
+                k.connects
+            ),
+            text,
+            "",
+            "",
+        );
+    }
+    for (a, b, what) in [
+        ("connshim", "conntcp", "shim / TCP"),
+        ("connrsocket", "conntcp", "rsocket / TCP"),
+    ] {
+        let (median, _) = t.ratio_text(a, b, |s| s.echo);
+        let (p99, _) = t.ratio_text(a, b, |s| s.echo_p99);
+        t.row(
+            format!("connect + 1-byte echo {what}"),
+            format!("median {median}; p99 {p99}"),
+            "reported",
+            "",
+        );
+    }
 
     // ---- migration
     if t.runs("migplain") + t.runs("migshim") > 0 {

@@ -205,9 +205,9 @@ iperf4() { # plain|shim
 	stat_cpu stat1
 }
 
-# Connect latency: CONNECTS sequential connects (after CONNECT_WARMUP) to an accept-and-close
-# server. kind: tcp, shim (both ends), shimsmall (both ends, 256 KiB rings), rsocket (both ends
-# under librspreload)
+# Connect latency: CONNECTS sequential connects, each with a 1-byte echo (after CONNECT_WARMUP),
+# to a server that echoes one byte and closes. kind: tcp, shim (both ends), shimsmall (both ends,
+# 256 KiB rings), rsocket (both ends under librspreload)
 connects() { # KIND
 	local pre_s="" pre_c=""
 	case $1 in

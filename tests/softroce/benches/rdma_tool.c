@@ -8,14 +8,17 @@
  *       waited for; status: the exit code, or 128 + the signal). Exits with that status.
  *       SIGTERM, SIGINT and SIGHUP are passed on to CMD.
  *   rdma_tool server ADDR PORT
- *       listens on ADDR:PORT, accepts connections and closes each at once (the server closes
- *       first, so TIME_WAIT lands on the server and client ports never pile up); SIGTERM ends
- *       it with exit(0), so that a preloaded library's exit handlers run (the shim writes its
- *       STREAMSHIM_STATS file there).
+ *       listens on ADDR:PORT, accepts connections and, for each, echoes the one byte it reads
+ *       and closes it (the server closes first, so TIME_WAIT lands on the server and client
+ *       ports never pile up); SIGTERM ends it with exit(0), so that a preloaded library's exit
+ *       handlers run (the shim writes its STREAMSHIM_STATS file there).
  *   rdma_tool connlat HOST PORT N WARMUP
- *       N timed rounds of socket() + connect() + close() to HOST:PORT (after WARMUP untimed
- *       ones); between connect and close it waits, untimed, for the server's FIN. Prints one
- *       line: `n=.. median_ns=.. p90_ns=.. p99_ns=.. max_ns=.. mean_ns=.. first_socket_ns=..`.
+ *       N timed rounds to HOST:PORT (after WARMUP untimed ones) of socket() + connect(), one
+ *       byte written and its echo read, the server's FIN awaited, close(). Prints one line:
+ *       `n=.. median_ns=.. p90_ns=.. p99_ns=.. max_ns=.. mean_ns=.. first_socket_ns=..
+ *       echo_median_ns=.. echo_p99_ns=..`: median_ns and the rest time socket() + connect() +
+ *       close() (the echo and the wait for the FIN untimed), echo_* socket() until the echoed
+ *       byte is back (what an app's first request costs).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -135,6 +138,8 @@ static int server(const char *addr, int port) {
             perror("accept");
             return 1;
         }
+        char b;
+        if (read(c, &b, 1) == 1 && write(c, &b, 1) != 1) perror("echo");
         close(c);
     }
     close(ls);
@@ -145,12 +150,13 @@ static int connlat(const char *host, int port, int n, int warmup) {
     struct sockaddr_in sa;
     if (addr_of(host, port, &sa) != 0 || n <= 0) return 2;
     long long *samples = calloc((size_t)n, sizeof *samples);
+    long long *echoes = calloc((size_t)n, sizeof *echoes);
     char buf[64];
     /* The process's first INET stream socket: a preloaded library decides here. */
     long long t0 = now_ns();
     int s = socket(AF_INET, SOCK_STREAM, 0);
     long long first = now_ns() - t0;
-    if (s < 0 || samples == NULL) {
+    if (s < 0 || samples == NULL || echoes == NULL) {
         perror("socket");
         return 1;
     }
@@ -167,19 +173,29 @@ static int connlat(const char *host, int port, int n, int warmup) {
             return 1;
         }
         long long t1 = now_ns();
+        if (write(s, "x", 1) != 1 || read(s, buf, 1) != 1) {
+            fprintf(stderr, "no echo (round %d): %s\n", i, strerror(errno));
+            return 1;
+        }
+        long long te = now_ns();
         while (read(s, buf, sizeof buf) > 0) {
         }
         long long t2 = now_ns();
         close(s);
         long long t3 = now_ns();
-        if (i >= warmup) samples[i - warmup] = (t1 - t0) + (t3 - t2);
+        if (i >= warmup) {
+            samples[i - warmup] = (t1 - t0) + (t3 - t2);
+            echoes[i - warmup] = te - t0;
+        }
     }
     long long sum = 0;
     for (int i = 0; i < n; i++) sum += samples[i];
     qsort(samples, (size_t)n, sizeof *samples, cmp_ll);
-    printf("n=%d median_ns=%lld p90_ns=%lld p99_ns=%lld max_ns=%lld mean_ns=%lld first_socket_ns=%lld\n",
+    qsort(echoes, (size_t)n, sizeof *echoes, cmp_ll);
+    printf("n=%d median_ns=%lld p90_ns=%lld p99_ns=%lld max_ns=%lld mean_ns=%lld first_socket_ns=%lld "
+           "echo_median_ns=%lld echo_p99_ns=%lld\n",
            n, samples[n / 2], samples[(n * 9) / 10], samples[(n * 99) / 100], samples[n - 1], sum / n,
-           first);
+           first, echoes[n / 2], echoes[(n * 99) / 100]);
     return 0;
 }
 
