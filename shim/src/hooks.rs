@@ -574,18 +574,15 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, iovcnt: c_in
     let (Some(orig), Some(sendmsg)) = (real::writev(), real::sendmsg()) else {
         return no_original() as isize;
     };
+    // Any other fd, or a count writev refuses: libc's, unchanged (one atomic load).
     let added = no_signal(fd);
-    let Some(count) = usize::try_from(iovcnt)
+    let count = usize::try_from(iovcnt)
         .ok()
-        .filter(|&n| n > 0 && n <= calls::IOV_MAX)
-    else {
+        .filter(|&n| added != 0 && !iov.is_null() && n > 0 && n <= calls::IOV_MAX);
+    let Some(count) = count else {
         // SAFETY: the caller's arguments, passed on unchanged.
         return unsafe { orig(fd, iov, iovcnt) };
     };
-    if added == 0 || iov.is_null() {
-        // SAFETY: the caller's arguments, passed on unchanged.
-        return unsafe { orig(fd, iov, iovcnt) };
-    }
     // SAFETY: all-zero is a valid msghdr (no name, no control data).
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.cast_mut();

@@ -79,17 +79,6 @@ pub use rx::Reader;
 pub use shared::{ConnectError, RejectedBy, WaitError};
 pub use tx::Writer;
 
-/// What a connection's stream carried ([`Conn::counters`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counters {
-    /// Data bytes posted to the peer.
-    pub sent: u64,
-    /// Of those, the bytes the peer's device acknowledged.
-    pub acked: u64,
-    /// Data bytes that arrived from the peer.
-    pub received: u64,
-}
-
 use crate::rdma::{Lib, PortSpace};
 use lock_order::{Level, OrderedMutex};
 use shared::ConnShared;
@@ -392,6 +381,17 @@ pub trait Acceptor: Send + Sync {
     fn handshake(&self) -> Handshake {
         Handshake::Open
     }
+}
+
+/// What a connection's stream carried ([`Conn::counters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Data bytes posted to the peer.
+    pub sent: u64,
+    /// Of those, the bytes the peer's device acknowledged.
+    pub acked: u64,
+    /// Data bytes that arrived from the peer.
+    pub received: u64,
 }
 
 impl<F> Acceptor for F
