@@ -21,11 +21,12 @@ CARGO ?= cargo
 # nftables: the gateway's capture rules; linux-image-amd64 (its rdma_rxe), busybox-static (for
 # vng's initramfs), kmod, ibverbs-utils, rdmacm-utils and perftest: the Soft-RoCE guests of
 # tests/softroce, whose root is this machine's; gdb: the stacks a hung Soft-RoCE scenario leaves
-# in its log).
+# in its log; nginx-light and wrk: nginx's master and workers under the shim, installed with a
+# policy-rc.d that keeps the package from starting its service).
 APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev curl iperf3 util-linux \
 	ibverbs-providers rdma-core iproute2 procps binutils qemu-system-x86 socat nftables \
 	linux-image-amd64 busybox-static kmod ibverbs-utils rdmacm-utils perftest gdb \
-	libpython3.11-testsuite
+	libpython3.11-testsuite nginx-light wrk
 
 # Official Kubernetes schemas (PyPI), for validating every pod the injector patches.
 KUBERNETES_VALIDATE_VERSION := 1.37.0
@@ -75,7 +76,11 @@ deps:
 		echo "make deps: installing$$missing"; \
 		if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi; \
 		$$SUDO apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+		policy=/usr/sbin/policy-rc.d; made_policy=; \
+		if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' | $$SUDO tee $$policy >/dev/null && $$SUDO chmod +x $$policy && made_policy=1; fi; \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; rc=$$?; \
+		if [ -n "$$made_policy" ]; then $$SUDO rm -f $$policy; fi; \
+		[ $$rc -eq 0 ]; \
 	else \
 		echo "make deps: system packages already installed"; \
 	fi

@@ -122,8 +122,9 @@ pub fn connect(
     let Some(peer) = peer else {
         return real().0;
     };
+    // A fork child of a capable process connects through it ([`upgrade::through_parent`]).
     let allowed = flags & TCP != 0
-        && decision::settled() == State::Capable
+        && (decision::settled() == State::Capable || upgrade::through_parent())
         && decision::policy().is_some_and(|p| p.client_allows(peer));
     if allowed && (flags & POLLED == 0 || watches::followable(fd)) {
         return upgrade::connect(fd, peer, real);
@@ -250,14 +251,25 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
     }
     // The policy check needs the peer address and the local port: in a capable process only
     // (two syscalls there), never on the pass-through path.
-    let reason = tcp_reason(flags, || {
+    let mut allowed = || {
         let Some(p) = peer.or_else(|| sys::peer_addr(fd)) else {
             return false;
         };
         peer = Some(p);
         let local_port = sys::local_addr(fd).map_or(0, |a| a.port());
         decision::policy().is_some_and(|pol| pol.server_allows(local_port, p.ip()))
-    });
+    };
+    let reason = if flags & SIDE != 0 && upgrade::through_parent() {
+        // A pre-fork child accepting for its capable listening process: counted as that
+        // process would count the connection.
+        Some(if allowed() {
+            Reason::PeerNotShimmed
+        } else {
+            Reason::Policy
+        })
+    } else {
+        tcp_reason(flags, allowed)
+    };
     if let Some(reason) = reason {
         count(Role::Server, fd, peer, reason);
     }

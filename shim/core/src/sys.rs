@@ -14,6 +14,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use libc::{c_int, c_long, sockaddr, sockaddr_storage, socklen_t};
 use rdma_streams_transport::sockaddr::{RawSockAddr, from_bytes};
 
+pub mod fdpass;
+
 /// This thread's errno.
 #[inline]
 pub fn errno() -> c_int {
@@ -344,6 +346,65 @@ pub fn dup_cloexec(fd: c_int) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
+/// Whether `fd` is a TCP socket (`SO_PROTOCOL`).
+pub fn is_tcp(fd: c_int) -> bool {
+    let mut value: c_int = 0;
+    let mut len = socklen_t::try_from(size_of::<c_int>()).unwrap_or(0);
+    // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PROTOCOL,
+            (&raw mut value).cast(),
+            &mut len,
+        )
+    };
+    rc == 0 && value == libc::IPPROTO_TCP
+}
+
+/// The lowest number the shim's own per-connection fds take (kept TCP sockets, the engine's
+/// socketpair ends, the claim channel): half the soft `RLIMIT_NOFILE`, between 64 and 32768
+/// (below the fd table's end), so the numbers an app gets are the ones it would get without
+/// the shim (wrk sizes its event loop for `10 + 3 x connections` fds; `select` stops at
+/// 1024). Read once.
+pub fn high_floor() -> c_int {
+    static FLOOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    let known = FLOOR.load(std::sync::atomic::Ordering::Relaxed);
+    if known > 0 {
+        return known;
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` into `lim`.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    };
+    let floor = c_int::try_from((soft / 2).clamp(64, 32_768)).unwrap_or(64);
+    FLOOR.store(floor, std::sync::atomic::Ordering::Relaxed);
+    floor
+}
+
+/// `fd` moved to the lowest free number at or above [`high_floor`] (close-on-exec), the old
+/// number closed; `fd` itself when no number up there is free.
+pub fn move_high(fd: OwnedFd) -> OwnedFd {
+    if fd.as_raw_fd() >= high_floor() {
+        return fd;
+    }
+    // SAFETY: F_DUPFD_CLOEXEC takes an int argument and returns a new fd we then own.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, high_floor()) };
+    if n < 0 {
+        return fd;
+    }
+    drop(fd);
+    // SAFETY: `n` is a fresh fd owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(n) }
+}
+
 /// A connected `AF_UNIX` stream socket pair, both ends close-on-exec.
 pub fn socketpair_stream() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1 as c_int; 2];
@@ -566,6 +627,25 @@ pub fn epoll_add(epfd: c_int, fd: c_int, events: u32, data: u64) -> std::io::Res
         )
     };
     if rc == 0 { Ok(()) } else { Err(last_error()) }
+}
+
+/// Test helper: a new, unconnected IPv4 TCP socket (blocking).
+#[cfg(test)]
+pub fn tcp_socket_for_test() -> OwnedFd {
+    // SAFETY: no pointer arguments; the result, when not negative, is a new fd we own.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket");
+    // SAFETY: `fd` is fresh and owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Test helper: `connect(fd, addr)`, as a hook's original: (result, errno).
+#[cfg(test)]
+pub fn connect_for_test(fd: c_int, addr: SocketAddr) -> (c_int, c_int) {
+    let raw = RawSockAddr::from_addr(addr);
+    // SAFETY: `raw` holds a whole sockaddr_in or sockaddr_in6 of `socklen()` bytes.
+    let rc = unsafe { libc::connect(fd, raw.as_ptr(), raw.socklen()) };
+    (rc, if rc == 0 { 0 } else { errno() })
 }
 
 /// Test helper: a new epoll fd (close it with [`close_raw_for_test`]).

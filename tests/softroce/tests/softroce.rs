@@ -53,6 +53,7 @@ fn main() -> ExitCode {
         .iter()
         .chain(scenarios::shim_apps::SCENARIOS)
         .chain(scenarios::shim_load::SCENARIOS)
+        .chain(scenarios::shim_nginx::SCENARIOS)
         .chain(scenarios::shim_faults::SCENARIOS)
         .chain(scenarios::shim_wire::SCENARIOS)
         .chain(scenarios::gateway::SCENARIOS)

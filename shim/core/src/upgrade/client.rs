@@ -13,9 +13,12 @@
 //!    CONFIRM, stays on TCP) and so does the client.
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use libc::c_int;
-use rdma_streams_transport::engine::{Attach, ConnectError, ConnectRequest, Handshake, RejectedBy};
+use rdma_streams_transport::engine::{
+    Attach, Conn, ConnectError, ConnectRequest, Handshake, RejectedBy,
+};
 use rdma_streams_transport::route;
 use rdma_streams_transport::wire::TransportReject;
 
@@ -66,7 +69,7 @@ fn local_reason(reason: Reason) -> bool {
 }
 
 /// Connects over TCP without the stream and counts the connection with `reason`.
-fn plain(
+pub(super) fn plain(
     fd: c_int,
     peer: SocketAddr,
     reason: Reason,
@@ -84,47 +87,21 @@ fn plain(
 
 /// See the module docs. Returns the kernel connect's result (errno is the real call's).
 pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_int)) -> c_int {
+    if super::FORKED.load(std::sync::atomic::Ordering::Acquire) {
+        // A fork child: the ancestor whose engine it shares the claim channel with connects.
+        return super::delegate::connect(fd, peer, real);
+    }
     if NEGATIVE.check(peer, now()).is_some() {
         return plain(fd, peer, Reason::NegativeCache, real);
     }
     let Some(client) = ensure_bound(fd, peer) else {
         return plain(fd, peer, Reason::Unsupported, real);
     };
-    let Some(engine) = engine() else {
-        return plain(fd, peer, Reason::RdmaError, real);
-    };
     let bound = negotiate_timeout();
-    let nonce = negotiation::new_nonce();
-    let dst = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
-    let conn = engine.connect(ConnectRequest {
-        dst,
-        src: Some(SocketAddr::new(canonical_ip(client.ip()), 0)),
-        payload: Message::Hello(Hello {
-            flags: 0,
-            nonce,
-            client,
-        })
-        .encode(),
-        resolve_timeout: bound,
-        handshake: Handshake::Confirm,
-    });
-    match conn.wait_established(now() + bound) {
-        Ok(payload) => match Message::decode(&payload) {
-            Ok(Message::Accept { nonce: n }) if n == nonce => {}
-            other => {
-                note(peer, &format!("unexpected answer {other:?}"));
-                conn.abort();
-                return plain(fd, peer, Reason::PeerNotShimmed, real);
-            }
-        },
-        Err(e) => {
-            if e == ConnectError::Timeout {
-                conn.abort();
-            }
-            note(peer, &e.to_string());
-            return plain(fd, peer, reason_for(&e), real);
-        }
-    }
+    let conn = match open_stream(peer, client, bound) {
+        Ok(conn) => conn,
+        Err(reason) => return plain(fd, peer, reason, real),
+    };
     let (rc, err) = real();
     if rc != 0 && err != libc::EINPROGRESS {
         // The kernel connect failed: the app sees exactly that error; not counted.
@@ -205,9 +182,52 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
     rc
 }
 
+/// Step 3: the RDMA connect from `client` (the app socket's bound address) to `peer`'s IP
+/// and port with HELLO, established with our ACCEPT within `bound`; else the fallback reason.
+pub(super) fn open_stream(
+    peer: SocketAddr,
+    client: SocketAddr,
+    bound: Duration,
+) -> Result<Conn, Reason> {
+    let Some(engine) = engine() else {
+        return Err(Reason::RdmaError);
+    };
+    let nonce = negotiation::new_nonce();
+    let dst = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+    let conn = engine.connect(ConnectRequest {
+        dst,
+        src: Some(SocketAddr::new(canonical_ip(client.ip()), 0)),
+        payload: Message::Hello(Hello {
+            flags: 0,
+            nonce,
+            client,
+        })
+        .encode(),
+        resolve_timeout: bound,
+        handshake: Handshake::Confirm,
+    });
+    match conn.wait_established(now() + bound) {
+        Ok(payload) => match Message::decode(&payload) {
+            Ok(Message::Accept { nonce: n }) if n == nonce => Ok(conn),
+            other => {
+                note(peer, &format!("unexpected answer {other:?}"));
+                conn.abort();
+                Err(Reason::PeerNotShimmed)
+            }
+        },
+        Err(e) => {
+            if e == ConnectError::Timeout {
+                conn.abort();
+            }
+            note(peer, &e.to_string());
+            Err(reason_for(&e))
+        }
+    }
+}
+
 /// The client's TCP address as the server will see it, binding the app's socket to the
 /// route's source address (port 0: the kernel picks the port now) if the app did not bind it.
-fn ensure_bound(fd: c_int, peer: SocketAddr) -> Option<SocketAddr> {
+pub(super) fn ensure_bound(fd: c_int, peer: SocketAddr) -> Option<SocketAddr> {
     let local = sys::local_addr(fd)?;
     if local.port() != 0 && !local.ip().is_unspecified() {
         return Some(local);

@@ -65,7 +65,11 @@ pub fn engine() -> Option<&'static Engine> {
     ENGINE
         .get_or_init(|| {
             match Engine::start(setup.lib, config(setup.memlock_limit, setup.ring_bytes)) {
-                Ok(e) => Some(e),
+                Ok(e) => {
+                    // Children this process forks upgrade through it (pre-fork servers).
+                    super::delegate::start();
+                    Some(e)
+                }
                 Err(e) => {
                     log_at!(Level::Info, "cannot start the RDMA engine: {e}");
                     None

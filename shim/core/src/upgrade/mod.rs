@@ -17,6 +17,7 @@
 //! capable process's INET TCP socket (or an fd the fd table marks as swapped / side-listening).
 
 mod client;
+mod delegate;
 mod engine;
 mod events;
 mod server;
@@ -66,6 +67,9 @@ struct SwappedFd {
     broken: Arc<AtomicBool>,
     /// What the app's end of the socketpair is ([`queue_reset`]).
     app_end: Option<sys::FileId>,
+    /// A fork child's connection whose stream the listening process runs: where that process
+    /// tells of a reset ([`delegate`]).
+    notice: Option<Arc<delegate::Notice>>,
 }
 
 /// What the hooks tell a connection's engine whatever the switches say: urgent data
@@ -90,6 +94,12 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 static DIRECT_READ: AtomicBool = AtomicBool::new(false);
 /// `STREAMSHIM_DIRECT_WRITE` (set at the decision; off until then).
 static DIRECT_WRITE: AtomicBool = AtomicBool::new(false);
+
+/// A fork child whose connections the process with the engine upgrades ([`delegate`]): it
+/// decides about them as that process would.
+pub fn through_parent() -> bool {
+    FORKED.load(Ordering::Acquire) && delegate::has_channel()
+}
 
 /// Whether upgraded fds may be read straight from their rings ([`read_direct`]).
 pub fn set_direct_read(on: bool) {
@@ -134,10 +144,14 @@ pub fn kept(fd: c_int) -> Option<Arc<OwnedFd>> {
 /// caller reports `ECONNRESET` where the socketpair says EOF or `EPIPE`, as a TCP socket reports
 /// a reset once), false from then on and for any other fd.
 pub fn take_reset(fd: c_int) -> bool {
-    SWAPPED_FDS
+    let Some((broken, notice)) = SWAPPED_FDS
         .lock()
         .get(&fd)
-        .is_some_and(|s| s.broken.swap(false, Ordering::AcqRel))
+        .map(|s| (Arc::clone(&s.broken), s.notice.clone()))
+    else {
+        return false;
+    };
+    broken.swap(false, Ordering::AcqRel) || notice.is_some_and(|n| n.take_reset())
 }
 
 /// The stream of the swapped fd whose [`SwappedFd::broken`] is `broken` ended in a reset:

@@ -215,9 +215,19 @@ pub fn open_side_listener(fd: c_int) -> bool {
     // (QEMU's `-incoming tcp::PORT`) has an IPv6-only one, whose RDMA listener must not
     // collide with the IPv4 one.
     let only_v6 = local.is_ipv6().then(|| sys::only_v6(fd)).flatten();
+    // Several listening sockets of this process on one address and port (`SO_REUSEPORT`,
+    // one per worker, as nginx's `reuseport` makes them) share one RDMA listener: whichever
+    // accepts a connection claims its registration.
+    let mut listeners = LISTENERS.lock();
+    if let Some(shared) = listeners.values().find(|l| l.addr() == local).cloned() {
+        listeners.insert(fd, shared);
+        log_at!(Level::Debug, "RDMA listener on {local} shared with fd {fd}");
+        return true;
+    }
     match engine.listen(local, only_v6, BACKLOG, Arc::new(ShimAcceptor)) {
         Ok(listener) => {
-            LISTENERS.lock().insert(fd, Arc::new(listener));
+            listeners.insert(fd, Arc::new(listener));
+            drop(listeners);
             log_at!(Level::Debug, "RDMA listener on {local} (fd {fd})");
             true
         }
@@ -259,7 +269,14 @@ pub enum Claim {
 /// `accept()` returned `fd` from `peer` on a listener with an RDMA listener: claims its
 /// registration and swaps.
 pub fn claim_and_swap(fd: c_int, peer: SocketAddr) -> Claim {
-    let found = PENDING.lock().claim(peer, now());
+    if super::FORKED.load(std::sync::atomic::Ordering::Acquire) {
+        // A pre-fork child: the listening process holds the registrations and the engine.
+        return match super::delegate::claim(fd, peer) {
+            super::delegate::Delegated::None => Claim::None,
+            super::delegate::Delegated::Done => Claim::Swapped,
+        };
+    }
+    let found = take_registration(peer, now());
     let pending = match found {
         None => return Claim::None,
         Some(Found::Fresh(p)) if p.conn.is_alive() => p,
@@ -290,6 +307,11 @@ pub fn claim_and_swap(fd: c_int, peer: SocketAddr) -> Claim {
         }
     }
     Claim::Swapped
+}
+
+/// Takes the registration of `peer` ([`PendingTable::claim`]).
+pub(super) fn take_registration(peer: SocketAddr, now: Instant) -> Option<Found<Conn>> {
+    PENDING.lock().claim(peer, now)
 }
 
 /// In a fork child: the listeners and registrations are the parent's; forgotten, not closed.

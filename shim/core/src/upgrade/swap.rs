@@ -30,6 +30,8 @@ pub struct Swapped {
 pub fn swap(fd: c_int) -> io::Result<Swapped> {
     let (fl, fdfl) = sys::fd_flags(fd)?;
     let (a, b) = sys::socketpair_stream()?;
+    // The shim's own fds sit above the app's numbers; the app's end takes the app's number.
+    let b = sys::move_high(b);
     fdtable::set(a.as_raw_fd(), SHIM_OWNED);
     fdtable::set_pair_end(b.as_raw_fd());
     let app_end = sys::file_id(a.as_raw_fd());
@@ -39,7 +41,7 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
     // What the app set on its TCP socket (or its listener) and can read back stays set.
     sys::copy_socket_state(fd, a.as_fd(), fl);
     sys::set_nonblocking(b.as_fd())?;
-    let kept = Arc::new(sys::dup_cloexec(fd)?);
+    let kept = Arc::new(sys::move_high(sys::dup_cloexec(fd)?));
     // The engine's close of the kept socket never lingers (an app's `SO_LINGER {1, N}` set
     // before the swap is the socketpair's now); an abortive close ({1, 0}) stays set.
     if !rdma_streams_transport::fd::resets_on_close(kept.as_fd()) {
@@ -56,6 +58,7 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
             halves: None,
             broken: Arc::clone(&broken),
             app_end,
+            notice: None,
         },
     );
     // The app's epoll registrations of the TCP socket move to the socketpair end with the

@@ -171,3 +171,28 @@ fn a_fork_child_lets_go_of_the_engines_socketpair_ends() {
     forget_swapped(fd);
     crate::fdtable::set(fd, 0);
 }
+
+/// The shim's own fds of a swapped connection (the engine's end, the kept socket) sit at or
+/// above [`sys::high_floor`]: the numbers the app's next sockets get are those TCP would give.
+#[test]
+fn a_swap_keeps_its_own_fds_above_the_apps_numbers() {
+    use std::os::fd::AsRawFd;
+
+    let (app, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let fd = app.as_raw_fd();
+    let s = swap::swap(fd).unwrap();
+    assert!(sys::high_floor() >= 64);
+    assert!(
+        s.local.as_raw_fd() >= sys::high_floor(),
+        "{}",
+        s.local.as_raw_fd()
+    );
+    assert!(
+        s.kept.as_raw_fd() >= sys::high_floor(),
+        "{}",
+        s.kept.as_raw_fd()
+    );
+    let kept = forget_swapped(fd);
+    drop((s, kept));
+    crate::fdtable::set(fd, 0);
+}

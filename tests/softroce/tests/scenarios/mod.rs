@@ -7,5 +7,6 @@ pub mod gateway;
 pub mod shim_apps;
 pub mod shim_faults;
 pub mod shim_load;
+pub mod shim_nginx;
 pub mod shim_wire;
 pub mod support;

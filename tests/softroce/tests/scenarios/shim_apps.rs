@@ -76,7 +76,7 @@ fn same(ctx: &Ctx, a: &str, b: &str) -> anyhow::Result<()> {
     ctx.sh(&format!("cmp {a} {b}")).map(drop)
 }
 
-const HTTP_SERVER: &str = include_str!("scripts/http_server.py");
+pub const HTTP_SERVER: &str = include_str!("scripts/http_server.py");
 
 /// `python3 -m http.server`'s handler serving 100 MB to curl, then curl uploading 100 MB.
 fn curl_http(ctx: &Ctx) -> anyhow::Result<()> {

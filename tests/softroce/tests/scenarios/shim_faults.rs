@@ -1,7 +1,7 @@
 //! What goes wrong, on a real RDMA stack: a peer killed mid-stream, a peer whose node is gone,
 //! a one-sided shim, no device, a memlock limit too low for one connection or for the next, a
-//! server that stalls before accepting, a pre-fork server, and an RDMA program on the same
-//! port. Each ends with its stated reason (or a reader that sees a reset within a bound),
+//! server that stalls before accepting, a pre-fork server (which upgrades in its children),
+//! and an RDMA program on the same port. Each ends with its stated reason (or a reader that sees a reset within a bound),
 //! never a hang, and the bytes that were delivered are the right ones.
 
 use std::thread;
@@ -44,7 +44,7 @@ pub const SCENARIOS: &[Scenario] = &[
         run: stalled_server,
     },
     Scenario {
-        name: "shim_prefork_server_stays_tcp_without_hanging",
+        name: "shim_prefork_server_upgrades_in_its_children",
         topology: Topology::Loop,
         timeout: Duration::from_secs(300),
         run: prefork,
@@ -411,37 +411,116 @@ fn stalled_server(ctx: &Ctx) -> anyhow::Result<()> {
     expect_counts(ctx, "srv", "server", &[("tcp TIMEOUT", 1)])
 }
 
-/// A pre-fork server: socket/bind/listen in the parent, two forked children that each accept
-/// and echo until no connection comes for 20 s. The parent's engine holds every registration,
-/// but the children accept and never claim: every client falls back to TCP after its bound.
+/// A pre-fork server (`scripts/prefork.py`): socket/bind/listen in the parent, two forked
+/// children that accept and echo, with one shared listening socket and with one `SO_REUSEPORT`
+/// socket per child. The parent's engine holds every registration and runs every stream; a
+/// child's accept hands the connection to it (`upgrade/delegate.rs`). Shimmed clients
+/// upgrade and echo 256 KiB exactly; a plain client is served over TCP; a client killed
+/// mid-connection reads as a reset in the child that accepted it. Each child's own connection
+/// to a shimmed echo backend upgrades too (the parent's engine negotiates for it).
 const PREFORK: &str = include_str!("scripts/prefork.py");
+const HOLD_CLIENT: &str = include_str!("scripts/hold_client.py");
 
 fn prefork(ctx: &Ctx) -> anyhow::Result<()> {
     let a = ctx.addr_a;
     let py = python();
     let server = file(ctx, "prefork.py", PREFORK)?;
     let client = file(ctx, "client.py", ECHO_CLIENT)?;
-    let srv = ctx.spawn(&format!(
-        "{} {py} {} {a} 9740",
-        shimmed(ctx, "srv", "")?,
-        server.display()
-    ))?;
-    ctx.sh(&format!("{WAIT_PORT} wait_port 9740"))?;
-    for i in 0..6 {
-        let out = ctx.sh(&format!(
-            "{} {py} {} {a} 9740",
-            shimmed(ctx, &format!("cli{i}"), "STREAMSHIM_NEGOTIATE_MS=500")?,
-            client.display()
+    let hold = file(ctx, "hold.py", HOLD_CLIENT)?;
+    let echo = file(ctx, "echo_server.py", ECHO_SERVER)?;
+    for (mode, tag, port) in [("shared", "pfs", 9740), ("reuseport", "pfr", 9741)] {
+        let backend_port = port + 10;
+        let backend = ctx.spawn(&format!(
+            "{} {py} {} {a} {backend_port} 2 0",
+            shimmed(ctx, &format!("{tag}b"), "")?,
+            echo.display()
         ))?;
-        let t = connect_seconds(&out.stdout);
-        ensure!(t < 3.0, "connect() took {t:.2} s with a 500 ms bound");
-        expect_counts(ctx, &format!("cli{i}"), "client", &[("tcp TIMEOUT", 1)])?;
+        ctx.sh(&format!("{WAIT_PORT} wait_port {backend_port}"))?;
+        let srv = ctx.spawn(&format!(
+            "{} {py} {} {a} {port} {mode} {backend_port}",
+            shimmed(ctx, tag, "")?,
+            server.display()
+        ))?;
+        ctx.sh(&format!("{WAIT_PORT} wait_port {port}"))?;
+        for i in 0..6 {
+            let out = ctx.sh(&format!(
+                "{} {py} {} {a} {port}",
+                shimmed(ctx, &format!("{tag}c{i}"), "")?,
+                client.display()
+            ))?;
+            ensure!(out.stdout.contains("echo ok"), "client {i}: {}", out.stdout);
+            expect_counts(
+                ctx,
+                &format!("{tag}c{i}"),
+                "client",
+                &[("rdma UPGRADED", 1)],
+            )?;
+        }
+        // A plain client (a kubelet probe, say): TCP, byte-exact.
+        let out = ctx.sh(&format!("{py} {} {a} {port}", client.display()))?;
+        ensure!(
+            out.stdout.contains("echo ok"),
+            "plain client: {}",
+            out.stdout
+        );
+        // A client killed mid-connection.
+        let held = ctx.tmp.join(format!("{tag}-hold.out"));
+        let holder = ctx.spawn(&format!(
+            "exec {} {py} {} {a} {port} > {}",
+            shimmed(ctx, &format!("{tag}h"), "")?,
+            hold.display(),
+            held.display()
+        ))?;
+        wait_line(ctx, &held, "flowing", Duration::from_secs(60))?;
+        ctx.sh(&format!("kill -9 {}", holder.pid()))?;
+        drop(holder);
+        let done = ctx.wait("prefork server", srv)?;
+        ensure!(
+            done.stdout.contains("parent done"),
+            "the server did not finish"
+        );
+        let (mut served, mut resets) = (0, 0);
+        for line in done
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("child served"))
+        {
+            let n: Vec<u64> = line
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            served += n.first().copied().unwrap_or(0);
+            resets += n.get(1).copied().unwrap_or(0);
+        }
+        ctx.report(format_args!(
+            "pre-fork {mode}: children served {served}, {resets} reset"
+        ));
+        ensure!(
+            served == 8,
+            "{mode}: the children served {served} of 8 connections"
+        );
+        ensure!(
+            resets == 1,
+            "{mode}: the killed client read as {resets} resets, not 1"
+        );
+        ensure!(
+            done.stdout.matches("child backend ok").count() == 2,
+            "{mode}: the children's own connections: {}",
+            done.stdout
+        );
+        ensure!(
+            ctx.wait("backend", backend)?.success(),
+            "the backend failed"
+        );
+        expect_counts(ctx, &format!("{tag}b"), "server", &[("rdma UPGRADED", 2)])?;
+        expect_counts(
+            ctx,
+            tag,
+            "server",
+            &[("rdma UPGRADED", 7), ("tcp PEER_NOT_SHIMMED", 1)],
+        )?;
+        expect_counts(ctx, tag, "client", &[("rdma UPGRADED", 2)])?;
     }
-    let done = ctx.wait("prefork server", srv)?;
-    ensure!(
-        done.stdout.contains("parent done"),
-        "the server did not finish"
-    );
     Ok(())
 }
 

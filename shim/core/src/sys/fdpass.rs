@@ -1,0 +1,225 @@
+//! File descriptors passed between the processes of one tree (`SCM_RIGHTS` over `AF_UNIX`
+//! `SOCK_SEQPACKET` pairs): how a pre-fork child hands an accepted connection to the listening
+//! process's engine and gets the socketpair end back ([`crate::upgrade`]'s delegation).
+
+use std::io;
+use std::mem::{size_of, size_of_val};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use libc::c_int;
+
+use super::last_error;
+
+/// The most descriptors one message carries.
+pub const MAX_FDS: usize = 2;
+
+/// Room for the control message of [`MAX_FDS`] descriptors (`CMSG_SPACE`, 8-byte aligned).
+const CONTROL_LEN: usize = 64;
+
+/// A connected `AF_UNIX` `SOCK_SEQPACKET` pair, both ends close-on-exec: one message per
+/// request, kept whole, and a peer's close reads as EOF.
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as c_int; 2];
+    // SAFETY: `fds` has room for the two fds socketpair writes.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(last_error());
+    }
+    // SAFETY: socketpair succeeded: both are fresh fds owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends `data` on the socket `sock` with copies of the open fds `fds` (at most [`MAX_FDS`])
+/// as one message, without blocking when `nonblocking` and without `SIGPIPE`. A number that is
+/// not open fails the call (`EBADF`); nothing is sent then.
+pub fn send(sock: c_int, data: &[u8], fds: &[c_int], nonblocking: bool) -> io::Result<()> {
+    if fds.len() > MAX_FDS || data.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut control = [0u64; CONTROL_LEN / 8];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr().cast_mut().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let payload = u32::try_from(size_of_val(fds)).unwrap_or(0);
+        // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+        let (space, len) = unsafe { (libc::CMSG_SPACE(payload), libc::CMSG_LEN(payload)) };
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = usize::try_from(space)
+            .unwrap_or(CONTROL_LEN)
+            .min(CONTROL_LEN);
+        // SAFETY: `control` holds CONTROL_LEN >= CMSG_SPACE(8) aligned bytes, so the first
+        // header and its payload of `fds.len()` ints fit; unaligned writes for the payload.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = usize::try_from(len).unwrap_or(0);
+            let out = libc::CMSG_DATA(cmsg).cast::<c_int>();
+            for (i, fd) in fds.iter().enumerate() {
+                out.add(i).write_unaligned(*fd);
+            }
+        }
+    }
+    let flags = libc::MSG_NOSIGNAL | if nonblocking { libc::MSG_DONTWAIT } else { 0 };
+    loop {
+        // SAFETY: `msg` points at `iov` and `control`, both alive for the call.
+        let n = unsafe { libc::sendmsg(sock, &raw const msg, flags) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = last_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// One message received: its bytes and the descriptors it carried (close-on-exec, owned).
+#[derive(Debug)]
+pub struct Received {
+    /// Bytes of the message (0: the peer closed).
+    pub len: usize,
+    /// The descriptors, in order; a message that carried more than [`MAX_FDS`], or whose
+    /// control data was cut, is reported with none (every one it carried is closed).
+    pub fds: Vec<OwnedFd>,
+    /// The message was longer than the buffer (the rest is gone).
+    pub truncated: bool,
+}
+
+/// Receives one message into `buf`, blocking unless `nonblocking`.
+pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8], nonblocking: bool) -> io::Result<Received> {
+    let mut control = [0u64; CONTROL_LEN / 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = CONTROL_LEN;
+    let flags = libc::MSG_CMSG_CLOEXEC | if nonblocking { libc::MSG_DONTWAIT } else { 0 };
+    let n = loop {
+        // SAFETY: `msg` points at `buf` and `control`, both alive and writable for the call.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &raw mut msg, flags) };
+        if n >= 0 {
+            break usize::try_from(n).unwrap_or(0);
+        }
+        let e = last_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `control` up to msg_controllen with well-formed headers; each
+    // SCM_RIGHTS payload is whole ints, read unaligned; every fd it names is new and ours.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let header = libc::CMSG_LEN(0) as usize;
+                let count = (*cmsg).cmsg_len.saturating_sub(header) / size_of::<c_int>();
+                let data = libc::CMSG_DATA(cmsg).cast::<c_int>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > MAX_FDS {
+        fds.clear();
+    }
+    Ok(Received {
+        len: n,
+        fds,
+        truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
+    })
+}
+
+/// Waits until `fd` is readable (or hung up), at most `bound`; false when it is not by then.
+pub fn wait_readable(fd: BorrowedFd<'_>, bound: Duration) -> bool {
+    let deadline = Instant::now() + bound;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = c_int::try_from(left.as_millis().max(1)).unwrap_or(c_int::MAX);
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, alive for the call.
+        match unsafe { libc::poll(&raw mut p, 1, ms) } {
+            n if n > 0 => return true,
+            0 if Instant::now() >= deadline => return false,
+            0 => {}
+            _ if last_error().kind() == io::ErrorKind::Interrupted => {}
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn descriptors_travel_with_their_message_and_a_close_reads_as_eof() {
+        let (a, b) = seqpacket_pair().unwrap();
+        let (x, y) = seqpacket_pair().unwrap();
+        send(
+            a.as_raw_fd(),
+            b"\x01",
+            &[x.as_raw_fd(), y.as_raw_fd()],
+            false,
+        )
+        .unwrap();
+        let mut buf = [0u8; 8];
+        let got = recv(b.as_fd(), &mut buf, false).unwrap();
+        assert_eq!(
+            (got.len, buf[0], got.fds.len(), got.truncated),
+            (1, 1, 2, false)
+        );
+        // The copy of `x` reaches `y`'s peer: a message sent on it arrives at `y`.
+        send(got.fds[0].as_raw_fd(), b"\x07", &[], false).unwrap();
+        let got2 = recv(y.as_fd(), &mut buf, false).unwrap();
+        assert_eq!((got2.len, buf[0], got2.fds.len()), (1, 7, 0));
+        assert!(!wait_readable(b.as_fd(), Duration::from_millis(10)));
+        drop(a);
+        assert!(wait_readable(b.as_fd(), Duration::from_millis(100)));
+        assert_eq!(recv(b.as_fd(), &mut buf, true).unwrap().len, 0, "EOF");
+        assert!(
+            send(b.as_raw_fd(), b"x", &[], true).is_err(),
+            "EPIPE, no signal"
+        );
+    }
+
+    #[test]
+    fn a_long_message_is_reported_truncated() {
+        let (a, b) = seqpacket_pair().unwrap();
+        send(a.as_raw_fd(), b"abcdef", &[], false).unwrap();
+        let mut buf = [0u8; 2];
+        let got = recv(b.as_fd(), &mut buf, true).unwrap();
+        assert!(got.truncated);
+        assert!(
+            recv(b.as_fd(), &mut buf, true).is_err(),
+            "nothing more: EAGAIN"
+        );
+    }
+}

@@ -1,0 +1,370 @@
+//! A fork child's `connect()`: the engine's process negotiates for the child's socket, the
+//! child makes its own kernel connect, and the engine's process takes CLAIM and writes the
+//! proof on its copy of the socket ([`super`]; the steps are `client.rs`'s).
+//!
+//! The conversation, on the request's reply pair:
+//!
+//! | from | message | when |
+//! | --- | --- | --- |
+//! | child | CONNECT{peer} with the socket (bound: its address is the HELLO's) | at `connect()` |
+//! | engine's process | PLAIN{reason} | the RDMA connect failed: the child connects over TCP |
+//! | engine's process | ESTABLISHED | the server registered the connection |
+//! | child | CONNECTED | its kernel connect is established (else it closes the pair) |
+//! | engine's process | TIMEOUT | no CLAIM in the bound (or no CONNECTED): TCP, nothing sent |
+//! | engine's process | RESET | the proof could not be sent whole: the child resets the socket |
+//! | engine's process | SWAPPED with the app's socketpair end | proof sent; then it attaches |
+//!
+//! Nothing reaches the TCP connection before CONNECTED, so every answer before it leaves the
+//! child a plain socket; after it, a child that hears nothing it can trust (the engine's
+//! process died, or did not answer within its bound and a margin) resets the socket rather
+//! than hand the app a connection the proof may have gone out on.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libc::c_int;
+
+use super::{
+    CHILD_END, CONNECT, REPLY_MARGIN, THREAD_STACK, attach, encode_addr, next, pair, reply,
+    take_over,
+};
+use crate::fdtable::{self, COUNTED};
+use crate::guard::Guard;
+use crate::log::{Level, log_at};
+use crate::reason::{Path, Reason, Role};
+use crate::sys::{self, fdpass};
+use crate::upgrade::client::{ensure_bound, open_stream, plain};
+use crate::upgrade::events::record;
+use crate::upgrade::swap::reset;
+use crate::upgrade::{NEGATIVE, negotiate_timeout, now};
+
+/// Messages (each conversation's own).
+const PLAIN: u8 = 1;
+const ESTABLISHED: u8 = 2;
+const CONNECTED: u8 = 3;
+const TIMEOUT: u8 = 4;
+const RESET: u8 = 5;
+const SWAPPED: u8 = 6;
+/// PLAIN carries its reason in a second message.
+const REASON_BASE: u8 = 0x80;
+
+/// Children's connects negotiated at once; more stay TCP (`UNSUPPORTED`) until one ends.
+const MAX_IN_FLIGHT: usize = 64;
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// In the engine's process: serves a child's connect of `tcp` to `peer` on a thread of its own
+/// (it waits on the network for up to twice the negotiation bound).
+pub(super) fn spawn(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
+    if IN_FLIGHT.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        let _ = plain_reply(&answer_on, Reason::Unsupported);
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name(String::from("streamshim-conn"))
+        .stack_size(THREAD_STACK)
+        .spawn(move || {
+            std::mem::forget(Guard::enter());
+            serve(tcp, &answer_on, peer);
+            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        });
+    if let Err(e) = spawned {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        log_at!(Level::Info, "connect for a fork child: no thread ({e})");
+    }
+}
+
+/// PLAIN and its reason, in one message each (one byte per message keeps the replies alike).
+fn plain_reply(on: &OwnedFd, reason: Reason) -> std::io::Result<()> {
+    let code = u8::try_from(reason.code()).unwrap_or(0) & !REASON_BASE;
+    reply(on, PLAIN, None)?;
+    reply(on, REASON_BASE | code, None)
+}
+
+/// The engine's side of one child's connect.
+fn serve(tcp: OwnedFd, answer_on: &OwnedFd, peer: SocketAddr) {
+    // The HELLO names the socket's own address (the child bound it), not one the child says.
+    let Some(client) =
+        sys::local_addr(tcp.as_raw_fd()).filter(|a| a.port() != 0 && sys::is_tcp(tcp.as_raw_fd()))
+    else {
+        let _ = plain_reply(answer_on, Reason::Unsupported);
+        return;
+    };
+    let bound = negotiate_timeout();
+    let conn = match open_stream(peer, client, bound) {
+        Ok(conn) => conn,
+        Err(reason) => {
+            let _ = plain_reply(answer_on, reason);
+            return;
+        }
+    };
+    if reply(answer_on, ESTABLISHED, None).is_err() {
+        conn.abort();
+        return;
+    }
+    // The child's kernel connect (a non-blocking one waits up to the bound there).
+    match next(answer_on, bound + REPLY_MARGIN) {
+        Some((CONNECTED, None)) => {}
+        Some(_) => {
+            conn.abort();
+            return;
+        }
+        None => {
+            conn.abort();
+            let _ = reply(answer_on, TIMEOUT, None);
+            return;
+        }
+    }
+    let Ok(secret) = conn.wait_claim(now() + bound) else {
+        conn.abort();
+        let _ = reply(answer_on, TIMEOUT, None);
+        return;
+    };
+    if let Err(e) = sys::send_all_now(tcp.as_raw_fd(), secret.bytes()) {
+        log_at!(
+            Level::Info,
+            "connect for a fork child to {peer}: sending the proof failed ({e})"
+        );
+        conn.abort();
+        let _ = reply(answer_on, RESET, None);
+        return;
+    }
+    let (app, local) = match pair() {
+        Ok(p) => p,
+        Err(e) => {
+            log_at!(Level::Info, "connect for a fork child to {peer}: {e}");
+            conn.abort();
+            let _ = reply(answer_on, RESET, None);
+            return;
+        }
+    };
+    if reply(answer_on, SWAPPED, Some(app.as_raw_fd())).is_err() {
+        // The child gave up: it resets the socket.
+        conn.abort();
+        return;
+    }
+    drop(app);
+    let Ok(notice) = answer_on.try_clone() else {
+        conn.abort();
+        return;
+    };
+    attach(&conn, local, tcp, Role::Client, peer, notice);
+}
+
+/// In a fork child: `connect(fd, peer)` for a capable ancestor's policy. Returns the kernel
+/// connect's result (errno is the real call's), as `client::connect` does.
+pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_int)) -> c_int {
+    if NEGATIVE.check(peer, now()).is_some() {
+        return plain(fd, peer, Reason::NegativeCache, real);
+    }
+    let channel = CHILD_END.load(Ordering::Acquire);
+    let (Some(_), true) = (ensure_bound(fd, peer), channel >= 0) else {
+        return plain(fd, peer, Reason::Unsupported, real);
+    };
+    let Ok(flags) = sys::fd_flags(fd) else {
+        return plain(fd, peer, Reason::Unsupported, real);
+    };
+    let Ok((mine, theirs)) = fdpass::seqpacket_pair() else {
+        return plain(fd, peer, Reason::RdmaError, real);
+    };
+    let mine = sys::move_high(mine);
+    let mut request = vec![CONNECT];
+    encode_addr(&mut request, peer);
+    if fdpass::send(channel, &request, &[fd, theirs.as_raw_fd()], false).is_err() {
+        return plain(fd, peer, Reason::RdmaError, real);
+    }
+    drop(theirs);
+    let bound = negotiate_timeout();
+    match next(&mine, bound + REPLY_MARGIN) {
+        Some((ESTABLISHED, None)) => {}
+        Some((PLAIN, None)) => {
+            let reason = match next(&mine, REPLY_MARGIN) {
+                Some((code, None)) if code & REASON_BASE != 0 => {
+                    Reason::from_code(u16::from(code & !REASON_BASE)).unwrap_or(Reason::RdmaError)
+                }
+                _ => Reason::RdmaError,
+            };
+            return plain(fd, peer, reason, real);
+        }
+        // Nothing has touched the TCP connection: it stays a plain one.
+        _ => return plain(fd, peer, Reason::Timeout, real),
+    }
+    let (rc, err) = real();
+    if rc != 0 && err != libc::EINPROGRESS {
+        // The kernel connect failed: the app sees exactly that error; not counted. Closing the
+        // pair tells the engine's process.
+        return rc;
+    }
+    if rc != 0 {
+        match sys::wait_established(fd, bound) {
+            sys::Established::Yes => {}
+            sys::Established::Failed => return rc,
+            sys::Established::Pending => {
+                let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
+                count(fd, peer, Reason::Timeout);
+                return rc;
+            }
+        }
+    }
+    if reply(&mine, CONNECTED, None).is_err() {
+        count(fd, peer, Reason::RdmaError);
+        return rc;
+    }
+    match next(&mine, bound + REPLY_MARGIN) {
+        Some((TIMEOUT, None)) => {
+            // Another process accepted the connection, or the server accepts late.
+            let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
+            count(fd, peer, Reason::Timeout);
+        }
+        Some((SWAPPED, Some(app))) => {
+            if fdtable::get(fd) & COUNTED != 0 {
+                // Another thread counted this fd meanwhile (it cannot be ours any more).
+                reset(fd);
+            } else if let Err(e) = take_over(fd, app, mine, flags) {
+                log_at!(
+                    Level::Info,
+                    "client fd {fd}: delegated swap failed ({e}): resetting"
+                );
+                reset(fd);
+                count(fd, peer, Reason::RdmaError);
+            }
+        }
+        // RESET, a gone or silent engine's process: the proof may have gone out.
+        _ => {
+            log_at!(
+                Level::Info,
+                "client fd {fd} peer {peer}: the engine's process failed the upgrade: resetting"
+            );
+            reset(fd);
+            count(fd, peer, Reason::RdmaError);
+        }
+    }
+    rc
+}
+
+/// Counts the connection once (client role) on the TCP path.
+fn count(fd: c_int, peer: SocketAddr, reason: Reason) {
+    if fdtable::add(fd, COUNTED) & COUNTED == 0 {
+        record(Role::Client, fd, Some(peer), Path::Tcp, reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::os::fd::AsFd;
+    use std::time::{Duration, Instant};
+
+    /// What the double of the engine's process answers.
+    #[derive(Clone, Copy, Debug)]
+    enum Engine {
+        Plain,
+        TimeoutAfterConnected,
+        GoneAfterConnected,
+        Swapped,
+    }
+
+    /// The engine's side of the conversation, as `serve` speaks it, with a scripted outcome;
+    /// returns the engine's socketpair end when it swapped.
+    fn engine_double(server: OwnedFd, peer: SocketAddr, how: Engine) -> Option<OwnedFd> {
+        let mut buf = [0u8; 32];
+        let got = fdpass::recv(server.as_fd(), &mut buf, false).unwrap();
+        let mut want = vec![CONNECT];
+        encode_addr(&mut want, peer);
+        assert_eq!(&buf[..got.len], &want[..], "CONNECT names the peer");
+        let mut fds = got.fds.into_iter();
+        let (tcp, answer_on) = (fds.next().unwrap(), fds.next().unwrap());
+        assert!(
+            sys::local_addr(tcp.as_raw_fd()).unwrap().port() != 0,
+            "bound"
+        );
+        if let Engine::Plain = how {
+            plain_reply(&answer_on, Reason::PeerNotShimmed).unwrap();
+            return None;
+        }
+        reply(&answer_on, ESTABLISHED, None).unwrap();
+        assert!(matches!(
+            next(&answer_on, Duration::from_secs(2)),
+            Some((CONNECTED, None))
+        ));
+        match how {
+            Engine::TimeoutAfterConnected => {
+                reply(&answer_on, TIMEOUT, None).unwrap();
+                None
+            }
+            Engine::GoneAfterConnected => None,
+            _ => {
+                let (app, local) = sys::socketpair_stream().unwrap();
+                reply(&answer_on, SWAPPED, Some(app.as_raw_fd())).unwrap();
+                std::mem::forget(answer_on);
+                Some(local)
+            }
+        }
+    }
+
+    /// In a fork child (the channel is the child's own): every outcome of the conversation
+    /// leaves the app a plain TCP connection, a reset one, or its socketpair end on the fd.
+    #[test]
+    fn a_childs_connect_follows_the_engines_answer() {
+        // A listener per case: a fallback puts its destination in the negative cache.
+        let listeners: Vec<TcpListener> = (0..4)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let child = sys::fork_for_test(|| {
+            for (how, l) in [
+                Engine::Plain,
+                Engine::TimeoutAfterConnected,
+                Engine::GoneAfterConnected,
+                Engine::Swapped,
+            ]
+            .into_iter()
+            .zip(&listeners)
+            {
+                let addr = l.local_addr().unwrap();
+                let (chan, server) = fdpass::seqpacket_pair().unwrap();
+                CHILD_END.store(chan.as_raw_fd(), Ordering::Release);
+                let double = std::thread::spawn(move || engine_double(server, addr, how));
+                let sock = std::net::TcpStream::from(sys::tcp_socket_for_test());
+                let fd = sock.as_raw_fd();
+                let t = Instant::now();
+                let rc = connect(fd, addr, &mut || sys::connect_for_test(fd, addr));
+                assert_eq!(rc, 0, "{how:?}");
+                assert!(t.elapsed() < Duration::from_secs(3), "{how:?}");
+                let local = double.join().unwrap();
+                let swapped = fdtable::get(fd) & fdtable::SWAPPED != 0;
+                let mut b = [0u8; 1];
+                match how {
+                    Engine::Plain | Engine::TimeoutAfterConnected => {
+                        assert!(!swapped && sys::peer_addr(fd) == Some(addr), "{how:?}");
+                    }
+                    Engine::GoneAfterConnected => {
+                        // Reset: the socket reads EOF at once.
+                        assert_eq!(sys::poll_now(fd, libc::POLLIN) & libc::POLLIN, libc::POLLIN);
+                        assert_eq!((&sock).read(&mut b).unwrap(), 0, "{how:?}");
+                    }
+                    Engine::Swapped => {
+                        assert!(swapped);
+                        std::io::Write::write_all(&mut &sock, b"x").unwrap();
+                        let mut local = std::fs::File::from(local.unwrap());
+                        local.read_exact(&mut b).unwrap();
+                        assert_eq!(&b, b"x", "the app's fd is the socketpair end");
+                        assert_eq!(sys::peer_addr(fd), None, "a socketpair end");
+                        assert!(
+                            crate::upgrade::kept(fd)
+                                .is_some_and(|k| { sys::peer_addr(k.as_raw_fd()) == Some(addr) }),
+                            "the kept socket answers getpeername"
+                        );
+                        crate::upgrade::forget_swapped(fd);
+                    }
+                }
+                fdtable::set(fd, 0);
+                drop(chan);
+            }
+        });
+        assert_eq!(sys::wait_for_test(child), 0, "the child's checks");
+        drop(listeners);
+    }
+}

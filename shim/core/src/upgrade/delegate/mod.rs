@@ -1,0 +1,369 @@
+//! Fork children upgrade through the process whose engine they were forked from.
+//!
+//! A fork child (without exec) has no engine of its own: the RDMA libraries its parent
+//! initialized cannot be used or rebuilt there. But pre-fork servers (nginx, gunicorn, Apache
+//! prefork) accept and connect in their children, and the registrations of a listener live in
+//! the engine of the process that called `listen()`. So a process whose engine starts also
+//! makes a claim channel: a `SOCK_SEQPACKET` pair, one end served by a small thread of its own
+//! ([`serve`]), the other inherited by every child it forks (both close-on-exec: a program it
+//! execs decides afresh; the served end is closed in each child, so a gone parent reads as
+//! EOF).
+//!
+//! A child sends a request with the TCP socket and one end of a fresh reply pair; the
+//! conversation then runs on that pair:
+//! - **accept** ([`accept`]): the connection a child's `accept()` returned is claimed by the
+//!   engine's process exactly as one it accepted itself, for the socket's own peer
+//!   (`getpeername` of the descriptor it received, never an address the child names);
+//! - **connect** ([`connect`]): the engine's process makes the RDMA connect with HELLO for the
+//!   child's socket, the child makes its own kernel connect, the engine's process waits for
+//!   CLAIM and writes the proof on its copy of the socket.
+//!
+//! Either way the engine's process makes the socketpair, sends the app's end back and only then
+//! attaches the other end with the TCP socket as the kept one; the child puts the app's end on
+//! the app's fd number before `accept()`/`connect()` returns, as the swap does. The reply pair
+//! then stays open for the connection's life: the engine's process writes to it how the stream
+//! ended (a reset, or in order) before it ends the app's side, so the child's hooks report
+//! `ECONNRESET` where the socketpair says EOF after a reset; a pair that closes without a word
+//! (the engine's process died, and its streams with it) is a reset too.
+//!
+//! A child's stream runs in the engine's process, which must outlive it (as for an upgraded fd
+//! a child inherits). It reads and writes its socketpair end (no direct ring access: the rings
+//! are not mapped in the child), and urgent data and `SO_RCVLOWAT` are not told to the engine.
+
+mod accept;
+mod connect;
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::time::Duration;
+
+use libc::c_int;
+use rdma_streams_transport::engine::{Attach, Conn, Event, Handshake};
+
+use super::events::{count_bytes, on_event};
+use super::{SWAPPED_FDS, SwappedFd};
+use crate::fdtable::{self, COUNTED, INET_STREAM, SHIM_OWNED, SWAPPED, TCP};
+use crate::guard::Guard;
+use crate::log::{Level, log_at};
+use crate::reason::Role;
+use crate::sys::{self, fdpass};
+use crate::watches;
+
+pub use accept::{Delegated, claim};
+pub use connect::connect;
+
+/// How much longer than the engine's process's own bound a child waits for its answer (a
+/// stopped or overloaded parent costs this much, never a hang).
+pub const REPLY_MARGIN: Duration = Duration::from_secs(2);
+
+/// Requests on the channel.
+const CLAIM: u8 = 1;
+const CONNECT: u8 = 2;
+/// Written to the reply pair when the stream ends: in a reset, or in order.
+const RESET_NOTICE: u8 = 0xEE;
+const ORDERLY_NOTICE: u8 = 0x0D;
+
+/// The children's end of the claim channel (-1: none). Inherited by fork children.
+static CHILD_END: AtomicI32 = AtomicI32::new(-1);
+
+/// In a process whose engine started: makes the claim channel and starts the thread that
+/// serves it. Once per process; later calls do nothing.
+pub fn start() {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    if STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let (serve_end, child_end) = match fdpass::seqpacket_pair() {
+        Ok((s, c)) => (sys::move_high(s), sys::move_high(c)),
+        Err(e) => {
+            log_at!(Level::Info, "no claim channel for fork children: {e}");
+            return;
+        }
+    };
+    // The serving end is closed in every fork child (as the engine's socketpair ends are), so
+    // a gone engine's process reads as EOF at its children's ends.
+    fdtable::set_pair_end(serve_end.as_raw_fd());
+    fdtable::set(child_end.as_raw_fd(), SHIM_OWNED);
+    let spawned = std::thread::Builder::new()
+        .name(String::from("streamshim-fork"))
+        .stack_size(THREAD_STACK)
+        .spawn(move || {
+            // The thread's calls go straight to libc, as the engine thread's do.
+            std::mem::forget(Guard::enter());
+            serve(&serve_end);
+        });
+    match spawned {
+        Ok(_) => CHILD_END.store(child_end.into_raw_fd(), Ordering::Release),
+        Err(e) => log_at!(Level::Info, "no claim thread for fork children: {e}"),
+    }
+}
+
+/// The stack of the channel's threads (they call the engine's handles and libc only).
+const THREAD_STACK: usize = 256 << 10;
+
+/// Whether this process can ask an engine's process to upgrade its connections: a fork child
+/// of a process whose engine started.
+pub fn has_channel() -> bool {
+    CHILD_END.load(Ordering::Acquire) >= 0
+}
+
+/// The channel's thread: reads requests one at a time. A claim is answered at once (it waits
+/// on nothing but the registration table's lock); a connect, which waits on the network, gets
+/// a thread of its own ([`connect::serve`]). Ends when the channel fails (never while the
+/// process lives).
+fn serve(sock: &OwnedFd) {
+    let mut buf = [0u8; 32];
+    loop {
+        let got = match fdpass::recv(sock.as_fd(), &mut buf, false) {
+            Ok(got) => got,
+            Err(e) => {
+                log_at!(Level::Info, "claim channel failed: {e}");
+                return;
+            }
+        };
+        let mut fds = got.fds.into_iter();
+        let (tcp, reply) = match (got.truncated, fds.next(), fds.next()) {
+            (false, Some(tcp), Some(reply)) => (sys::move_high(tcp), sys::move_high(reply)),
+            _ => {
+                log_at!(Level::Debug, "claim channel: a malformed request ignored");
+                continue;
+            }
+        };
+        match (got.len, buf[0]) {
+            (1, CLAIM) => accept::answer(tcp, reply),
+            (n, CONNECT) => match decode_addr(&buf[1..n]) {
+                Some(peer) => connect::spawn(tcp, reply, peer),
+                None => log_at!(Level::Debug, "claim channel: a malformed connect ignored"),
+            },
+            _ => log_at!(Level::Debug, "claim channel: an unknown request ignored"),
+        }
+    }
+}
+
+/// Sends `status` (and `fd`) on a conversation's reply pair, without blocking.
+fn reply(on: &OwnedFd, status: u8, fd: Option<c_int>) -> std::io::Result<()> {
+    let fds: Vec<c_int> = fd.into_iter().collect();
+    fdpass::send(on.as_raw_fd(), &[status], &fds, true)
+}
+
+/// Waits, at most `bound`, for the next one-byte message on a conversation's reply pair (with
+/// at most one fd); None when none came, the peer closed it, or it was malformed.
+fn next(on: &OwnedFd, bound: Duration) -> Option<(u8, Option<OwnedFd>)> {
+    if !fdpass::wait_readable(on.as_fd(), bound) {
+        return None;
+    }
+    let mut buf = [0u8; 4];
+    match fdpass::recv(on.as_fd(), &mut buf, true) {
+        Ok(got) if got.len == 1 && !got.truncated && got.fds.len() <= 1 => {
+            Some((buf[0], got.fds.into_iter().next()))
+        }
+        _ => None,
+    }
+}
+
+/// A socketpair for a child's connection: the app's end (to send back) and the engine's
+/// (non-blocking, above the app's numbers, closed in fork children).
+fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (app, local) = sys::socketpair_stream()?;
+    let local = sys::move_high(local);
+    sys::set_nonblocking(local.as_fd())?;
+    fdtable::set_pair_end(local.as_raw_fd());
+    Ok((app, local))
+}
+
+/// Attaches a child's connection to its stream with `tcp` as the kept socket; `notice` hears
+/// of a reset.
+fn attach(
+    conn: &Conn,
+    local: OwnedFd,
+    tcp: OwnedFd,
+    role: Role,
+    peer: SocketAddr,
+    notice: OwnedFd,
+) {
+    let kept = Arc::new(tcp);
+    // The engine's close of the kept socket never lingers unless the app asked for a reset.
+    if !rdma_streams_transport::fd::resets_on_close(kept.as_fd()) {
+        let _ = rdma_streams_transport::fd::set_reset_on_close(kept.as_fd(), false);
+    }
+    let mut inner = on_event(role, -1, Some(peer), Arc::new(AtomicBool::new(false)));
+    let mut notice = Some(notice);
+    conn.attach(
+        local,
+        Attach {
+            kept: Some(kept),
+            handshake: match role {
+                Role::Server => Handshake::Claim,
+                Role::Client => Handshake::Confirm,
+            },
+            on_event: Box::new(move |event| {
+                if let Event::Ended(end) = &event
+                    && let Some(n) = notice.take()
+                {
+                    // Before the engine ends the app's side: the child reads it at that EOF.
+                    let word = if end.reset {
+                        RESET_NOTICE
+                    } else {
+                        ORDERLY_NOTICE
+                    };
+                    let _ = reply(&n, word, None);
+                }
+                inner(event);
+            }),
+            on_bytes: Some(count_bytes),
+            give_back: None,
+        },
+    );
+}
+
+/// In the child: puts the socketpair end `app` on the app's `fd` (whose flags were `flags`),
+/// keeping a copy of the TCP socket for `getpeername` and TCP options, and `notice` for a
+/// reset; epoll registrations the app made before `connect()` move with the number.
+fn take_over(
+    fd: c_int,
+    app: OwnedFd,
+    notice: OwnedFd,
+    flags: (c_int, c_int),
+) -> std::io::Result<()> {
+    let (fl, fdfl) = flags;
+    fdtable::set(app.as_raw_fd(), SHIM_OWNED);
+    fdtable::set(notice.as_raw_fd(), SHIM_OWNED);
+    if fl & libc::O_NONBLOCK != 0 {
+        sys::set_nonblocking(app.as_fd())?;
+    }
+    sys::copy_socket_state(fd, app.as_fd(), fl);
+    let kept = Arc::new(sys::move_high(sys::dup_cloexec(fd)?));
+    fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
+    SWAPPED_FDS.lock().insert(
+        fd,
+        SwappedFd {
+            kept,
+            reader: None,
+            writer: None,
+            halves: None,
+            broken: Arc::new(AtomicBool::new(false)),
+            app_end: sys::file_id(app.as_raw_fd()),
+            notice: Some(Arc::new(Notice {
+                fd: notice,
+                settled: AtomicBool::new(false),
+            })),
+        },
+    );
+    let watches = watches::unwatch(fd);
+    if let Err(e) = sys::dup3(app.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {
+        SWAPPED_FDS.lock().remove(&fd);
+        watches::rewatch(fd, &watches);
+        return Err(e);
+    }
+    watches::rewatch(fd, &watches);
+    drop(app);
+    fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);
+    Ok(())
+}
+
+/// A child's end of a connection's reply pair: how its stream ended.
+#[derive(Debug)]
+pub struct Notice {
+    fd: OwnedFd,
+    /// The end was read (reported once).
+    settled: AtomicBool,
+}
+
+impl Notice {
+    /// Whether the stream ended in a reset, once: true when the engine's process said so or
+    /// closed the pair without a word (it died, and the stream with it); false for an orderly
+    /// end, while the stream runs, and after the first answer.
+    pub fn take_reset(&self) -> bool {
+        if self.settled.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut buf = [0u8; 1];
+        let reset = match fdpass::recv(self.fd.as_fd(), &mut buf, true) {
+            Ok(got) if got.len == 0 => true,
+            Ok(_) => buf[0] != ORDERLY_NOTICE,
+            Err(_) => return false,
+        };
+        !self.settled.swap(true, Ordering::AcqRel) && reset
+    }
+}
+
+/// An address on the channel: family (4 or 6), port (big-endian), IP.
+fn encode_addr(out: &mut Vec<u8>, addr: SocketAddr) {
+    match addr.ip() {
+        IpAddr::V4(ip) => {
+            out.push(4);
+            out.extend_from_slice(&addr.port().to_be_bytes());
+            out.extend_from_slice(&ip.octets());
+        }
+        IpAddr::V6(ip) => {
+            out.push(6);
+            out.extend_from_slice(&addr.port().to_be_bytes());
+            out.extend_from_slice(&ip.octets());
+        }
+    }
+}
+
+/// See [`encode_addr`]; None unless `bytes` is exactly one address.
+fn decode_addr(bytes: &[u8]) -> Option<SocketAddr> {
+    let (&family, rest) = bytes.split_first()?;
+    let (port, ip) = rest.split_at_checked(2)?;
+    let port = u16::from_be_bytes(port.try_into().ok()?);
+    let ip = match family {
+        4 => IpAddr::from(<[u8; 4]>::try_from(ip).ok()?),
+        6 => IpAddr::from(<[u8; 16]>::try_from(ip).ok()?),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_round_trip_and_anything_else_is_refused() {
+        for a in ["198.18.0.1:80", "[fd00::1]:65535", "[::ffff:10.0.0.1]:1"] {
+            let a: SocketAddr = a.parse().unwrap();
+            let mut b = Vec::new();
+            encode_addr(&mut b, a);
+            assert_eq!(decode_addr(&b), Some(a));
+            assert_eq!(decode_addr(&b[..b.len() - 1]), None, "short");
+            b.push(0);
+            assert_eq!(decode_addr(&b), None, "long");
+        }
+        assert_eq!(decode_addr(&[5, 0, 80, 1, 2, 3, 4]), None, "family");
+        assert_eq!(decode_addr(&[]), None);
+    }
+
+    fn notice() -> (Notice, OwnedFd) {
+        let (mine, theirs) = fdpass::seqpacket_pair().unwrap();
+        let n = Notice {
+            fd: mine,
+            settled: AtomicBool::new(false),
+        };
+        (n, theirs)
+    }
+
+    #[test]
+    fn a_reset_is_noticed_once_and_an_orderly_end_never() {
+        let (n, theirs) = notice();
+        assert!(!n.take_reset(), "running");
+        reply(&theirs, RESET_NOTICE, None).unwrap();
+        assert!(n.take_reset());
+        assert!(!n.take_reset(), "once");
+        drop(theirs);
+        assert!(!n.take_reset(), "still once");
+        let (n, theirs) = notice();
+        reply(&theirs, ORDERLY_NOTICE, None).unwrap();
+        drop(theirs);
+        assert!(!n.take_reset(), "an orderly end");
+        assert!(!n.take_reset());
+        // The engine's process died with the stream: no word, the pair closed.
+        let (n, theirs) = notice();
+        drop(theirs);
+        assert!(n.take_reset());
+        assert!(!n.take_reset());
+    }
+}
