@@ -193,7 +193,12 @@ impl Loop {
         let now = Instant::now();
         let mut next = self.pool.next_expiry();
         while let Some(Reverse((at, token))) = self.timers.peek().copied() {
-            if !self.conns.contains_key(&token) {
+            if self
+                .conns
+                .get(&token)
+                .is_none_or(|c| c.timer_at != Some(at))
+            {
+                // Gone, or a stale entry (its connection's timer moved).
                 self.timers.pop();
                 continue;
             }
@@ -809,6 +814,10 @@ impl Loop {
             let Some(conn) = self.conns.get_mut(&token) else {
                 continue;
             };
+            if conn.timer_at != Some(at) {
+                continue;
+            }
+            conn.timer_at = None;
             match conn.cm {
                 CmPhase::Deciding(t) if t <= now => {
                     if let Some(id) = conn.id {
@@ -883,7 +892,14 @@ impl Loop {
             self.connecting.remove(&token);
             return;
         }
-        if let Some(at) = conn.next_deadline(&self.inner.config) {
+        // One live entry per connection: a new one only when the deadline came earlier than
+        // the live one, or that one fired. A deadline that moved later (the peer was heard)
+        // waits for the live entry, which then finds nothing due and schedules the next:
+        // one wake-up per keepalive period, not one entry and one wake-up per event.
+        if let Some(at) = conn.next_deadline(&self.inner.config)
+            && conn.timer_at.is_none_or(|live| at < live)
+        {
+            conn.timer_at = Some(at);
             self.timers.push(Reverse((at, token)));
         }
     }

@@ -98,6 +98,9 @@ pub(super) struct StreamConn {
     pub(super) peer_gone: bool,
     /// An incoming connection: what its request said (kept for the accept, which allocates).
     pub(super) offer: Option<Offer>,
+    /// When the event loop's live timer for this connection fires (its other entries in the
+    /// loop's heap are stale and skipped): one entry per deadline, not one per event.
+    pub(super) timer_at: Option<Instant>,
 }
 
 /// What an incoming connect request offered: the peer's ring and where it came from, and how
@@ -130,6 +133,7 @@ impl StreamConn {
             error: None,
             peer_gone: false,
             offer: None,
+            timer_at: None,
         }
     }
 
