@@ -12,7 +12,7 @@
 //! | --- | --- |
 //! | 1 stream | `rstream -T s -T b` (kernel TCP) · the same with both ends under `libstreamshim.so` (upgraded), with its default 2 MiB rings and with `STREAMSHIM_RING_KIB=256` · `rstream -T b` (librdmacm's rsocket) · `ib_write_bw -R` (verbs, RDMA WRITE) |
 //! | 4 streams | 4 concurrent rstream pairs of each kind (one port each) · `ib_write_bw -R -q 4` (one process per side: four busy-polling perftest processes starve each other on 2 vCPUs) · `iperf3 -P 4` plain and shimmed |
-//! | connect | N sequential `socket()+connect()`, a 1-byte echo, `close()` (`rdma_tool connlat`) to a server that echoes one byte and closes: TCP · both ends shimmed (upgraded; both ring sizes) · both ends under librspreload (rsocket); timed: socket+connect+close, and socket until the echo is back |
+//! | connect | N sequential `socket()+connect()`, a 1-byte echo, 10 more 1-byte round trips, `close()` (`rdma_tool connlat`) to a server that echoes until an `x` and closes, then one connection with 1,000 round trips: TCP · both ends shimmed (upgraded; both ring sizes) · both ends under librspreload (rsocket); timed: socket+connect+close, socket until the first echo is back, each round trip on a new connection and on the long one |
 //! | migration | a QEMU live migration of 128 MiB (`tests/tools/qemu_migrate.py`), plain and both QEMUs shimmed (the first `RDMA_BENCH_MIGRATIONS` repetitions) |
 //!
 //! Every rstream moves `-S 1048576 -C COUNT` each way (4 pairs: COUNT/2 each), blocking calls
@@ -298,6 +298,11 @@ struct Sample {
     /// Connect: socket() until a 1-byte echo is back, median and p99 (ns).
     echo: Option<f64>,
     echo_p99: Option<f64>,
+    /// Connect: a 1-byte round trip on a new connection and on a long one, median and p99 (ns).
+    rtt: Option<f64>,
+    rtt_p99: Option<f64>,
+    long_rtt: Option<f64>,
+    long_rtt_p99: Option<f64>,
     pair_range: Option<(f64, f64)>,
     /// Bytes moved (both directions for rstream).
     bytes: f64,
@@ -468,8 +473,13 @@ fn measure(r: &RunDir, k: &Knobs) -> Result<Sample, String> {
             s.p99 = kv(&out, "p99_ns");
             s.echo = kv(&out, "echo_median_ns");
             s.echo_p99 = kv(&out, "echo_p99_ns");
+            s.rtt = kv(&out, "rtt_median_ns");
+            s.rtt_p99 = kv(&out, "rtt_p99_ns");
+            s.long_rtt = kv(&out, "long_rtt_median_ns");
+            s.long_rtt_p99 = kv(&out, "long_rtt_p99_ns");
             if v != "conntcp" && v != "connrsocket" {
-                let n = k.connects + k.warmup;
+                // And the long connection.
+                let n = k.connects + k.warmup + 1;
                 expect_upgraded(&r.path, "cli", "client", n)?;
                 expect_upgraded(&r.path, "srv", "server", n)?;
             }
@@ -976,6 +986,37 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
             "reported",
             "",
         );
+    }
+    // A request and its reply on a kept-alive connection (HTTP keep-alive, a database
+    // session, RPC): 10 one-byte round trips on each new connection, and 1,000 on one that
+    // lives.
+    type Pick = fn(&Sample) -> Option<f64>;
+    let kinds: [(&str, Pick, Pick); 2] = [
+        ("on a new connection", |s| s.rtt, |s| s.rtt_p99),
+        ("on a long connection", |s| s.long_rtt, |s| s.long_rtt_p99),
+    ];
+    for (on, median_of, p99_of) in kinds {
+        for v in ["conntcp", "connshim", "connrsocket"] {
+            let mut text = t.spread(v, median_of, 1e3, "us", 0);
+            if let Some(p) = t.med(v, p99_of) {
+                let _ = write!(text, "; p99 {p:.0} us (median over runs)", p = p / 1e3);
+            }
+            t.row(format!("{} 1-byte round trip {on}", label(v)), text, "", "");
+        }
+        for (a, b, what) in [
+            ("connshim", "conntcp", "shim / TCP"),
+            ("connrsocket", "conntcp", "rsocket / TCP"),
+            ("connshim", "connrsocket", "shim / rsocket"),
+        ] {
+            let (median, _) = t.ratio_text(a, b, median_of);
+            let (p99, _) = t.ratio_text(a, b, p99_of);
+            t.row(
+                format!("round trip {on} {what}"),
+                format!("median {median}; p99 {p99}"),
+                "reported",
+                "",
+            );
+        }
     }
 
     // ---- migration

@@ -206,8 +206,9 @@ iperf4() { # plain|shim
 }
 
 # Connect latency: CONNECTS sequential connects, each with a 1-byte echo (after CONNECT_WARMUP),
-# to a server that echoes one byte and closes. kind: tcp, shim (both ends), shimsmall (both ends,
-# 256 KiB rings), rsocket (both ends under librspreload)
+# and 10 more round trips on the connection, to a server that echoes until an `x` and closes.
+# kind: tcp, shim (both ends), shimsmall (both ends, 256 KiB rings), rsocket (both ends under
+# librspreload)
 connects() { # KIND
 	local pre_s="" pre_c=""
 	case $1 in

@@ -8,17 +8,21 @@
  *       waited for; status: the exit code, or 128 + the signal). Exits with that status.
  *       SIGTERM, SIGINT and SIGHUP are passed on to CMD.
  *   rdma_tool server ADDR PORT
- *       listens on ADDR:PORT, accepts connections and, for each, echoes the one byte it reads
- *       and closes it (the server closes first, so TIME_WAIT lands on the server and client
- *       ports never pile up); SIGTERM ends it with exit(0), so that a preloaded library's exit
- *       handlers run (the shim writes its STREAMSHIM_STATS file there).
+ *       listens on ADDR:PORT, accepts connections and, for each, echoes every byte it reads
+ *       until it echoed an `x`, then closes it (the server closes first, so TIME_WAIT lands on
+ *       the server and client ports never pile up); SIGTERM ends it with exit(0), so that a
+ *       preloaded library's exit handlers run (the shim writes its STREAMSHIM_STATS file there).
  *   rdma_tool connlat HOST PORT N WARMUP
  *       N timed rounds to HOST:PORT (after WARMUP untimed ones) of socket() + connect(), one
- *       byte written and its echo read, the server's FIN awaited, close(). Prints one line:
+ *       byte written and its echo read, KEEP more 1-byte round trips on the open connection,
+ *       a last `x` echoed, the server's FIN awaited, close(). Prints one line:
  *       `n=.. median_ns=.. p90_ns=.. p99_ns=.. max_ns=.. mean_ns=.. first_socket_ns=..
- *       echo_median_ns=.. echo_p99_ns=..`: median_ns and the rest time socket() + connect() +
- *       close() (the echo and the wait for the FIN untimed), echo_* socket() until the echoed
- *       byte is back (what an app's first request costs).
+ *       echo_median_ns=.. echo_p99_ns=.. rtt_median_ns=.. rtt_p99_ns=..`: median_ns and the
+ *       rest time socket() + connect() + close() (the echoes and the wait for the FIN untimed),
+ *       echo_* socket() until the first echoed byte is back (what an app's first request
+ *       costs), rtt_* each of the KEEP round trips (a request and its reply on a kept-alive
+ *       connection). Then one more connection carries LONG round trips (after 50 untimed):
+ *       long_rtt_median_ns=.. long_rtt_p99_ns=.. (a connection that lives: a database session).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -139,11 +143,32 @@ static int server(const char *addr, int port) {
             return 1;
         }
         char b;
-        if (read(c, &b, 1) == 1 && write(c, &b, 1) != 1) perror("echo");
+        while (read(c, &b, 1) == 1) {
+            if (write(c, &b, 1) != 1) {
+                perror("echo");
+                break;
+            }
+            if (b == 'x') break;
+        }
         close(c);
     }
     close(ls);
     exit(0);
+}
+
+/* Round trips on each connection after its first echo, and on the last, long one. */
+#define KEEP 10
+#define LONG 1000
+
+/* One byte out and its echo back; 0, or -1 with errno. */
+static int round_trip(int s, char byte) {
+    char b;
+    if (write(s, &byte, 1) != 1) return -1;
+    if (read(s, &b, 1) != 1 || b != byte) {
+        if (errno == 0) errno = EPROTO;
+        return -1;
+    }
+    return 0;
 }
 
 static int connlat(const char *host, int port, int n, int warmup) {
@@ -151,12 +176,13 @@ static int connlat(const char *host, int port, int n, int warmup) {
     if (addr_of(host, port, &sa) != 0 || n <= 0) return 2;
     long long *samples = calloc((size_t)n, sizeof *samples);
     long long *echoes = calloc((size_t)n, sizeof *echoes);
+    long long *rtts = calloc((size_t)n * KEEP, sizeof *rtts);
     char buf[64];
     /* The process's first INET stream socket: a preloaded library decides here. */
     long long t0 = now_ns();
     int s = socket(AF_INET, SOCK_STREAM, 0);
     long long first = now_ns() - t0;
-    if (s < 0 || samples == NULL || echoes == NULL) {
+    if (s < 0 || samples == NULL || echoes == NULL || rtts == NULL) {
         perror("socket");
         return 1;
     }
@@ -173,11 +199,23 @@ static int connlat(const char *host, int port, int n, int warmup) {
             return 1;
         }
         long long t1 = now_ns();
-        if (write(s, "x", 1) != 1 || read(s, buf, 1) != 1) {
+        if (round_trip(s, 'k') != 0) {
             fprintf(stderr, "no echo (round %d): %s\n", i, strerror(errno));
             return 1;
         }
         long long te = now_ns();
+        for (int k = 0; k < KEEP; k++) {
+            long long tk = now_ns();
+            if (round_trip(s, 'k') != 0) {
+                fprintf(stderr, "no echo (round %d, trip %d): %s\n", i, k, strerror(errno));
+                return 1;
+            }
+            if (i >= warmup) rtts[(i - warmup) * KEEP + k] = now_ns() - tk;
+        }
+        if (round_trip(s, 'x') != 0) {
+            fprintf(stderr, "no last echo (round %d): %s\n", i, strerror(errno));
+            return 1;
+        }
         while (read(s, buf, sizeof buf) > 0) {
         }
         long long t2 = now_ns();
@@ -192,10 +230,37 @@ static int connlat(const char *host, int port, int n, int warmup) {
     for (int i = 0; i < n; i++) sum += samples[i];
     qsort(samples, (size_t)n, sizeof *samples, cmp_ll);
     qsort(echoes, (size_t)n, sizeof *echoes, cmp_ll);
+    int m = n * KEEP;
+    qsort(rtts, (size_t)m, sizeof *rtts, cmp_ll);
+    /* One long-lived connection. */
+    long long *longs = calloc(LONG, sizeof *longs);
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    if (longs == NULL || s < 0 || connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        perror("long connection");
+        return 1;
+    }
+    for (int k = -50; k < LONG; k++) {
+        long long tk = now_ns();
+        if (round_trip(s, 'k') != 0) {
+            fprintf(stderr, "no echo (long connection, trip %d): %s\n", k, strerror(errno));
+            return 1;
+        }
+        if (k >= 0) longs[k] = now_ns() - tk;
+    }
+    if (round_trip(s, 'x') != 0) {
+        fprintf(stderr, "no last echo (long connection): %s\n", strerror(errno));
+        return 1;
+    }
+    while (read(s, buf, sizeof buf) > 0) {
+    }
+    close(s);
+    qsort(longs, LONG, sizeof *longs, cmp_ll);
     printf("n=%d median_ns=%lld p90_ns=%lld p99_ns=%lld max_ns=%lld mean_ns=%lld first_socket_ns=%lld "
-           "echo_median_ns=%lld echo_p99_ns=%lld\n",
+           "echo_median_ns=%lld echo_p99_ns=%lld rtt_median_ns=%lld rtt_p99_ns=%lld long_rtt_median_ns=%lld "
+           "long_rtt_p99_ns=%lld\n",
            n, samples[n / 2], samples[(n * 9) / 10], samples[(n * 99) / 100], samples[n - 1], sum / n,
-           first, echoes[n / 2], echoes[(n * 99) / 100]);
+           first, echoes[n / 2], echoes[(n * 99) / 100], rtts[m / 2], rtts[(m * 99) / 100], longs[LONG / 2],
+           longs[(LONG * 99) / 100]);
     return 0;
 }
 
