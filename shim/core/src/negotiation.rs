@@ -123,7 +123,8 @@ impl Message {
     }
 }
 
-fn put_addr(out: &mut Vec<u8>, a: SocketAddr) {
+/// Appends `a` in the messages' address format (see the module docs).
+pub fn put_addr(out: &mut Vec<u8>, a: SocketAddr) {
     match a.ip() {
         IpAddr::V4(ip) => {
             out.push(FAMILY_V4);
@@ -135,6 +136,17 @@ fn put_addr(out: &mut Vec<u8>, a: SocketAddr) {
             out.extend_from_slice(&a.port().to_be_bytes());
             out.extend_from_slice(&ip.octets());
         }
+    }
+}
+
+/// The address `bytes` hold, exactly (no byte before or after it).
+pub fn read_addr(bytes: &[u8]) -> Result<SocketAddr, Invalid> {
+    let mut r = Reader { buf: bytes, pos: 0 };
+    let a = r.addr()?;
+    if r.pos == bytes.len() {
+        Ok(a)
+    } else {
+        Err(Invalid::Truncated)
     }
 }
 
@@ -284,6 +296,24 @@ mod tests {
         .encode();
         bad[11] = 5;
         assert_eq!(Message::decode(&bad), Err(Invalid::BadFamily(5)));
+    }
+
+    #[test]
+    fn read_addr_takes_exactly_one_address() {
+        for a in ["198.18.0.1:80", "[fd00::1]:65535", "[::ffff:10.0.0.1]:1"] {
+            let a: SocketAddr = a.parse().unwrap();
+            let mut b = Vec::new();
+            put_addr(&mut b, a);
+            assert_eq!(read_addr(&b), Ok(a));
+            assert!(read_addr(&b[..b.len() - 1]).is_err(), "short");
+            b.push(0);
+            assert!(read_addr(&b).is_err(), "long");
+        }
+        assert_eq!(
+            read_addr(&[5, 0, 80, 1, 2, 3, 4]),
+            Err(Invalid::BadFamily(5))
+        );
+        assert!(read_addr(&[]).is_err());
     }
 
     #[test]

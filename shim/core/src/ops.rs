@@ -68,12 +68,13 @@ fn tcp_reason(flags: u8, per_connection: impl FnOnce() -> bool) -> Option<Reason
     }
     match decision::settled() {
         State::Undecided | State::Deciding => None,
-        State::PassThrough(r) => Some(r),
+        // A fork child whose connections its parent's engine upgrades decides as the parent.
+        State::PassThrough(r) if !upgrade::through_parent() => Some(r),
         // A capable process: connections the policy refuses are POLICY. An allowed client
         // connect never gets here (it negotiates, see `upgrade::connect`); an allowed accepted
         // connection that found no registered upgrade had a client that did not negotiate:
         // PEER_NOT_SHIMMED.
-        State::Capable => Some(if per_connection() {
+        State::PassThrough(_) | State::Capable => Some(if per_connection() {
             Reason::PeerNotShimmed
         } else {
             Reason::Policy
@@ -251,25 +252,14 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
     }
     // The policy check needs the peer address and the local port: in a capable process only
     // (two syscalls there), never on the pass-through path.
-    let mut allowed = || {
+    let reason = tcp_reason(flags, || {
         let Some(p) = peer.or_else(|| sys::peer_addr(fd)) else {
             return false;
         };
         peer = Some(p);
         let local_port = sys::local_addr(fd).map_or(0, |a| a.port());
         decision::policy().is_some_and(|pol| pol.server_allows(local_port, p.ip()))
-    };
-    let reason = if flags & SIDE != 0 && upgrade::through_parent() {
-        // A pre-fork child accepting for its capable listening process: counted as that
-        // process would count the connection.
-        Some(if allowed() {
-            Reason::PeerNotShimmed
-        } else {
-            Reason::Policy
-        })
-    } else {
-        tcp_reason(flags, allowed)
-    };
+    });
     if let Some(reason) = reason {
         count(Role::Server, fd, peer, reason);
     }

@@ -244,21 +244,31 @@ pub fn readable_before_mark(fd: c_int) -> Option<c_int> {
 /// Waits until stream socket `fd` is hung up both ways (`POLLHUP`: the engine ended the app's
 /// side), at most `bound`.
 pub fn wait_hangup(fd: c_int, bound: std::time::Duration) {
-    let until = std::time::Instant::now() + bound;
+    // With no event asked, poll reports only a hang-up, an error or a closed fd.
+    poll_within(fd, 0, bound);
+}
+
+/// `fd`'s ready events among `events` (and its errors and hang-ups), waiting at most `bound`
+/// for one (a signal does not cut the wait short); 0 when none came by then, `POLLNVAL` when
+/// poll itself failed.
+pub fn poll_within(fd: c_int, events: i16, bound: std::time::Duration) -> i16 {
+    let deadline = std::time::Instant::now() + bound;
     loop {
-        let left = until.saturating_duration_since(std::time::Instant::now());
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // Rounded up, so a wait never ends before the bound.
+        let ms = c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX);
         let mut p = libc::pollfd {
             fd,
-            events: 0,
+            events,
             revents: 0,
         };
-        let ms = c_int::try_from(left.as_millis()).unwrap_or(c_int::MAX);
         // SAFETY: one pollfd, which `p` is, for the call.
-        let n = unsafe { libc::poll(&mut p, 1, ms) };
-        // With no event asked, poll reports only a hang-up, an error or a closed fd.
-        let hung_up = n == 1;
-        if hung_up || left.is_zero() || (n < 0 && errno() != libc::EINTR) {
-            return;
+        match unsafe { libc::poll(&mut p, 1, ms) } {
+            n if n > 0 => return p.revents,
+            0 if left.is_zero() || std::time::Instant::now() >= deadline => return 0,
+            0 => {}
+            _ if errno() == libc::EINTR => {}
+            _ => return libc::POLLNVAL,
         }
     }
 }
@@ -407,16 +417,15 @@ pub fn move_high(fd: OwnedFd) -> OwnedFd {
 
 /// A connected `AF_UNIX` stream socket pair, both ends close-on-exec.
 pub fn socketpair_stream() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    socketpair(libc::SOCK_STREAM)
+}
+
+/// A connected `AF_UNIX` pair of socket type `ty`, both ends close-on-exec.
+fn socketpair(ty: c_int) -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1 as c_int; 2];
     // SAFETY: `fds` has room for the two fds socketpair writes.
-    let rc = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
+    let rc =
+        unsafe { libc::socketpair(libc::AF_UNIX, ty | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) };
     if rc != 0 {
         return Err(last_error());
     }
@@ -906,35 +915,13 @@ pub enum Established {
 /// Waits (real `poll`, at most `timeout`) for a connecting TCP socket to become writable.
 /// Does not read `SO_ERROR`, so a failure is still reported to the app.
 pub fn wait_established(fd: c_int, timeout: std::time::Duration) -> Established {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let ms = c_int::try_from(left.as_millis().saturating_add(1)).unwrap_or(c_int::MAX);
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLOUT,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(&mut p, 1, ms) };
-        if rc < 0 {
-            if errno() == libc::EINTR && !left.is_zero() {
-                continue;
-            }
-            return Established::Failed;
-        }
-        if rc == 0 {
-            return Established::Pending;
-        }
-        if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
-            return Established::Failed;
-        }
-        if p.revents & libc::POLLOUT != 0 {
-            return Established::Yes;
-        }
-        if left.is_zero() {
-            return Established::Pending;
-        }
+    let revents = poll_within(fd, libc::POLLOUT, timeout);
+    if revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+        Established::Failed
+    } else if revents & libc::POLLOUT != 0 {
+        Established::Yes
+    } else {
+        Established::Pending
     }
 }
 

@@ -5,7 +5,7 @@
 use std::io;
 use std::mem::{size_of, size_of_val};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use libc::c_int;
 
@@ -20,21 +20,7 @@ const CONTROL_LEN: usize = 64;
 /// A connected `AF_UNIX` `SOCK_SEQPACKET` pair, both ends close-on-exec: one message per
 /// request, kept whole, and a peer's close reads as EOF.
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [-1 as c_int; 2];
-    // SAFETY: `fds` has room for the two fds socketpair writes.
-    let rc = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(last_error());
-    }
-    // SAFETY: socketpair succeeded: both are fresh fds owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    super::socketpair(libc::SOCK_SEQPACKET)
 }
 
 /// Sends `data` on the socket `sock` with copies of the open fds `fds` (at most [`MAX_FDS`])
@@ -154,24 +140,7 @@ pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8], nonblocking: bool) -> io::Resu
 
 /// Waits until `fd` is readable (or hung up), at most `bound`; false when it is not by then.
 pub fn wait_readable(fd: BorrowedFd<'_>, bound: Duration) -> bool {
-    let deadline = Instant::now() + bound;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ms = c_int::try_from(left.as_millis().max(1)).unwrap_or(c_int::MAX);
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd, alive for the call.
-        match unsafe { libc::poll(&raw mut p, 1, ms) } {
-            n if n > 0 => return true,
-            0 if Instant::now() >= deadline => return false,
-            0 => {}
-            _ if last_error().kind() == io::ErrorKind::Interrupted => {}
-            _ => return false,
-        }
-    }
+    super::poll_within(fd.as_raw_fd(), libc::POLLIN, bound) != 0
 }
 
 #[cfg(test)]

@@ -79,10 +79,17 @@ pub(super) fn plain(
         let _ = NEGATIVE.insert(peer, reason, now());
     }
     let (rc, err) = real();
-    if (rc == 0 || err == libc::EINPROGRESS) && fdtable::add(fd, COUNTED) & COUNTED == 0 {
-        record(Role::Client, fd, Some(peer), Path::Tcp, reason);
+    if rc == 0 || err == libc::EINPROGRESS {
+        count_tcp(fd, peer, reason);
     }
     rc
+}
+
+/// Counts the connection on `fd` (client role) as staying TCP with `reason`, once.
+pub(super) fn count_tcp(fd: c_int, peer: SocketAddr, reason: Reason) {
+    if fdtable::add(fd, COUNTED) & COUNTED == 0 {
+        record(Role::Client, fd, Some(peer), Path::Tcp, reason);
+    }
 }
 
 /// See the module docs. Returns the kernel connect's result (errno is the real call's).
@@ -121,9 +128,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
             sys::Established::Pending => {
                 conn.abort();
                 let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
-                if fdtable::add(fd, COUNTED) & COUNTED == 0 {
-                    record(Role::Client, fd, Some(peer), Path::Tcp, Reason::Timeout);
-                }
+                count_tcp(fd, peer, Reason::Timeout);
                 return rc;
             }
         }
@@ -133,9 +138,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
         // proof, no CONFIRM, so the server relays over TCP, as does this side.
         conn.abort();
         let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
-        if fdtable::add(fd, COUNTED) & COUNTED == 0 {
-            record(Role::Client, fd, Some(peer), Path::Tcp, Reason::Timeout);
-        }
+        count_tcp(fd, peer, Reason::Timeout);
         return rc;
     };
     if fdtable::add(fd, COUNTED) & COUNTED != 0 {

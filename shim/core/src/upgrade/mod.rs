@@ -144,14 +144,18 @@ pub fn kept(fd: c_int) -> Option<Arc<OwnedFd>> {
 /// caller reports `ECONNRESET` where the socketpair says EOF or `EPIPE`, as a TCP socket reports
 /// a reset once), false from then on and for any other fd.
 pub fn take_reset(fd: c_int) -> bool {
-    let Some((broken, notice)) = SWAPPED_FDS
-        .lock()
-        .get(&fd)
-        .map(|s| (Arc::clone(&s.broken), s.notice.clone()))
-    else {
-        return false;
+    let notice = {
+        let map = SWAPPED_FDS.lock();
+        let Some(s) = map.get(&fd) else {
+            return false;
+        };
+        if s.broken.swap(false, Ordering::AcqRel) {
+            return true;
+        }
+        s.notice.clone()
     };
-    broken.swap(false, Ordering::AcqRel) || notice.is_some_and(|n| n.take_reset())
+    // A fork child's connection: its parent's engine says (a read, outside the lock).
+    notice.is_some_and(|n| n.take_reset())
 }
 
 /// The stream of the swapped fd whose [`SwappedFd::broken`] is `broken` ended in a reset:

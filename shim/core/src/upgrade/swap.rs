@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicBool;
 
 use libc::c_int;
 
+use super::delegate::Notice;
 use super::{SWAPPED_FDS, SwappedFd};
 use crate::fdtable::{self, COUNTED, INET_STREAM, SHIM_OWNED, SWAPPED, TCP};
 use crate::{sys, watches};
@@ -28,19 +29,44 @@ pub struct Swapped {
 /// fresh socketpair on `fd`, keeping the app's O_NONBLOCK and close-on-exec. An error after
 /// the number was taken over leaves the app's fd without a peer: the caller resets it.
 pub fn swap(fd: c_int) -> io::Result<Swapped> {
-    let (fl, fdfl) = sys::fd_flags(fd)?;
-    let (a, b) = sys::socketpair_stream()?;
+    let flags = sys::fd_flags(fd)?;
+    let (app, local) = engine_pair()?;
+    let (kept, broken) = install(fd, app, flags, None)?;
+    Ok(Swapped {
+        local,
+        kept,
+        broken,
+    })
+}
+
+/// A socketpair for a swap: the app's end, and the engine's (non-blocking, above the app's
+/// numbers, closed in fork children).
+pub(super) fn engine_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (app, local) = sys::socketpair_stream()?;
     // The shim's own fds sit above the app's numbers; the app's end takes the app's number.
-    let b = sys::move_high(b);
-    fdtable::set(a.as_raw_fd(), SHIM_OWNED);
-    fdtable::set_pair_end(b.as_raw_fd());
-    let app_end = sys::file_id(a.as_raw_fd());
+    let local = sys::move_high(local);
+    fdtable::set_pair_end(local.as_raw_fd());
+    sys::set_nonblocking(local.as_fd())?;
+    Ok((app, local))
+}
+
+/// Puts the socketpair end `app` on the app's `fd` (whose fcntl flags were `flags`) and keeps
+/// a copy of the TCP socket (getpeername, TCP options; the engine's kept socket when it runs
+/// in this process); `notice` for a fork child's connection whose engine is its parent's
+/// ([`super::delegate`]). Returns the kept socket and the connection's `broken` flag.
+pub(super) fn install(
+    fd: c_int,
+    app: OwnedFd,
+    (fl, fdfl): (c_int, c_int),
+    notice: Option<Arc<Notice>>,
+) -> io::Result<(Arc<OwnedFd>, Arc<AtomicBool>)> {
+    fdtable::set(app.as_raw_fd(), SHIM_OWNED);
+    let app_end = sys::file_id(app.as_raw_fd());
     if fl & libc::O_NONBLOCK != 0 {
-        sys::set_nonblocking(a.as_fd())?;
+        sys::set_nonblocking(app.as_fd())?;
     }
     // What the app set on its TCP socket (or its listener) and can read back stays set.
-    sys::copy_socket_state(fd, a.as_fd(), fl);
-    sys::set_nonblocking(b.as_fd())?;
+    sys::copy_socket_state(fd, app.as_fd(), fl);
     let kept = Arc::new(sys::move_high(sys::dup_cloexec(fd)?));
     // The engine's close of the kept socket never lingers (an app's `SO_LINGER {1, N}` set
     // before the swap is the socketpair's now); an abortive close ({1, 0}) stays set.
@@ -58,25 +84,21 @@ pub fn swap(fd: c_int) -> io::Result<Swapped> {
             halves: None,
             broken: Arc::clone(&broken),
             app_end,
-            notice: None,
+            notice,
         },
     );
     // The app's epoll registrations of the TCP socket move to the socketpair end with the
     // number (or back onto the TCP socket when the number stays with it).
     let watches = watches::unwatch(fd);
-    if let Err(e) = sys::dup3(a.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {
+    if let Err(e) = sys::dup3(app.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {
         SWAPPED_FDS.lock().remove(&fd);
         watches::rewatch(fd, &watches);
         return Err(e);
     }
     watches::rewatch(fd, &watches);
-    drop(a);
+    drop(app);
     fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);
-    Ok(Swapped {
-        local: b,
-        kept,
-        broken,
-    })
+    Ok((kept, broken))
 }
 
 /// The peer's TCP connection gets an RST (a failed swap after CONFIRM or CLAIM).

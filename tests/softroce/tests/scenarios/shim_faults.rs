@@ -437,9 +437,10 @@ fn prefork(ctx: &Ctx) -> anyhow::Result<()> {
         ))?;
         ctx.sh(&format!("{WAIT_PORT} wait_port {backend_port}"))?;
         let srv = ctx.spawn(&format!(
-            "{} {py} {} {a} {port} {mode} {backend_port}",
+            "{} {py} {} {a} {port} {mode} {backend_port} {}",
             shimmed(ctx, tag, "")?,
-            server.display()
+            server.display(),
+            client.display()
         ))?;
         ctx.sh(&format!("{WAIT_PORT} wait_port {port}"))?;
         for i in 0..6 {
@@ -504,7 +505,7 @@ fn prefork(ctx: &Ctx) -> anyhow::Result<()> {
             "{mode}: the killed client read as {resets} resets, not 1"
         );
         ensure!(
-            done.stdout.matches("child backend ok").count() == 2,
+            done.stdout.matches("echo ok").count() == 2,
             "{mode}: the children's own connections: {}",
             done.stdout
         );

@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use libc::c_int;
 
-use super::{CHILD_END, CLAIM, REPLY_MARGIN, attach, next, pair, reply, take_over};
+use super::{CHILD_END, CLAIM, Heard, REPLY_MARGIN, attach, next, reply, take_over};
 use crate::log::{Level, log_at};
 use crate::reason::{Path, Reason, Role};
 use crate::sys::{self, fdpass};
@@ -40,7 +40,7 @@ pub(super) fn answer(tcp: OwnedFd, answer_on: OwnedFd) {
             return;
         }
     };
-    let (app, local) = match pair() {
+    let (app, local) = match crate::upgrade::swap::engine_pair() {
         Ok(p) => p,
         Err(e) => {
             log_at!(Level::Info, "claim for {peer}: no socketpair ({e})");
@@ -94,23 +94,15 @@ pub fn claim(fd: c_int, peer: SocketAddr) -> Delegated {
         return Delegated::None;
     }
     drop(theirs);
-    if !fdpass::wait_readable(std::os::fd::AsFd::as_fd(&mine), REPLY_MARGIN) {
-        log_at!(
-            Level::Info,
-            "server fd {fd} peer {peer}: the engine's process did not answer in \
-             {REPLY_MARGIN:?}: resetting"
-        );
-        reset(fd);
-        record(Role::Server, fd, Some(peer), Path::Tcp, Reason::RdmaError);
-        return Delegated::Done;
-    }
-    // EOF: the engine's process dropped the request (it died): nothing attached.
     match next(&mine, REPLY_MARGIN) {
-        Some((GAVE_UP, _)) => {
+        // No registration; or the engine's process dropped the request (it died) before it
+        // attached anything.
+        Heard::Said(NONE, None) | Heard::Closed => Delegated::None,
+        Heard::Said(GAVE_UP, None) => {
             record(Role::Server, fd, Some(peer), Path::Tcp, Reason::Timeout);
             Delegated::Done
         }
-        Some((SWAPPED, Some(app))) => {
+        Heard::Said(SWAPPED, Some(app)) => {
             if let Err(e) = take_over(fd, app, mine, flags) {
                 log_at!(
                     Level::Info,
@@ -121,7 +113,16 @@ pub fn claim(fd: c_int, peer: SocketAddr) -> Delegated {
             }
             Delegated::Done
         }
-        _ => Delegated::None,
+        Heard::Said(..) | Heard::Silent => {
+            log_at!(
+                Level::Info,
+                "server fd {fd} peer {peer}: no answer to trust from the engine's process in \
+                 {REPLY_MARGIN:?}: resetting"
+            );
+            reset(fd);
+            record(Role::Server, fd, Some(peer), Path::Tcp, Reason::RdmaError);
+            Delegated::Done
+        }
     }
 }
 

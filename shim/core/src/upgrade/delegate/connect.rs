@@ -7,7 +7,7 @@
 //! | from | message | when |
 //! | --- | --- | --- |
 //! | child | CONNECT{peer} with the socket (bound: its address is the HELLO's) | at `connect()` |
-//! | engine's process | PLAIN{reason} | the RDMA connect failed: the child connects over TCP |
+//! | engine's process | PLAIN with the reason | the RDMA connect failed: the child connects over TCP |
 //! | engine's process | ESTABLISHED | the server registered the connection |
 //! | child | CONNECTED | its kernel connect is established (else it closes the pair) |
 //! | engine's process | TIMEOUT | no CLAIM in the bound (or no CONNECTED): TCP, nothing sent |
@@ -26,28 +26,26 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use libc::c_int;
 
 use super::{
-    CHILD_END, CONNECT, REPLY_MARGIN, THREAD_STACK, attach, encode_addr, next, pair, reply,
-    take_over,
+    CHILD_END, CONNECT, Heard, REPLY_MARGIN, THREAD_STACK, attach, next, reply, take_over,
 };
 use crate::fdtable::{self, COUNTED};
 use crate::guard::Guard;
 use crate::log::{Level, log_at};
-use crate::reason::{Path, Reason, Role};
+use crate::negotiation::put_addr;
+use crate::reason::{Reason, Role};
 use crate::sys::{self, fdpass};
-use crate::upgrade::client::{ensure_bound, open_stream, plain};
-use crate::upgrade::events::record;
+use crate::upgrade::client::{count_tcp, ensure_bound, open_stream, plain};
 use crate::upgrade::swap::reset;
 use crate::upgrade::{NEGATIVE, negotiate_timeout, now};
 
-/// Messages (each conversation's own).
-const PLAIN: u8 = 1;
+/// Messages (each conversation's own). PLAIN is a flag: its other bits are the fallback
+/// reason's code.
+const PLAIN: u8 = 0x80;
 const ESTABLISHED: u8 = 2;
 const CONNECTED: u8 = 3;
 const TIMEOUT: u8 = 4;
 const RESET: u8 = 5;
 const SWAPPED: u8 = 6;
-/// PLAIN carries its reason in a second message.
-const REASON_BASE: u8 = 0x80;
 
 /// Children's connects negotiated at once; more stay TCP (`UNSUPPORTED`) until one ends.
 const MAX_IN_FLIGHT: usize = 64;
@@ -66,7 +64,7 @@ pub(super) fn spawn(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
         .stack_size(THREAD_STACK)
         .spawn(move || {
             std::mem::forget(Guard::enter());
-            serve(tcp, &answer_on, peer);
+            serve(tcp, answer_on, peer);
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
         });
     if let Err(e) = spawned {
@@ -75,50 +73,49 @@ pub(super) fn spawn(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
     }
 }
 
-/// PLAIN and its reason, in one message each (one byte per message keeps the replies alike).
+/// PLAIN with `reason`.
 fn plain_reply(on: &OwnedFd, reason: Reason) -> std::io::Result<()> {
-    let code = u8::try_from(reason.code()).unwrap_or(0) & !REASON_BASE;
-    reply(on, PLAIN, None)?;
-    reply(on, REASON_BASE | code, None)
+    let code = u8::try_from(reason.code()).unwrap_or(0) & !PLAIN;
+    reply(on, PLAIN | code, None)
 }
 
 /// The engine's side of one child's connect.
-fn serve(tcp: OwnedFd, answer_on: &OwnedFd, peer: SocketAddr) {
+fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
     // The HELLO names the socket's own address (the child bound it), not one the child says.
     let Some(client) =
         sys::local_addr(tcp.as_raw_fd()).filter(|a| a.port() != 0 && sys::is_tcp(tcp.as_raw_fd()))
     else {
-        let _ = plain_reply(answer_on, Reason::Unsupported);
+        let _ = plain_reply(&answer_on, Reason::Unsupported);
         return;
     };
     let bound = negotiate_timeout();
     let conn = match open_stream(peer, client, bound) {
         Ok(conn) => conn,
         Err(reason) => {
-            let _ = plain_reply(answer_on, reason);
+            let _ = plain_reply(&answer_on, reason);
             return;
         }
     };
-    if reply(answer_on, ESTABLISHED, None).is_err() {
+    if reply(&answer_on, ESTABLISHED, None).is_err() {
         conn.abort();
         return;
     }
     // The child's kernel connect (a non-blocking one waits up to the bound there).
-    match next(answer_on, bound + REPLY_MARGIN) {
-        Some((CONNECTED, None)) => {}
-        Some(_) => {
+    match next(&answer_on, bound + REPLY_MARGIN) {
+        Heard::Said(CONNECTED, None) => {}
+        Heard::Said(..) | Heard::Closed => {
             conn.abort();
             return;
         }
-        None => {
+        Heard::Silent => {
             conn.abort();
-            let _ = reply(answer_on, TIMEOUT, None);
+            let _ = reply(&answer_on, TIMEOUT, None);
             return;
         }
     }
     let Ok(secret) = conn.wait_claim(now() + bound) else {
         conn.abort();
-        let _ = reply(answer_on, TIMEOUT, None);
+        let _ = reply(&answer_on, TIMEOUT, None);
         return;
     };
     if let Err(e) = sys::send_all_now(tcp.as_raw_fd(), secret.bytes()) {
@@ -127,29 +124,25 @@ fn serve(tcp: OwnedFd, answer_on: &OwnedFd, peer: SocketAddr) {
             "connect for a fork child to {peer}: sending the proof failed ({e})"
         );
         conn.abort();
-        let _ = reply(answer_on, RESET, None);
+        let _ = reply(&answer_on, RESET, None);
         return;
     }
-    let (app, local) = match pair() {
+    let (app, local) = match crate::upgrade::swap::engine_pair() {
         Ok(p) => p,
         Err(e) => {
             log_at!(Level::Info, "connect for a fork child to {peer}: {e}");
             conn.abort();
-            let _ = reply(answer_on, RESET, None);
+            let _ = reply(&answer_on, RESET, None);
             return;
         }
     };
-    if reply(answer_on, SWAPPED, Some(app.as_raw_fd())).is_err() {
+    if reply(&answer_on, SWAPPED, Some(app.as_raw_fd())).is_err() {
         // The child gave up: it resets the socket.
         conn.abort();
         return;
     }
     drop(app);
-    let Ok(notice) = answer_on.try_clone() else {
-        conn.abort();
-        return;
-    };
-    attach(&conn, local, tcp, Role::Client, peer, notice);
+    attach(&conn, local, tcp, Role::Client, peer, answer_on);
 }
 
 /// In a fork child: `connect(fd, peer)` for a capable ancestor's policy. Returns the kernel
@@ -159,9 +152,9 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
         return plain(fd, peer, Reason::NegativeCache, real);
     }
     let channel = CHILD_END.load(Ordering::Acquire);
-    let (Some(_), true) = (ensure_bound(fd, peer), channel >= 0) else {
+    if channel < 0 || ensure_bound(fd, peer).is_none() {
         return plain(fd, peer, Reason::Unsupported, real);
-    };
+    }
     let Ok(flags) = sys::fd_flags(fd) else {
         return plain(fd, peer, Reason::Unsupported, real);
     };
@@ -170,21 +163,16 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
     };
     let mine = sys::move_high(mine);
     let mut request = vec![CONNECT];
-    encode_addr(&mut request, peer);
+    put_addr(&mut request, peer);
     if fdpass::send(channel, &request, &[fd, theirs.as_raw_fd()], false).is_err() {
         return plain(fd, peer, Reason::RdmaError, real);
     }
     drop(theirs);
     let bound = negotiate_timeout();
     match next(&mine, bound + REPLY_MARGIN) {
-        Some((ESTABLISHED, None)) => {}
-        Some((PLAIN, None)) => {
-            let reason = match next(&mine, REPLY_MARGIN) {
-                Some((code, None)) if code & REASON_BASE != 0 => {
-                    Reason::from_code(u16::from(code & !REASON_BASE)).unwrap_or(Reason::RdmaError)
-                }
-                _ => Reason::RdmaError,
-            };
+        Heard::Said(ESTABLISHED, None) => {}
+        Heard::Said(said, None) if said & PLAIN != 0 => {
+            let reason = Reason::from_code(u16::from(said & !PLAIN)).unwrap_or(Reason::RdmaError);
             return plain(fd, peer, reason, real);
         }
         // Nothing has touched the TCP connection: it stays a plain one.
@@ -202,22 +190,22 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
             sys::Established::Failed => return rc,
             sys::Established::Pending => {
                 let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
-                count(fd, peer, Reason::Timeout);
+                count_tcp(fd, peer, Reason::Timeout);
                 return rc;
             }
         }
     }
     if reply(&mine, CONNECTED, None).is_err() {
-        count(fd, peer, Reason::RdmaError);
+        count_tcp(fd, peer, Reason::RdmaError);
         return rc;
     }
     match next(&mine, bound + REPLY_MARGIN) {
-        Some((TIMEOUT, None)) => {
+        Heard::Said(TIMEOUT, None) => {
             // Another process accepted the connection, or the server accepts late.
             let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
-            count(fd, peer, Reason::Timeout);
+            count_tcp(fd, peer, Reason::Timeout);
         }
-        Some((SWAPPED, Some(app))) => {
+        Heard::Said(SWAPPED, Some(app)) => {
             if fdtable::get(fd) & COUNTED != 0 {
                 // Another thread counted this fd meanwhile (it cannot be ours any more).
                 reset(fd);
@@ -227,7 +215,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
                     "client fd {fd}: delegated swap failed ({e}): resetting"
                 );
                 reset(fd);
-                count(fd, peer, Reason::RdmaError);
+                count_tcp(fd, peer, Reason::RdmaError);
             }
         }
         // RESET, a gone or silent engine's process: the proof may have gone out.
@@ -237,17 +225,10 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
                 "client fd {fd} peer {peer}: the engine's process failed the upgrade: resetting"
             );
             reset(fd);
-            count(fd, peer, Reason::RdmaError);
+            count_tcp(fd, peer, Reason::RdmaError);
         }
     }
     rc
-}
-
-/// Counts the connection once (client role) on the TCP path.
-fn count(fd: c_int, peer: SocketAddr, reason: Reason) {
-    if fdtable::add(fd, COUNTED) & COUNTED == 0 {
-        record(Role::Client, fd, Some(peer), Path::Tcp, reason);
-    }
 }
 
 #[cfg(test)]
@@ -273,7 +254,7 @@ mod tests {
         let mut buf = [0u8; 32];
         let got = fdpass::recv(server.as_fd(), &mut buf, false).unwrap();
         let mut want = vec![CONNECT];
-        encode_addr(&mut want, peer);
+        put_addr(&mut want, peer);
         assert_eq!(&buf[..got.len], &want[..], "CONNECT names the peer");
         let mut fds = got.fds.into_iter();
         let (tcp, answer_on) = (fds.next().unwrap(), fds.next().unwrap());
@@ -288,7 +269,7 @@ mod tests {
         reply(&answer_on, ESTABLISHED, None).unwrap();
         assert!(matches!(
             next(&answer_on, Duration::from_secs(2)),
-            Some((CONNECTED, None))
+            Heard::Said(CONNECTED, None)
         ));
         match how {
             Engine::TimeoutAfterConnected => {

@@ -33,7 +33,7 @@
 mod accept;
 mod connect;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -43,13 +43,13 @@ use libc::c_int;
 use rdma_streams_transport::engine::{Attach, Conn, Event, Handshake};
 
 use super::events::{count_bytes, on_event};
-use super::{SWAPPED_FDS, SwappedFd};
-use crate::fdtable::{self, COUNTED, INET_STREAM, SHIM_OWNED, SWAPPED, TCP};
+use super::swap;
+use crate::fdtable::{self, SHIM_OWNED};
 use crate::guard::Guard;
 use crate::log::{Level, log_at};
+use crate::negotiation::read_addr;
 use crate::reason::Role;
 use crate::sys::{self, fdpass};
-use crate::watches;
 
 pub use accept::{Delegated, claim};
 pub use connect::connect;
@@ -133,9 +133,9 @@ fn serve(sock: &OwnedFd) {
         };
         match (got.len, buf[0]) {
             (1, CLAIM) => accept::answer(tcp, reply),
-            (n, CONNECT) => match decode_addr(&buf[1..n]) {
-                Some(peer) => connect::spawn(tcp, reply, peer),
-                None => log_at!(Level::Debug, "claim channel: a malformed connect ignored"),
+            (n, CONNECT) => match read_addr(&buf[1..n]) {
+                Ok(peer) => connect::spawn(tcp, reply, peer),
+                Err(_) => log_at!(Level::Debug, "claim channel: a malformed connect ignored"),
             },
             _ => log_at!(Level::Debug, "claim channel: an unknown request ignored"),
         }
@@ -148,29 +148,30 @@ fn reply(on: &OwnedFd, status: u8, fd: Option<c_int>) -> std::io::Result<()> {
     fdpass::send(on.as_raw_fd(), &[status], &fds, true)
 }
 
-/// Waits, at most `bound`, for the next one-byte message on a conversation's reply pair (with
-/// at most one fd); None when none came, the peer closed it, or it was malformed.
-fn next(on: &OwnedFd, bound: Duration) -> Option<(u8, Option<OwnedFd>)> {
+/// What the other side of a conversation did next.
+#[derive(Debug)]
+enum Heard {
+    /// A one-byte message, with at most one fd.
+    Said(u8, Option<OwnedFd>),
+    /// It closed the pair without a word: it gave the conversation up, or died.
+    Closed,
+    /// Nothing within the bound, or something malformed: nothing it did can be trusted.
+    Silent,
+}
+
+/// Waits, at most `bound`, for what the other side of a conversation does next.
+fn next(on: &OwnedFd, bound: Duration) -> Heard {
     if !fdpass::wait_readable(on.as_fd(), bound) {
-        return None;
+        return Heard::Silent;
     }
     let mut buf = [0u8; 4];
     match fdpass::recv(on.as_fd(), &mut buf, true) {
+        Ok(got) if got.len == 0 => Heard::Closed,
         Ok(got) if got.len == 1 && !got.truncated && got.fds.len() <= 1 => {
-            Some((buf[0], got.fds.into_iter().next()))
+            Heard::Said(buf[0], got.fds.into_iter().next())
         }
-        _ => None,
+        _ => Heard::Silent,
     }
-}
-
-/// A socketpair for a child's connection: the app's end (to send back) and the engine's
-/// (non-blocking, above the app's numbers, closed in fork children).
-fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let (app, local) = sys::socketpair_stream()?;
-    let local = sys::move_high(local);
-    sys::set_nonblocking(local.as_fd())?;
-    fdtable::set_pair_end(local.as_raw_fd());
-    Ok((app, local))
 }
 
 /// Attaches a child's connection to its stream with `tcp` as the kept socket; `notice` hears
@@ -183,11 +184,8 @@ fn attach(
     peer: SocketAddr,
     notice: OwnedFd,
 ) {
+    // The child's install sets the socket's linger as a swap does (one socket, two numbers).
     let kept = Arc::new(tcp);
-    // The engine's close of the kept socket never lingers unless the app asked for a reset.
-    if !rdma_streams_transport::fd::resets_on_close(kept.as_fd()) {
-        let _ = rdma_streams_transport::fd::set_reset_on_close(kept.as_fd(), false);
-    }
     let mut inner = on_event(role, -1, Some(peer), Arc::new(AtomicBool::new(false)));
     let mut notice = Some(notice);
     conn.attach(
@@ -218,49 +216,20 @@ fn attach(
     );
 }
 
-/// In the child: puts the socketpair end `app` on the app's `fd` (whose flags were `flags`),
-/// keeping a copy of the TCP socket for `getpeername` and TCP options, and `notice` for a
-/// reset; epoll registrations the app made before `connect()` move with the number.
+/// In the child: puts the socketpair end `app` on the app's `fd` as a swap does
+/// ([`swap::install`]), with `notice` for how the stream ended.
 fn take_over(
     fd: c_int,
     app: OwnedFd,
     notice: OwnedFd,
     flags: (c_int, c_int),
 ) -> std::io::Result<()> {
-    let (fl, fdfl) = flags;
-    fdtable::set(app.as_raw_fd(), SHIM_OWNED);
     fdtable::set(notice.as_raw_fd(), SHIM_OWNED);
-    if fl & libc::O_NONBLOCK != 0 {
-        sys::set_nonblocking(app.as_fd())?;
-    }
-    sys::copy_socket_state(fd, app.as_fd(), fl);
-    let kept = Arc::new(sys::move_high(sys::dup_cloexec(fd)?));
-    fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
-    SWAPPED_FDS.lock().insert(
-        fd,
-        SwappedFd {
-            kept,
-            reader: None,
-            writer: None,
-            halves: None,
-            broken: Arc::new(AtomicBool::new(false)),
-            app_end: sys::file_id(app.as_raw_fd()),
-            notice: Some(Arc::new(Notice {
-                fd: notice,
-                settled: AtomicBool::new(false),
-            })),
-        },
-    );
-    let watches = watches::unwatch(fd);
-    if let Err(e) = sys::dup3(app.as_fd(), fd, fdfl & libc::FD_CLOEXEC != 0) {
-        SWAPPED_FDS.lock().remove(&fd);
-        watches::rewatch(fd, &watches);
-        return Err(e);
-    }
-    watches::rewatch(fd, &watches);
-    drop(app);
-    fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);
-    Ok(())
+    let notice = Arc::new(Notice {
+        fd: notice,
+        settled: AtomicBool::new(false),
+    });
+    swap::install(fd, app, flags, Some(notice)).map(drop)
 }
 
 /// A child's end of a connection's reply pair: how its stream ended.
@@ -289,53 +258,9 @@ impl Notice {
     }
 }
 
-/// An address on the channel: family (4 or 6), port (big-endian), IP.
-fn encode_addr(out: &mut Vec<u8>, addr: SocketAddr) {
-    match addr.ip() {
-        IpAddr::V4(ip) => {
-            out.push(4);
-            out.extend_from_slice(&addr.port().to_be_bytes());
-            out.extend_from_slice(&ip.octets());
-        }
-        IpAddr::V6(ip) => {
-            out.push(6);
-            out.extend_from_slice(&addr.port().to_be_bytes());
-            out.extend_from_slice(&ip.octets());
-        }
-    }
-}
-
-/// See [`encode_addr`]; None unless `bytes` is exactly one address.
-fn decode_addr(bytes: &[u8]) -> Option<SocketAddr> {
-    let (&family, rest) = bytes.split_first()?;
-    let (port, ip) = rest.split_at_checked(2)?;
-    let port = u16::from_be_bytes(port.try_into().ok()?);
-    let ip = match family {
-        4 => IpAddr::from(<[u8; 4]>::try_from(ip).ok()?),
-        6 => IpAddr::from(<[u8; 16]>::try_from(ip).ok()?),
-        _ => return None,
-    };
-    Some(SocketAddr::new(ip, port))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn addresses_round_trip_and_anything_else_is_refused() {
-        for a in ["198.18.0.1:80", "[fd00::1]:65535", "[::ffff:10.0.0.1]:1"] {
-            let a: SocketAddr = a.parse().unwrap();
-            let mut b = Vec::new();
-            encode_addr(&mut b, a);
-            assert_eq!(decode_addr(&b), Some(a));
-            assert_eq!(decode_addr(&b[..b.len() - 1]), None, "short");
-            b.push(0);
-            assert_eq!(decode_addr(&b), None, "long");
-        }
-        assert_eq!(decode_addr(&[5, 0, 80, 1, 2, 3, 4]), None, "family");
-        assert_eq!(decode_addr(&[]), None);
-    }
 
     fn notice() -> (Notice, OwnedFd) {
         let (mine, theirs) = fdpass::seqpacket_pair().unwrap();

@@ -2,26 +2,10 @@
 # comes for 10 s). Mode `shared`: one listening socket for both children (Apache prefork,
 # gunicorn); `reuseport`: one SO_REUSEPORT socket per child, all opened in the parent (nginx's
 # `reuseport`). Each child first makes a connection of its own to an echo backend (a worker's
-# connection to its database) and checks 256 KiB come back exactly, then reports what it
-# served and how many connections ended in a reset.
-import os, socket, sys
-host, port, mode, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-
-
-def backend_echo():
-    data = os.urandom(256 << 10)
-    s = socket.create_connection((host, backend))
-    s.sendall(data)
-    s.shutdown(socket.SHUT_WR)
-    got = bytearray()
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        got += b
-    s.close()
-    assert bytes(got) == data, (len(got), len(data))
-    print("child backend ok", flush=True)
+# connection to its database) with the echo client (the path in argv[5], run in the child,
+# without exec), then reports what it served and how many connections ended in a reset.
+import os, runpy, socket, sys
+host, port, mode, backend, client = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 
 
 def listener():
@@ -40,7 +24,9 @@ kids = []
 for ls in [shared or listener() for _ in range(2)]:
     pid = os.fork()
     if pid == 0:
-        backend_echo()
+        sys.argv = [client, host, backend]
+        runpy.run_path(client, run_name="__main__")
+        sys.stdout.flush()
         served = resets = 0
         while True:
             try:
