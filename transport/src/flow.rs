@@ -27,16 +27,73 @@
 //!   takes a mark only at the position the next write starts at, keeps only the latest (as
 //!   TCP keeps one urgent pointer: an earlier byte not handed on yet stays in the stream), and
 //!   hands bytes on up to the mark, then the urgent byte alone.
+//! - **Rings that change size.** A ring is a [`Placement`]: from position `base` on, position
+//!   `p` lives at `start + (p - base) % size`. The receiver may *offer* another ring (its start
+//!   and size; [`RecvFlow::offer`]); the sender moves to it at its own next position
+//!   ([`SendFlow::switch`]) and says so with a control message naming that position, sent
+//!   just before the first write into the new ring. The receiver takes the switch only there
+//!   ([`RecvFlow::switch`]): bytes before it are read from the old ring, bytes from it on from
+//!   the new one, and the old ring is free once every byte before the switch was consumed
+//!   ([`RecvFlow::take_retired`]). The two rings are apart, so the sender's free space in the
+//!   new ring is `size - (sent - max(peer_consumed, base))`: unconsumed bytes of the old ring
+//!   take none of it. The send ring moves the same way, locally ([`SendFlow::switch`]'s
+//!   `local`): its old range is free once every write from it completed.
+
+/// Where a ring's bytes live: from stream position `base` on, position `p` at offset
+/// `start + (p - base) % size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// The first stream position in this ring.
+    pub base: u64,
+    /// Its first byte's offset (in the region, or from the peer's announced address).
+    pub start: u64,
+    /// Its size.
+    pub size: u64,
+}
+
+impl Placement {
+    /// A ring of `size` bytes at `start` that holds the stream from position `base` on.
+    pub fn new(base: u64, start: u64, size: u64) -> Placement {
+        Placement {
+            base,
+            start,
+            size: size.max(1),
+        }
+    }
+
+    /// Position `p`'s distance from the ring's start.
+    fn relative(&self, p: u64) -> u64 {
+        (p - self.base) % self.size
+    }
+
+    /// Position `p`'s offset.
+    pub fn offset(&self, p: u64) -> u64 {
+        self.start + self.relative(p)
+    }
+
+    /// Bytes from position `p` to the ring's end.
+    fn left_from(&self, p: u64) -> u64 {
+        self.size - self.relative(p)
+    }
+}
+
+/// The largest write for rings of these sizes: a quarter of the peer's ring (its credits come
+/// back while the rest is written) and half of what may be in flight.
+pub fn chunk_for(ring: u64, max_unacked: u64) -> u64 {
+    (ring / 4).min(max_unacked / 2).max(1)
+}
 
 /// The sending half's accounting.
 #[derive(Debug, Clone)]
 pub struct SendFlow {
-    /// The peer's ring.
-    ring: u64,
+    /// The peer's ring (start 0: offsets from its announced address).
+    ring: Placement,
     /// Our send ring.
-    local_ring: u64,
+    local_ring: Placement,
     max_chunk: u64,
-    /// The most bytes posted and not completed locally.
+    /// The most bytes posted and not completed locally, whatever the send ring.
+    unacked_cap: u64,
+    /// The most bytes posted and not completed locally with this send ring.
     max_unacked: u64,
     peer_rq: u64,
     reserve: u64,
@@ -89,9 +146,10 @@ impl SendFlow {
     ) -> SendFlow {
         let local_ring = local_ring.max(1);
         SendFlow {
-            ring: ring.max(1),
-            local_ring,
+            ring: Placement::new(0, 0, ring),
+            local_ring: Placement::new(0, 0, local_ring),
             max_chunk: max_chunk.max(1),
+            unacked_cap: max_unacked.max(1),
             max_unacked: max_unacked.clamp(1, local_ring),
             peer_rq,
             reserve: reserve.min(peer_rq.saturating_sub(1)),
@@ -105,22 +163,26 @@ impl SendFlow {
 
     /// The next write's place and its largest length (contiguous in both rings).
     pub fn window(&self) -> Window {
-        let remote = self.sent % self.ring;
-        let local = self.sent % self.local_ring;
         let blocked = Window {
-            local: local as usize,
-            remote: remote as usize,
+            local: self.local_ring.offset(self.sent) as usize,
+            remote: self.ring.offset(self.sent) as usize,
             len: 0,
         };
         if self.msgs_sent - self.peer_reposted >= self.peer_rq - self.reserve {
             return blocked;
         }
-        let remote_free = self.ring - (self.sent - self.peer_consumed);
-        let local_free = self.max_unacked - (self.sent - self.completed);
+        // Bytes before a ring's base are in the ring before it, and take none of its room.
+        let remote_held = self.sent - self.peer_consumed.max(self.ring.base);
+        let remote_free = self.ring.size.saturating_sub(remote_held);
+        let local_held = self.sent - self.completed.max(self.local_ring.base);
+        let local_free = self
+            .max_unacked
+            .saturating_sub(self.sent - self.completed)
+            .min(self.local_ring.size.saturating_sub(local_held));
         let len = remote_free
             .min(local_free)
-            .min(self.ring - remote)
-            .min(self.local_ring - local)
+            .min(self.ring.left_from(self.sent))
+            .min(self.local_ring.left_from(self.sent))
             .min(self.max_chunk);
         Window {
             len: len as usize,
@@ -174,7 +236,38 @@ impl SendFlow {
 
     /// The smaller of the two rings: the most this stream can have in flight.
     pub fn in_flight_limit(&self) -> u64 {
-        self.ring.min(self.local_ring)
+        self.ring.size.min(self.local_ring.size)
+    }
+
+    /// The most bytes posted and not completed with the send ring in use.
+    pub fn max_unacked(&self) -> u64 {
+        self.max_unacked
+    }
+
+    /// Moves to other rings from the next byte on (the position returned; no write may be
+    /// claimed meanwhile): `remote`, the size of the ring the peer offered (its address is the
+    /// caller's), and `local`, our send ring's new start and size. Writes already posted stay
+    /// where they are; the window never spans the switch, since it starts at the next byte.
+    pub fn switch(&mut self, remote: Option<u64>, local: Option<(u64, u64)>) -> u64 {
+        if let Some(size) = remote {
+            self.ring = Placement::new(self.sent, 0, size);
+        }
+        if let Some((start, size)) = local {
+            self.local_ring = Placement::new(self.sent, start, size);
+            self.max_unacked = self.unacked_cap.clamp(1, self.local_ring.size);
+        }
+        self.max_chunk = chunk_for(self.ring.size, self.max_unacked);
+        self.sent
+    }
+
+    /// The peer's ring's size.
+    pub fn peer_ring(&self) -> u64 {
+        self.ring.size
+    }
+
+    /// Our send ring.
+    pub fn local_ring(&self) -> Placement {
+        self.local_ring
     }
 
     /// True when every posted write completed locally.
@@ -186,7 +279,12 @@ impl SendFlow {
 /// The receiving half's accounting.
 #[derive(Debug, Clone)]
 pub struct RecvFlow {
-    ring: u64,
+    /// The ring the peer writes into now.
+    ring: Placement,
+    /// The ring before it, while bytes in it are not consumed.
+    old: Option<Placement>,
+    /// A ring we offered (start, size) that the peer has not switched to yet.
+    offered: Option<(u64, u64)>,
     rq: u64,
     /// Bytes that arrived (in order).
     arrived: u64,
@@ -250,11 +348,26 @@ pub enum BadWrite {
     },
 }
 
+/// A ring switch the receiver refuses: none was offered, or it is not where the next write
+/// starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a ring switch at {position} (next write at {expected}, a ring offered: {offered})")]
+pub struct BadSwitch {
+    /// The position it named.
+    pub position: u64,
+    /// Where the next data write starts.
+    pub expected: u64,
+    /// Whether a ring was offered.
+    pub offered: bool,
+}
+
 impl RecvFlow {
     /// Our ring of `ring` bytes and `rq` posted receives.
     pub fn new(ring: u64, rq: u64) -> RecvFlow {
         RecvFlow {
-            ring,
+            ring: Placement::new(0, 0, ring),
+            old: None,
+            offered: None,
             rq,
             arrived: 0,
             taken: 0,
@@ -295,12 +408,12 @@ impl RecvFlow {
         if len == 0 {
             return Err(BadWrite::Empty { imm });
         }
-        let held = self.arrived - self.consumed;
-        if held + len > self.ring {
+        let held = self.arrived - self.consumed.max(self.ring.base);
+        if held + len > self.ring.size {
             return Err(BadWrite::Overrun {
                 len,
                 held,
-                ring: self.ring,
+                ring: self.ring.size,
             });
         }
         let expected = crate::wire::data_imm(self.arrived + len);
@@ -319,13 +432,73 @@ impl RecvFlow {
     /// The next contiguous bytes waiting for the app: `(offset, len)` in our ring. They stop
     /// before an urgent byte; at the mark ([`RecvFlow::at_mark`]), the urgent byte alone.
     pub fn pending(&self) -> (usize, usize) {
-        let offset = self.taken % self.ring;
         let mut held = self.arrived - self.taken;
+        let ring = match self.old {
+            Some(old) if self.taken < self.ring.base => {
+                held = held.min(self.ring.base - self.taken);
+                old
+            }
+            _ => self.ring,
+        };
         if let Some(mark) = self.urgent.filter(|&m| m >= self.taken) {
             held = held.min((mark - self.taken).max(1));
         }
-        let len = held.min(self.ring - offset);
-        (offset as usize, len as usize)
+        let len = held.min(ring.left_from(self.taken));
+        (ring.offset(self.taken) as usize, len as usize)
+    }
+
+    /// Offers the peer a ring of `size` bytes at `start`, to write into from a position it
+    /// names ([`RecvFlow::switch`]); false (nothing offered) while an offer is open or the
+    /// ring before the current one still holds bytes.
+    pub fn offer(&mut self, start: u64, size: u64) -> bool {
+        if self.offered.is_some() || self.old.is_some() {
+            return false;
+        }
+        self.offered = Some((start, size.max(1)));
+        true
+    }
+
+    /// The peer moved to the offered ring from `position` on: taken only where the next write
+    /// starts (the switch comes just before it), and only with a ring offered.
+    pub fn switch(&mut self, position: u64) -> Result<(), BadSwitch> {
+        let bad = BadSwitch {
+            position,
+            expected: self.arrived,
+            offered: self.offered.is_some(),
+        };
+        if position != self.arrived {
+            return Err(bad);
+        }
+        let (start, size) = self.offered.take().ok_or(bad)?;
+        if self.consumed < position {
+            self.old = Some(self.ring);
+        }
+        self.ring = Placement::new(position, start, size);
+        Ok(())
+    }
+
+    /// The ring before the current one, once every byte in it was consumed (its space may be
+    /// given back); taken once.
+    pub fn take_retired(&mut self) -> Option<Placement> {
+        if self.consumed >= self.ring.base {
+            return self.old.take();
+        }
+        None
+    }
+
+    /// The ring the peer writes into now.
+    pub fn placement(&self) -> Placement {
+        self.ring
+    }
+
+    /// A ring was offered and not switched to yet, or the one before still holds bytes.
+    pub fn moving(&self) -> bool {
+        self.offered.is_some() || self.old.is_some()
+    }
+
+    /// Every byte that arrived was consumed.
+    pub fn is_empty(&self) -> bool {
+        self.consumed == self.arrived
     }
 
     /// True when bytes wait for the app.
@@ -368,7 +541,7 @@ impl RecvFlow {
 
     /// True when a credit report is owed (see the module docs).
     pub fn credit_due(&self) -> bool {
-        self.consumed - self.consumed_reported >= (self.ring / 4).max(1)
+        self.consumed - self.consumed_reported >= (self.ring.size / 4).max(1)
             || self.reposted - self.reposted_reported >= (self.rq / 4).max(1)
     }
 
@@ -391,7 +564,7 @@ impl RecvFlow {
 
     /// The ring's size.
     pub fn ring(&self) -> u64 {
-        self.ring
+        self.ring.size
     }
 }
 
@@ -402,6 +575,32 @@ mod tests {
 
     fn w(local: usize, remote: usize, len: usize) -> Window {
         Window { local, remote, len }
+    }
+
+    #[test]
+    fn the_receiver_refuses_a_switch_it_did_not_offer_or_out_of_place() {
+        let mut r = RecvFlow::new(4096, 16);
+        r.arrived(100, crate::wire::data_imm(100)).unwrap();
+        assert!(r.switch(100).is_err(), "no ring offered");
+        assert!(r.offer(8192, 16384));
+        assert!(!r.offer(0, 4096), "one offer at a time");
+        assert!(r.switch(99).is_err(), "a byte that already arrived");
+        assert!(r.switch(101).is_err(), "past the next write's start");
+        r.switch(100).unwrap();
+        assert!(r.switch(100).is_err(), "the offer was taken");
+        // The old ring holds 100 unconsumed bytes: they are read from it, then it is free.
+        assert_eq!(r.pending(), (0, 100));
+        assert_eq!(r.take_retired(), None);
+        assert!(!r.offer(0, 4096), "not while the old ring holds bytes");
+        r.arrived(5000, crate::wire::data_imm(5100)).unwrap();
+        r.delivered(100);
+        assert_eq!(r.take_retired(), Some(Placement::new(0, 0, 4096)));
+        assert_eq!(r.pending(), (8192, 5000), "the new ring, from its start");
+        // The new ring's free space does not count the old ring's bytes, and is its own size.
+        assert!(
+            r.arrived(16384 - 5000 + 1, crate::wire::data_imm(100 + 16385))
+                .is_err()
+        );
     }
 
     #[test]
@@ -662,6 +861,136 @@ mod tests {
                 }
             }
             prop_assert_eq!(r.arrived_total(), total as u64);
+        }
+
+        /// Rings that change size while bytes flow: the receiver offers its other ring at
+        /// random moments, the sender moves to it at random moments later, the messages of each
+        /// direction keep their order (RC) and arrive at random moments. Every byte lands in
+        /// a place no unconsumed byte holds, and the app reads every byte once, in order.
+        #[test]
+        fn rings_that_switch_mid_stream_never_lose_or_overwrite_a_byte(
+            actions in proptest::collection::vec(0u8..8, 1..3000),
+            small_log in 10u32..13,
+            big_log in 12u32..15,
+            reads in proptest::collection::vec(1usize..5000, 1..20),
+            total in 1u64..300_000,
+        ) {
+            #[derive(Debug)]
+            enum Fwd { Data(u64, u32, u64, u64), Switch(u64) }
+            #[derive(Debug)]
+            enum Back { Credit(u64, u64), Ring(u64, u64) }
+            let (small, big) = (1u64 << small_log, 1u64 << big_log);
+            // The receiver's region: the small ring at 0, the big one after it.
+            let areas = [(0u64, small), (small, big)];
+            let mut memory = vec![0u8; (small + big) as usize];
+            let mut owner: Vec<Option<u64>> = vec![None; (small + big) as usize];
+            // The sender's send rings, laid out the same way.
+            let mut local: Vec<Option<u64>> = vec![None; (small + big) as usize];
+            let byte = |p: u64| (p.wrapping_mul(31) ^ (p >> 8)) as u8;
+            let rq = 16u64;
+            let mut s = SendFlow::new(small, small, rq, 4, (chunk_for(small, small), small));
+            let mut r = RecvFlow::new(small, rq);
+            let mut peer_start = 0u64;
+            let mut offer: Option<(u64, u64)> = None;
+            let mut area = 0usize;
+            let (mut fwd, mut back) = (std::collections::VecDeque::new(), std::collections::VecDeque::new());
+            let mut reads = reads.into_iter().cycle();
+            let mut delivered = 0u64;
+            let mut switches = 0;
+            let drain = [0u8, 2, 4, 5, 7];
+            for (step, a) in actions.iter().chain(drain.iter().cycle().take(500_000)).enumerate() {
+                match a {
+                    0 | 1 => {
+                        let w = s.window();
+                        if w.len > 0 && s.sent() < total {
+                            let n = w.len.min(3000).min((total - s.sent()) as usize);
+                            let start = s.sent();
+                            for i in 0..n {
+                                let o = w.local + i;
+                                if let Some(held) = local[o] {
+                                    prop_assert!(held < s.completed_total(), "step {step}: send ring byte {held} at {o} reused before its write completed");
+                                }
+                                local[o] = Some(start + i as u64);
+                            }
+                            let end = s.posted_data(n);
+                            fwd.push_back(Fwd::Data(end, n as u32, peer_start + w.remote as u64, w.local as u64));
+                            prop_assert!(start + n as u64 == end);
+                        }
+                    }
+                    2 | 3 => match fwd.pop_front() {
+                        Some(Fwd::Data(end, n, at, from)) => {
+                            for i in 0..u64::from(n) {
+                                let p = end - u64::from(n) + i;
+                                prop_assert_eq!(local[(from + i) as usize], Some(p), "the send ring changed under a write");
+                                let o = (at + i) as usize;
+                                prop_assert!(o < memory.len(), "write past the region at {o}");
+                                if let Some(held) = owner[o] {
+                                    prop_assert!(held < r.consumed, "step {step}: position {p} overwrote unconsumed {held} at {o}");
+                                }
+                                memory[o] = byte(p);
+                                owner[o] = Some(p);
+                            }
+                            r.arrived(n, crate::wire::data_imm(end)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                            r.reposted();
+                            s.completed(end);
+                        }
+                        Some(Fwd::Switch(p)) => {
+                            r.switch(p).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                            r.reposted();
+                            switches += 1;
+                        }
+                        None => {}
+                    },
+                    4 => match back.pop_front() {
+                        Some(Back::Credit(c, p)) => {
+                            s.credit(c, p).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        }
+                        Some(Back::Ring(start, size)) => offer = Some((start, size)),
+                        None => {}
+                    },
+                    5 => {
+                        if r.has_pending() {
+                            let (off, len) = r.pending();
+                            let n = len.min(reads.next().unwrap_or(1));
+                            for i in 0..n {
+                                let p = r.taken_total() + i as u64;
+                                prop_assert_eq!(owner[off + i], Some(p), "step {}: position {} read at {}", step, p, off + i);
+                                prop_assert_eq!(memory[off + i], byte(p));
+                            }
+                            r.delivered(n);
+                            delivered += n as u64;
+                        }
+                        let _ = r.take_retired();
+                    }
+                    6 => {
+                        let next = 1 - area;
+                        if r.offer(areas[next].0, areas[next].1) {
+                            area = next;
+                            back.push_back(Back::Ring(areas[next].0, areas[next].1));
+                        }
+                    }
+                    _ => {
+                        if let Some((start, size)) = offer.take() {
+                            // The switch message takes one of the peer's receives.
+                            s.posted_control();
+                            let at = s.switch(Some(size), Some((start, size)));
+                            peer_start = start;
+                            fwd.push_back(Fwd::Switch(at));
+                        }
+                    }
+                }
+                if r.credit_due() {
+                    let (c, p) = r.report();
+                    back.push_back(Back::Credit(c, p));
+                }
+                if delivered == total && fwd.is_empty() {
+                    break;
+                }
+                prop_assert!(step < actions.len() + 400_000, "stalled: {s:?} {r:?}");
+            }
+            prop_assert_eq!(delivered, total);
+            prop_assert_eq!(r.arrived_total(), total);
+            prop_assert!(switches <= actions.len());
         }
     }
 }

@@ -25,13 +25,17 @@
 //! SENDs:
 //!
 //! ```text
-//! 0      type: 1 CREDIT, 2 FIN, 3 CLAIM, 4 CONFIRM, 5 URGENT
+//! 0      type: 1 CREDIT, 2 FIN, 3 CLAIM, 4 CONFIRM, 5 URGENT, 6 RING, 7 SWITCH
 //! 1..8   zero
 //! 8..16  bytes of the sender's receive ring consumed so far (u64)
 //! 16..24 receives the sender reposted so far (u64)
 //! 24..40 CLAIM: the binding secret (16 random bytes)
 //! 24..32 URGENT: the stream position of the urgent byte (u64), the first byte of the next
 //!        data write
+//! 24..32 RING: the address of a ring the sender offers for the peer's writes (u64), 32..36
+//!        its rkey (u32), 36 log2 of its size
+//! 24..32 SWITCH: the stream position from which the sender writes into the ring offered
+//!        last (u64), the first byte of the next data write
 //! 40..48 zero
 //! ```
 
@@ -39,9 +43,9 @@ use crate::rdma::MAX_CONNECT_PRIVATE_DATA;
 
 /// First bytes of every private-data message.
 pub const MAGIC: [u8; 2] = *b"RS";
-/// The version this code speaks (3: control messages of 48 bytes with CLAIM's secret and
-/// URGENT, the immediate is the stream position).
-pub const VERSION: u8 = 3;
+/// The version this code speaks (4: control messages of 48 bytes with CLAIM's secret,
+/// URGENT, RING and SWITCH; the immediate is the stream position).
+pub const VERSION: u8 = 4;
 /// Header bytes before the app payload.
 pub const HEADER_LEN: usize = 20;
 /// Largest app payload of a connect request.
@@ -292,6 +296,11 @@ pub enum ControlKind {
     /// The byte at this stream position, the first of the next data write, is urgent (TCP's
     /// `MSG_OOB`): the receiver hands it to its app out of band, at its place in the stream.
     Urgent(u64),
+    /// The sender offers another ring for the peer's writes (its `receives` field is unused).
+    Ring(RingInfo),
+    /// From this stream position on, the first byte of the next data write, the sender writes
+    /// into the ring the peer offered last.
+    Switch(u64),
 }
 
 /// One control message: a type and the sender's receive counters.
@@ -315,14 +324,21 @@ impl Control {
             ControlKind::Claim(_) => 3,
             ControlKind::Confirm => 4,
             ControlKind::Urgent(_) => 5,
+            ControlKind::Ring(_) => 6,
+            ControlKind::Switch(_) => 7,
         };
         b[8..16].copy_from_slice(&self.consumed.to_be_bytes());
         b[16..24].copy_from_slice(&self.reposted.to_be_bytes());
         if let ControlKind::Claim(secret) = self.kind {
             b[24..24 + SECRET_LEN].copy_from_slice(secret.bytes());
         }
-        if let ControlKind::Urgent(position) = self.kind {
+        if let ControlKind::Urgent(position) | ControlKind::Switch(position) = self.kind {
             b[24..32].copy_from_slice(&position.to_be_bytes());
+        }
+        if let ControlKind::Ring(ring) = self.kind {
+            b[24..32].copy_from_slice(&ring.addr.to_be_bytes());
+            b[32..36].copy_from_slice(&ring.rkey.to_be_bytes());
+            b[36] = ring.size_log;
         }
         b
     }
@@ -346,6 +362,13 @@ impl Control {
             }
             4 => ControlKind::Confirm,
             5 => ControlKind::Urgent(word(24)),
+            6 if (MIN_RING_LOG..=MAX_RING_LOG).contains(&b[36]) => ControlKind::Ring(RingInfo {
+                addr: word(24),
+                rkey: u32::from_be_bytes([b[32], b[33], b[34], b[35]]),
+                size_log: b[36],
+                receives: 0,
+            }),
+            7 => ControlKind::Switch(word(24)),
             _ => return None,
         };
         Some(Control {
@@ -448,6 +471,13 @@ mod tests {
             ControlKind::Claim(Secret([7; SECRET_LEN])),
             ControlKind::Confirm,
             ControlKind::Urgent(u64::MAX - 9),
+            ControlKind::Ring(RingInfo {
+                addr: u64::MAX - 5,
+                rkey: 0xfeed_f00d,
+                size_log: MAX_RING_LOG,
+                receives: 0,
+            }),
+            ControlKind::Switch(1 << 40),
         ] {
             let c = Control {
                 kind,
@@ -457,6 +487,16 @@ mod tests {
             assert_eq!(Control::decode(&c.encode()), Some(c));
         }
         assert_eq!(Control::decode(&[9; CONTROL_LEN]), None);
+        let mut huge = Control {
+            kind: ControlKind::Ring(RingInfo::default()),
+            consumed: 0,
+            reposted: 0,
+        }
+        .encode();
+        for log in [0, MIN_RING_LOG - 1, MAX_RING_LOG + 1, 64] {
+            huge[36] = log;
+            assert_eq!(Control::decode(&huge), None, "a ring of 2^{log} bytes");
+        }
         let claim = Control {
             kind: ControlKind::Claim(Secret([1; SECRET_LEN])),
             consumed: 0,

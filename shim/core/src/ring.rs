@@ -1,9 +1,10 @@
-//! `STREAMSHIM_RING_KIB`: how many bytes each upgraded connection's ring holds per direction,
-//! the one memory/throughput knob of the shim. A connection pins both rings (plus its control
-//! slots and the provider's queues), so the default trades about 4 MiB of locked memory per
-//! connection for a 2 MiB transfer in flight (measured against 1 MiB in `docs/benchmarks.md`);
-//! a process that holds many connections under a small `RLIMIT_MEMLOCK` and no `CAP_IPC_LOCK`
-//! may want less.
+//! `STREAMSHIM_RING_KIB`: how many bytes a busy upgraded connection's ring holds per
+//! direction, the one memory/throughput knob of the shim. A connection starts on 64 KiB rings
+//! (200 KiB pinned) and moves to rings of this size only while its stream is busy
+//! (`rdma_streams_transport::engine`'s rings), so the default trades up to 2 MiB of locked
+//! memory per busy direction at each end for a 2 MiB transfer in flight (measured against
+//! 1 MiB in `docs/benchmarks.md`); a process with many busy connections under a small
+//! `RLIMIT_MEMLOCK` and no `CAP_IPC_LOCK` may want less.
 
 use std::ffi::OsStr;
 

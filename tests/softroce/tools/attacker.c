@@ -299,13 +299,13 @@ static void parse_addr(const char *text, struct sockaddr_in *sa)
 	}
 }
 
-/* The transport header (version 3) and the shim's HELLO naming `client`. */
+/* The transport header (version 4) and the shim's HELLO naming `client`. */
 static int hello(struct conn *c, const struct sockaddr_in *client, uint8_t *pd)
 {
 	memset(pd, 0, 56);
 	pd[0] = 'R';
 	pd[1] = 'S';
-	pd[2] = 3;
+	pd[2] = 4;
 	pd[3] = 1;
 	put64(pd + 4, c ? (uintptr_t)c->mem : 0);
 	put32(pd + 12, c ? c->mr->rkey : 0);

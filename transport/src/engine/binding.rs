@@ -71,8 +71,12 @@ impl Binding {
     pub(super) fn on_control(&mut self, kind: ControlKind) -> Result<(), Violation> {
         match kind {
             ControlKind::Credit => Ok(()),
-            // It marks a byte of the next data write: taken where that write would be.
-            ControlKind::Urgent(_) => self.on_data(),
+            // It marks a byte of the next data write, or moves the next write to another ring:
+            // taken where that write would be.
+            ControlKind::Urgent(_) | ControlKind::Switch(_) => self.on_data(),
+            // The peer offers a ring for our bytes: once the stream is bound (after its FIN
+            // too, since it still takes our bytes then).
+            ControlKind::Ring(_) => self.bound(),
             ControlKind::Fin => {
                 self.on_data()?;
                 self.fin = true;
@@ -110,6 +114,11 @@ impl Binding {
         if self.fin {
             return Err(Violation::AfterFin);
         }
+        self.bound()
+    }
+
+    /// The stream is bound: the peer may send stream bytes (until its FIN).
+    fn bound(&self) -> Result<(), Violation> {
         let open = match self.handshake {
             Handshake::Open => true,
             Handshake::Confirm => self.confirmed,

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use super::binding::Binding;
 use super::cdc;
 use super::relay::Ready;
+use super::rings::{Activity, SendRing};
 use super::rx::Receiver;
 use super::tx::Sender;
 use super::wr::{self, Completion, Completions, Post};
-use super::{EngineConfig, Handshake, SLOT};
+use super::{Budget, EngineConfig, Handshake, SLOT};
 use crate::flow::{RecvFlow, SendFlow};
 use crate::rdma::{Access, CmId, Device, Local, Mr, Pd, Region, Wc};
 use crate::wire::{ControlKind, RingInfo, Secret};
@@ -101,6 +102,22 @@ pub(super) struct Link {
     last_rx: Instant,
     /// What the peer may send, by the handshake, and whether its FIN came.
     binding: Binding,
+    /// The busy rings (`super::rings`): their size (0: the rings never change) and where they
+    /// start in the region (the receive ring, then the send ring).
+    busy: usize,
+    busy_off: usize,
+    /// The budget the busy rings are pinned against (None: they are never used).
+    budget: Option<Arc<Budget>>,
+    /// The busy receive ring's registration, while it is offered, in use or being left.
+    recv_busy: Option<Mr>,
+    /// The busy send ring's registration, while it is made ready, in use or being left.
+    send_busy: Option<Mr>,
+    send_ring: SendRing,
+    /// A ring the peer offered that our writes have not moved to yet.
+    peer_offer: Option<RingInfo>,
+    /// A busy ring could not be registered: this connection stays on its start rings.
+    busy_failed: bool,
+    activity: Activity,
 }
 
 /// A connection's registrations.
@@ -122,6 +139,15 @@ enum Keys {
 }
 
 impl Keys {
+    /// The protection domain (None on the simulated fabric).
+    fn pd(&self) -> Option<&Pd> {
+        match self {
+            Keys::Registered { pd, .. } => Some(pd),
+            #[cfg(test)]
+            Keys::Simulated { .. } => None,
+        }
+    }
+
     fn lkey(&self) -> u32 {
         match self {
             Keys::Registered { mr, .. } => mr.lkey(),
@@ -161,7 +187,7 @@ impl Link {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         config: &EngineConfig,
-        budget: &super::Budget,
+        budget: &Arc<Budget>,
         (device, index): (&Device, usize),
         kept: Option<(Buffers, u64)>,
         id: CmId,
@@ -181,6 +207,7 @@ impl Link {
         };
         let made = Link::make(
             config,
+            budget,
             (device, index),
             buffers,
             (id, token, handshake),
@@ -194,9 +221,11 @@ impl Link {
     }
 
     /// A new region (zeroed by the kernel) in a protection domain of its own, registered on
-    /// `device`: the receive ring for the peer's writes, the rest for local access only.
+    /// `device`: the start receive ring for the peer's writes, the start send ring and the
+    /// control slots for local access only. The busy rings after them are mapped only
+    /// (registered while a stream is busy: [`Link::adjust_rings`]).
     fn register(config: &EngineConfig, device: &Device) -> Result<Buffers, SetupError> {
-        let ring = config.ring();
+        let ring = config.start_ring();
         let region = Arc::new(
             Region::new(config.region_bytes())
                 .map_err(|e| SetupError::Local("mmap of the buffers", e))?,
@@ -205,7 +234,7 @@ impl Link {
             .alloc_pd()
             .map_err(|e| SetupError::Local("ibv_alloc_pd", e))?;
         let mr = pd
-            .register(&region, ring, config.region_bytes() - ring, Access::Local)
+            .register(&region, ring, config.start_bytes() - ring, Access::Local)
             .map_err(reg_error)?;
         let recv_mr = pd
             .register(&region, 0, ring, Access::RemoteWrite)
@@ -220,6 +249,7 @@ impl Link {
 
     fn make(
         config: &EngineConfig,
+        budget: &Arc<Budget>,
         (device, index): (&Device, usize),
         buffers: Option<Buffers>,
         (id, token, handshake): (CmId, u64, super::Handshake),
@@ -248,7 +278,7 @@ impl Link {
                 Some(libc::ENOMEM) => SetupError::Memlock,
                 _ => SetupError::Local("rdma_create_qp", e),
             })?;
-        let link = Link::assemble(
+        let mut link = Link::assemble(
             config,
             (Arc::new(qp), Box::new(cq)),
             Keys::Registered { recv_mr, mr, pd },
@@ -256,6 +286,7 @@ impl Link {
             (index, pinned),
             (now, handshake),
         );
+        link.budget = Some(Arc::clone(budget));
         if let Err(e) = link.post_receives() {
             // The QP goes before the CQ it uses (which `link` drops on the way out): a CQ
             // still in use cannot be destroyed.
@@ -275,7 +306,7 @@ impl Link {
         (now, handshake): (Instant, Handshake),
     ) -> Link {
         let region = Arc::new(Region::new(config.region_bytes()).expect("mmap"));
-        let (qp, cq, rkey) = fabric.attach(side, &region, config.ring());
+        let (qp, cq, rkey) = fabric.attach(side, &region, config.start_ring());
         let keys = Keys::Simulated { lkey: 1, rkey };
         let link = Link::assemble(config, (qp, cq), keys, region, (0, 0), (now, handshake));
         link.post_receives()
@@ -292,7 +323,7 @@ impl Link {
         (index, pinned): (usize, u64),
         (now, handshake): (Instant, Handshake),
     ) -> Link {
-        let ring = config.ring();
+        let ring = config.start_ring();
         let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
         let sender = Arc::new(Sender::new(
             Arc::clone(&qp),
@@ -303,6 +334,12 @@ impl Link {
             sq,
             config.max_unacked() as u64,
         ));
+        // Busy rings only where the region has them and the budget can be asked.
+        let busy = if matches!(keys, Keys::Registered { .. }) {
+            config.busy_ring()
+        } else {
+            0
+        };
         Link {
             qp,
             cq,
@@ -320,6 +357,15 @@ impl Link {
             reserve: u64::from(rq / 4).max(1),
             max_chunk: config.max_chunk() as u64,
             max_unacked: config.max_unacked() as u64,
+            busy,
+            busy_off: config.start_bytes(),
+            budget: None,
+            recv_busy: None,
+            send_busy: None,
+            send_ring: SendRing::Start,
+            peer_offer: None,
+            busy_failed: false,
+            activity: Activity::new(now),
             sender,
             writing: false,
             ready: false,
@@ -340,8 +386,16 @@ impl Link {
     /// ([`Leftover::renewed`]), and its budget share. The CQ and the receive ring's
     /// registration go. None for the region while an app thread still copies from or into it
     /// (a direct read or write): it is not reused, and unmapped when that thread lets go.
-    pub(super) fn into_leftover(self) -> (Option<Leftover>, u64) {
+    pub(super) fn into_leftover(mut self) -> (Option<Leftover>, u64) {
         let reusable = self.recv.retire() && !self.sender.copying();
+        // The busy rings go now (their registrations, their pages and their budget share); a
+        // region still copied from or into is not reused, so its pages may stay.
+        if self.recv_busy.take().is_some() {
+            self.free_busy(0, reusable);
+        }
+        if self.send_busy.take().is_some() {
+            self.free_busy(self.busy, reusable);
+        }
         let Link {
             cq,
             keys,
@@ -395,12 +449,17 @@ impl Link {
 
     /// The peer's ring: sending may start once the QP is ready.
     pub(super) fn set_peer(&mut self, peer: RingInfo) {
+        let max_unacked = self.max_unacked.min(self.ring as u64);
         let flow = SendFlow::new(
             peer.size(),
             self.ring as u64,
             u64::from(peer.receives),
             self.reserve,
-            (self.max_chunk, self.max_unacked),
+            (
+                self.max_chunk
+                    .min(crate::flow::chunk_for(peer.size(), max_unacked)),
+                self.max_unacked,
+            ),
         );
         self.sender.set_peer(peer, flow);
     }
@@ -499,6 +558,7 @@ impl Link {
             }
             Completion::Data { slot, len, imm } => {
                 self.last_rx = now;
+                self.activity.data(now);
                 self.data_arrived(slot, len, imm)
             }
             Completion::Sent { probe } => {
@@ -533,10 +593,170 @@ impl Link {
         if control.kind == ControlKind::Fin {
             self.recv.peer_fin();
         }
-        if let ControlKind::Urgent(position) = control.kind {
-            self.recv.urgent(position)?;
+        match control.kind {
+            ControlKind::Urgent(position) => self.recv.urgent(position)?,
+            ControlKind::Switch(position) => self.recv.switch(position)?,
+            // Taken when our writes can move (`adjust_rings`); a later offer replaces it.
+            ControlKind::Ring(ring) => self.peer_offer = Some(ring),
+            _ => {}
         }
         Ok(())
+    }
+
+    /// Moves the rings as the stream's traffic asks (`super::rings`): frees what a move left
+    /// behind, moves our writes to a ring the peer offered, and offers the peer our busy
+    /// receive ring when the stream is busy, or our start ring when it is idle again. Run on
+    /// every round of a bound stream.
+    pub(super) fn adjust_rings(&mut self, now: Instant) {
+        if self.busy == 0 || self.budget.is_none() || !self.ready || self.quiet {
+            return;
+        }
+        self.follow_peer();
+        self.free_left_rings();
+        self.offer_ring(now);
+    }
+
+    /// Our writes move to the ring the peer offered, and our send ring with them: busy while
+    /// the peer's receive ring is (when the budget has room), the start ring otherwise.
+    fn follow_peer(&mut self) {
+        let Some(offer) = self.peer_offer else {
+            return;
+        };
+        if self.sender.fin_queued() {
+            // Nothing more to write (and a SWITCH after FIN would break the stream).
+            self.peer_offer = None;
+            return;
+        }
+        let want_busy = offer.size() > self.ring as u64;
+        let local = match self.send_ring {
+            SendRing::Start if want_busy => self.send_busy_ready().map(|lkey| {
+                (
+                    self.busy_off + self.busy - self.ring,
+                    self.busy,
+                    lkey,
+                    SendRing::Busy,
+                )
+            }),
+            SendRing::Busy if !want_busy => {
+                Some((0, self.ring, self.keys.lkey(), SendRing::Leaving(0)))
+            }
+            _ => None,
+        };
+        let Some(at) = self.sender.switch(
+            &self.recv,
+            offer,
+            local.map(|(start, size, lkey, _)| (start, size, lkey)),
+        ) else {
+            return;
+        };
+        self.peer_offer = None;
+        if let Some((.., next)) = local {
+            self.send_ring = match next {
+                SendRing::Leaving(_) => SendRing::Leaving(at),
+                other => other,
+            };
+        }
+    }
+
+    /// The busy send ring's lkey, registered now if it is not yet; None when the budget has
+    /// no room or the registration failed.
+    fn send_busy_ready(&mut self) -> Option<u32> {
+        if let Some(mr) = &self.send_busy {
+            return Some(mr.lkey());
+        }
+        let mr = self.register_busy(self.busy_off + self.busy, Access::Local)?;
+        let lkey = mr.lkey();
+        self.send_busy = Some(mr);
+        Some(lkey)
+    }
+
+    /// Registers the busy ring at `off` against the budget; None when it has no room or the
+    /// registration failed (then this connection stays on its start rings).
+    fn register_busy(&mut self, off: usize, access: Access) -> Option<Mr> {
+        let budget = self.budget.as_ref()?;
+        if self.busy_failed || !budget.reserve(self.busy as u64) {
+            return None;
+        }
+        let Some(pd) = self.keys.pd() else {
+            budget.release(self.busy as u64);
+            return None;
+        };
+        match pd.register(&self.region, off, self.busy, access) {
+            Ok(mr) => Some(mr),
+            Err(_) => {
+                budget.release(self.busy as u64);
+                self.busy_failed = true;
+                None
+            }
+        }
+    }
+
+    /// The busy ring at `busy_off + at` is not registered any more: its budget share goes
+    /// back, and (`discard`) its pages with it.
+    fn free_busy(&mut self, at: usize, discard: bool) {
+        if discard {
+            let _ = self.region.discard(self.busy_off + at, self.busy);
+        }
+        if let Some(budget) = &self.budget {
+            budget.release(self.busy as u64);
+        }
+    }
+
+    /// Frees a busy ring a move left: our receive ring once every byte in it was consumed,
+    /// our send ring once every write from it completed.
+    fn free_left_rings(&mut self) {
+        if let Some(old) = self.recv.take_retired()
+            && old.start == self.busy_off as u64
+            && self.recv_busy.take().is_some()
+        {
+            self.free_busy(0, true);
+        }
+        if let SendRing::Leaving(at) = self.send_ring
+            && self.sender.completed_total() >= at
+        {
+            self.send_ring = SendRing::Start;
+            if self.send_busy.take().is_some() {
+                self.free_busy(self.busy, true);
+            }
+        }
+    }
+
+    /// Offers the peer our busy receive ring when the stream is busy, or our start ring
+    /// when it is idle again (`super::rings`).
+    fn offer_ring(&mut self, now: Instant) {
+        let (placement, moving, drained) = self.recv.ring_state();
+        if moving || self.peer_fin() {
+            return;
+        }
+        let on_start = placement.size == self.ring as u64;
+        let (arrived, _) = self.recv.arrived_total();
+        let offer = if on_start {
+            if !self.activity.busy(now, arrived, self.ring as u64) {
+                return;
+            }
+            if self.recv_busy.is_none() {
+                let Some(mr) = self.register_busy(self.busy_off, Access::RemoteWrite) else {
+                    return;
+                };
+                self.recv_busy = Some(mr);
+            }
+            let rkey = self.recv_busy.as_ref().map_or(0, Mr::rkey);
+            (self.busy_off, self.busy, rkey)
+        } else {
+            if !self.activity.idle(now, drained) {
+                return;
+            }
+            (0, self.ring, self.keys.rkey())
+        };
+        let (start, size, rkey) = offer;
+        if self.recv.offer(start, size) {
+            self.control(ControlKind::Ring(RingInfo {
+                addr: self.region.addr(start),
+                rkey,
+                size_log: size.trailing_zeros() as u8,
+                receives: 0,
+            }));
+        }
     }
 
     /// Stream bytes from the peer (an RDMA write with immediate into the receive ring): taken

@@ -41,6 +41,7 @@
 //! | `binding`, `proof` | what the peer may send by the handshake; the TCP proof | (SMC's CLC handshake) |
 //! | `event_loop` | the thread: epoll, CM events, commands, timers | |
 //! | `relay` | a connection that stays on TCP, relayed | |
+//! | `rings` | when a stream's rings move to their busy size and back | (`smc_buf_create`'s sizing) |
 //! | `pool`, `budget`, `pin_limits` | kept regions and the pinned-memory budget | |
 
 mod binding;
@@ -53,6 +54,7 @@ mod pin_limits;
 mod pool;
 mod proof;
 mod relay;
+mod rings;
 mod rx;
 mod shared;
 #[cfg(test)]
@@ -86,8 +88,12 @@ use shared::ConnShared;
 /// Tunables of an engine.
 #[derive(Clone)]
 pub struct EngineConfig {
-    /// Bytes of each ring (receive and send; a power of two, 4 KiB..16 MiB).
+    /// Bytes of each ring (receive and send; a power of two, 4 KiB..16 MiB) while a stream is
+    /// busy.
     pub ring_bytes: usize,
+    /// Bytes of each ring when a stream starts, and again once it has been idle
+    /// ([`DEFAULT_START_RING`]; at most `ring_bytes`: equal, the rings never change).
+    pub start_ring_bytes: usize,
     /// Send queue depth.
     pub send_queue: u32,
     /// Posted receives.
@@ -135,6 +141,7 @@ impl std::fmt::Debug for EngineConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EngineConfig")
             .field("ring_bytes", &self.ring_bytes)
+            .field("start_ring_bytes", &self.start_ring_bytes)
             .field("send_queue", &self.send_queue)
             .field("recv_queue", &self.recv_queue)
             .field("port_space", &self.port_space)
@@ -150,6 +157,9 @@ impl std::fmt::Debug for EngineConfig {
 /// Default ring size: 2 MiB each way, the ring the shim and the gateway use unless told
 /// otherwise (`docs/shim.md`: about 4 MiB pinned per connection for a 2 MiB transfer in flight).
 pub const DEFAULT_RING: usize = 2 << 20;
+/// Default ring when a stream starts (and once it is idle again): 64 KiB each way, so an idle
+/// stream pins 200 KiB; a busy one moves to [`EngineConfig::ring_bytes`] (`link::rings`).
+pub const DEFAULT_START_RING: usize = 64 << 10;
 /// The most bytes a stream keeps posted and not completed (unacknowledged by the peer's device),
 /// whatever its ring: the ring beyond it holds what the peer's app has not read yet. The
 /// default 2 MiB rings are in flight whole; larger rings stay within what was measured. The
@@ -168,6 +178,7 @@ impl Default for EngineConfig {
     fn default() -> EngineConfig {
         EngineConfig {
             ring_bytes: DEFAULT_RING,
+            start_ring_bytes: DEFAULT_START_RING,
             send_queue: 64,
             recv_queue: 64,
             ack_timeout: 18,
@@ -199,12 +210,33 @@ impl EngineConfig {
             .next_power_of_two()
     }
 
-    /// The largest single RDMA write: a quarter of the ring, so the peer's credits come back
-    /// while the rest of the ring is still being written, and at most half of
-    /// [`EngineConfig::max_unacked`], so two writes are in flight and the next one is posted
+    /// The ring a stream starts with (a power of two in range, at most [`EngineConfig::ring`]).
+    pub fn start_ring(&self) -> usize {
+        self.start_ring_bytes
+            .clamp(
+                1 << crate::wire::MIN_RING_LOG,
+                1 << crate::wire::MAX_RING_LOG,
+            )
+            .next_power_of_two()
+            .min(self.ring())
+    }
+
+    /// The ring a busy stream moves to: [`EngineConfig::ring`], or 0 when it is the start
+    /// ring (the rings never change).
+    pub fn busy_ring(&self) -> usize {
+        if self.ring() > self.start_ring() {
+            self.ring()
+        } else {
+            0
+        }
+    }
+
+    /// The largest single RDMA write with the busy rings: a quarter of the ring, so the peer's
+    /// credits come back while the rest of the ring is still being written, and at most half
+    /// of [`EngineConfig::max_unacked`], so two writes are in flight and the next one is posted
     /// while the last one's acknowledgement is on its way.
     pub fn max_chunk(&self) -> usize {
-        (self.ring() / 4).min(self.max_unacked() / 2)
+        crate::flow::chunk_for(self.ring() as u64, self.max_unacked() as u64) as usize
     }
 
     /// The most bytes posted and not completed: the ring, at most [`MAX_UNACKED`].
@@ -212,15 +244,33 @@ impl EngineConfig {
         self.ring().min(MAX_UNACKED)
     }
 
-    /// Bytes one connection registers: both rings and the control slots.
-    pub fn region_bytes(&self) -> usize {
-        2 * self.ring() + (self.recv_queue as usize + self.send_queue as usize) * SLOT
+    /// The control slots' bytes (one per posted receive and per send queue entry).
+    pub(crate) fn slot_bytes(&self) -> usize {
+        (self.recv_queue.max(4) as usize + self.send_queue.max(4) as usize) * SLOT
     }
 
-    /// Bytes one connection pins, as the budget counts them: its region (rounded to pages)
-    /// and [`QUEUE_ALLOWANCE`].
+    /// Bytes a connection registers when it starts: both start rings and the control slots
+    /// (the region's first part, rounded to pages; the busy rings follow it).
+    pub fn start_bytes(&self) -> usize {
+        (2 * self.start_ring() + self.slot_bytes()).div_ceil(4096) * 4096
+    }
+
+    /// Bytes one connection maps: its start part, then a busy receive ring and a busy send
+    /// ring (mapped, not touched or pinned until a busy stream registers them).
+    pub fn region_bytes(&self) -> usize {
+        self.start_bytes() + 2 * self.busy_ring()
+    }
+
+    /// Bytes one connection pins when it starts and while it is idle, as the budget counts
+    /// them: its start part and [`QUEUE_ALLOWANCE`]. A busy stream pins a busy ring more per
+    /// direction it moves bytes in ([`EngineConfig::busy_ring`]), when the budget has room.
     pub fn pinned_per_connection(&self) -> u64 {
-        self.region_bytes().div_ceil(4096) as u64 * 4096 + QUEUE_ALLOWANCE
+        self.start_bytes() as u64 + QUEUE_ALLOWANCE
+    }
+
+    /// The most one connection pins: its start part, both busy rings and the allowance.
+    pub fn pinned_when_busy(&self) -> u64 {
+        self.pinned_per_connection() + 2 * self.busy_ring() as u64
     }
 }
 
@@ -456,7 +506,7 @@ struct Inner {
     commands: OrderedMutex<VecDeque<Command>>,
     wake: EventFd,
     next_token: AtomicU64,
-    budget: Budget,
+    budget: Arc<Budget>,
     /// Set at exit: "nothing more to read from the app right now" counts as the app's EOF.
     draining: AtomicBool,
     /// Attached connections that still have bytes of the app to deliver (see [`Engine::flush`]);
@@ -508,7 +558,7 @@ impl Engine {
             observe(std::os::fd::AsRawFd::as_raw_fd(&wake.as_fd()));
         }
         let inner = Arc::new(Inner {
-            budget: Budget::new(config.memlock_limit),
+            budget: Arc::new(Budget::new(config.memlock_limit)),
             config,
             commands: OrderedMutex::new(Level::Commands, VecDeque::new()),
             wake,
@@ -793,28 +843,32 @@ impl Conn {
 mod tests {
     use super::{EngineConfig, MAX_UNACKED};
 
-    /// The pinned memory per connection the docs state, for the default rings and the two
-    /// smaller ones they name, is what the budget counts.
+    /// The pinned memory per connection the docs state (idle, and busy both ways with the
+    /// default rings and the two smaller ones they name) is what the budget counts.
     #[test]
     fn the_docs_state_the_pinned_memory_the_budget_counts() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let kib = |ring_kib: usize| {
-            EngineConfig {
-                ring_bytes: ring_kib * 1024,
-                ..EngineConfig::default()
-            }
-            .pinned_per_connection()
-                / 1024
+        let config = |ring_kib: usize| EngineConfig {
+            ring_bytes: ring_kib * 1024,
+            ..EngineConfig::default()
         };
-        let figures = [kib(2048), kib(1024), kib(256)];
-        assert_eq!(figures, [4168, 2120, 584]);
+        let idle = config(2048).pinned_per_connection() / 1024;
+        assert_eq!(idle, 200);
+        assert_eq!(config(256).pinned_per_connection() / 1024, idle);
+        let busy = [2048, 1024, 256].map(|k| config(k).pinned_when_busy() / 1024);
+        assert_eq!(busy, [4296, 2248, 712]);
+        assert_eq!(
+            config(64).pinned_when_busy(),
+            config(64).pinned_per_connection(),
+            "rings of the start size never change"
+        );
         for doc in [
             "docs/shim-protocol.md",
             "docs/shim.md",
             "docs/operations.md",
         ] {
             let text = std::fs::read_to_string(root.join(doc)).unwrap();
-            for f in figures {
+            for f in std::iter::once(idle).chain(busy) {
                 assert!(
                     text.contains(&format!("{f} KiB")),
                     "{doc} does not say {f} KiB"

@@ -49,7 +49,7 @@ use super::lock_order::{Guard, Level, OrderedMutex};
 use super::relay::Ready;
 use super::{Command, Inner};
 use crate::fd;
-use crate::flow::RecvFlow;
+use crate::flow::{Placement, RecvFlow};
 use crate::rdma::{Region, unread_by_peer};
 
 /// The receive side of one connection, shared by the engine and its [`Reader`]s.
@@ -147,6 +147,33 @@ impl Receiver {
     /// The peer marked the byte at `position` urgent ([`RecvFlow::urgent`]).
     pub(super) fn urgent(&self, position: u64) -> Result<(), String> {
         self.lock().flow.urgent(position).map_err(|e| e.to_string())
+    }
+
+    /// Offers the peer a ring of `size` bytes at offset `start` of the region
+    /// ([`RecvFlow::offer`]); false while a move is under way.
+    pub(super) fn offer(&self, start: usize, size: usize) -> bool {
+        self.lock().flow.offer(start as u64, size as u64)
+    }
+
+    /// The peer writes into the offered ring from `position` on ([`RecvFlow::switch`]).
+    pub(super) fn switch(&self, position: u64) -> Result<(), String> {
+        self.lock().flow.switch(position).map_err(|e| e.to_string())
+    }
+
+    /// The ring before the current one, once every byte in it was consumed (taken once).
+    pub(super) fn take_retired(&self) -> Option<Placement> {
+        self.lock().flow.take_retired()
+    }
+
+    /// The ring the peer writes into now, whether a move is under way, and whether every
+    /// byte that arrived was consumed.
+    pub(super) fn ring_state(&self) -> (Placement, bool, bool) {
+        let state = self.lock();
+        (
+            state.flow.placement(),
+            state.flow.moving(),
+            state.flow.is_empty(),
+        )
     }
 
     /// A receive was posted again (the peer may send one more message).
@@ -379,7 +406,7 @@ mod tests {
 
     fn inner() -> Arc<Inner> {
         Arc::new(Inner {
-            budget: Budget::new(None),
+            budget: Arc::new(Budget::new(None)),
             config: EngineConfig::default(),
             commands: OrderedMutex::new(Level::Commands, VecDeque::new()),
             wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap(),

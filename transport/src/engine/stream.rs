@@ -598,6 +598,7 @@ impl StreamConn {
             shared.set_on_stream();
             (a.on_event)(Event::Decided(StreamPath::Rdma));
         }
+        link.adjust_rings(now);
         pump(link, a, draining).map_err(|e| format!("local side: {e}"))?;
         let inbound_done = link.peer_fin() && a.local_shut && !link.has_pending();
         // A peer gone after its FIN (its process exited, say) ends the stream once the app has

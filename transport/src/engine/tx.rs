@@ -127,6 +127,8 @@ struct SendState {
     /// The flow, once the peer's ring is known.
     flow: Option<SendFlow>,
     peer: RingInfo,
+    /// The registration data writes go from (the send ring in use).
+    data_lkey: u32,
     /// Send work requests posted and not completed, of `sq`.
     sq_used: u32,
     sq: u32,
@@ -162,6 +164,7 @@ impl SendState {
         SendState {
             flow: None,
             peer: RingInfo::default(),
+            data_lkey: 0,
             sq_used: 0,
             sq,
             writers_on: false,
@@ -274,18 +277,64 @@ impl Sender {
         sq: u32,
         max_unacked: u64,
     ) -> Sender {
+        let mut state = SendState::new(sq, (ring as u64).min(max_unacked));
+        state.data_lkey = lkey;
         Sender {
             qp,
             region,
             ring_off,
             control_off,
             lkey,
-            state: OrderedMutex::new(
-                Level::Send,
-                SendState::new(sq, (ring as u64).min(max_unacked)),
-            ),
+            state: OrderedMutex::new(Level::Send, state),
             room: Condvar::new(),
         }
+    }
+
+    /// Moves our writes to the ring the peer offered (`peer`) and, with `local` (its start from
+    /// the send ring's, its size and its registration's lkey), our own to another send ring,
+    /// from the next byte on: posts SWITCH with that position, the first byte of the next
+    /// write (see [`SendFlow::switch`]). None when it cannot now (a writer has a window
+    /// claimed, or no room for the message): the caller tries again later.
+    pub(super) fn switch(
+        &self,
+        recv: &Receiver,
+        peer: RingInfo,
+        local: Option<(usize, usize, u32)>,
+    ) -> Option<u64> {
+        let mut state = self.lock();
+        if state.claimed
+            || state.flow.is_none()
+            || !state.has_room()
+            || state.controls.in_flight() >= u64::from(state.sq)
+        {
+            return None;
+        }
+        let position = state.sent();
+        self.post_control(&mut state, recv, ControlKind::Switch(position))
+            .ok()?;
+        let flow = state.flow.as_mut()?;
+        let at = flow.switch(
+            Some(peer.size()),
+            local.map(|(start, size, _)| (start as u64, size as u64)),
+        );
+        let in_flight = flow.in_flight_limit().min(flow.max_unacked());
+        state.half_in_flight = (in_flight / 2).max(1);
+        state.peer.addr = peer.addr;
+        state.peer.rkey = peer.rkey;
+        state.peer.size_log = peer.size_log;
+        if let Some((_, _, lkey)) = local {
+            state.data_lkey = lkey;
+        }
+        tell_waiting(&self.room, &state);
+        Some(at)
+    }
+
+    /// Data bytes whose writes completed (their send-ring range is free).
+    pub(super) fn completed_total(&self) -> u64 {
+        self.lock()
+            .flow
+            .as_ref()
+            .map_or(0, SendFlow::completed_total)
     }
 
     fn lock(&self) -> Guard<'_, SendState> {
@@ -536,7 +585,7 @@ impl Sender {
             Local {
                 addr: self.region.addr(local),
                 len: n as u32,
-                lkey: self.lkey,
+                lkey: state.data_lkey,
             },
             (state.peer.addr + w.remote as u64, state.peer.rkey),
             crate::wire::data_imm(end),

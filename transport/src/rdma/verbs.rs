@@ -448,6 +448,24 @@ impl Region {
         Ok(())
     }
 
+    /// Gives the pages of `len` bytes from `off` (page-aligned) back to the kernel: they read
+    /// as zeros and take no memory until touched again. Only for a range no registration
+    /// covers any more (a busy ring after its stream moved back to its start ring).
+    pub fn discard(&self, off: usize, len: usize) -> io::Result<()> {
+        let start = self.check(off, len)?;
+        if !off.is_multiple_of(4096) || !len.is_multiple_of(4096) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: a page-aligned range inside our own anonymous mapping (checked); no device
+        // and no registration uses it (the caller's), and Rust holds no reference into it
+        // (every access copies by raw pointer).
+        let rc = unsafe { libc::madvise(start.cast(), len, libc::MADV_DONTNEED) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Copies `dst.len()` bytes from `off`.
     pub fn load(&self, off: usize, dst: &mut [u8]) -> io::Result<()> {
         let src = self.check(off, dst.len())?;

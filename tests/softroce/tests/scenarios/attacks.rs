@@ -385,7 +385,9 @@ fn foreign_rkeys(ctx: &Ctx) -> anyhow::Result<()> {
 }
 
 /// Stale and phantom bytes never reach an app: a peer that bound its stream properly (its own
-/// TCP connection, the proof, CONFIRM) then writes nothing with an immediate that claims 2 MiB
+/// TCP connection, the proof, CONFIRM) and wrote a few bytes (given time to be delivered: a
+/// bad write polled in the same batch fails the stream before they are, as a TCP reset
+/// discards what was not read) then writes nothing with an immediate that claims 2 MiB
 /// (the previous peer's bytes are in the region it took, unless cleared), or repeats a write's
 /// position: the app reads what the peer really wrote, then ECONNRESET, never a byte of the
 /// previous connection. A third marks a byte that already arrived as urgent: its stream
@@ -419,7 +421,7 @@ fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
         "phantom",
         &format!(
             "connect p1 {a} 9300 {b} own tcp p1 {a} 9300 wait_claim p1 30000 prove p1 confirm p1 \
-             write p1 REAL-BYTES-OF-PEER-2 write_imm p1 - 2097152 sleep 1000 \
+             write p1 REAL-BYTES-OF-PEER-2 sleep 300 write_imm p1 - 2097152 sleep 1000 \
              connect p2 {a} 9300 {b} own tcp p2 {a} 9300 wait_claim p2 30000 prove p2 confirm p2 \
              write p2 ONE write_imm p2 ONE 3 sleep 1000 \
              connect p3 {a} 9300 {b} own tcp p3 {a} 9300 wait_claim p3 30000 prove p3 confirm p3 \

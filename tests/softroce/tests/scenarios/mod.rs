@@ -8,5 +8,6 @@ pub mod shim_apps;
 pub mod shim_faults;
 pub mod shim_load;
 pub mod shim_nginx;
+pub mod shim_postgres;
 pub mod shim_wire;
 pub mod support;

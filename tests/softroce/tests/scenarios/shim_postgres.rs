@@ -1,0 +1,136 @@
+//! PostgreSQL 15 as a pod without `CAP_IPC_LOCK` runs it: a non-root postmaster and `pgbench`
+//! under a 64 MiB `RLIMIT_MEMLOCK`, both under `libstreamshim.so`. The backends are fork
+//! children of the postmaster, so its engine holds every stream. With 64 clients at once every
+//! connection upgrades: an idle or lightly used stream pins its start rings only (200 KiB,
+//! `docs/shim.md`, "Costs and bounds"), where a stream with fixed 2 MiB rings pinned 4168 KiB
+//! and the fifth connection fell back. The pinned memory (`VmPin`) of the postmaster and of
+//! `pgbench` is reported before, at its largest during, and after the run.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use rdma_streams_softroce::{Ctx, Scenario, Topology};
+
+use super::support::{WAIT_PORT, counts, shimmed};
+
+pub const SCENARIOS: &[Scenario] = &[Scenario {
+    name: "shim_postgres_pgbench_64_clients_under_a_64_mib_memlock",
+    topology: Topology::Loop,
+    timeout: Duration::from_secs(900),
+    run: pgbench,
+}];
+
+const PORT: u16 = 9770;
+const CLIENTS: u64 = 64;
+const TRANSACTIONS: u64 = 10;
+/// The memlock limit of a pod without `CAP_IPC_LOCK` that was given 64 MiB.
+const MEMLOCK: u64 = 64 << 20;
+/// The most the postmaster may pin with 64 streams of a light load: 256 KiB each, and room
+/// for two streams on their busy rings (`pgbench -i`'s load, or a busy moment).
+const PINNED_BOUND: u64 = CLIENTS * (256 << 10) + 2 * (4296 << 10);
+
+fn pgbench(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let t = ctx.tmp.display().to_string();
+    let pg = "/usr/lib/postgresql/15/bin";
+    // A pod's process: not root, no capabilities, a memlock limit.
+    let pod = format!(
+        "prlimit --memlock={MEMLOCK}:{MEMLOCK} setpriv --reuid=postgres --regid=postgres \
+         --init-groups --inh-caps=-all --bounding-set=-all --"
+    );
+    ctx.sh(&format!(
+        "chmod 1777 {t} && install -d -o postgres -g postgres {t}/pgdata && \
+         {pod} {pg}/initdb -D {t}/pgdata -U postgres -A trust --no-sync >/dev/null && \
+         echo 'host all all {a}/16 trust' >> {t}/pgdata/pg_hba.conf"
+    ))?;
+    let srv = ctx.spawn(&format!(
+        "exec {pod} {} {pg}/postgres -D {t}/pgdata -k {t} -c listen_addresses={a} -p {PORT} \
+         -c max_connections=100 -c fsync=off -c shared_buffers=16MB",
+        shimmed(ctx, "pg", "")?
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port {PORT}"))?;
+    let conn = format!("-h {a} -p {PORT} -U postgres postgres");
+    ctx.sh(&format!(
+        "{pod} {} {pg}/pgbench -i -q -s 1 {conn}",
+        shimmed(ctx, "init", "")?
+    ))?;
+    let postmaster: u32 = std::fs::read_to_string(format!("{t}/pgdata/postmaster.pid"))?
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .context("no postmaster pid")?;
+    let before = vm_pin(ctx, postmaster)?;
+    // The run, with the postmaster's and pgbench's VmPin sampled while it lasts.
+    let out = ctx.sh(&format!(
+        "({pod} {} {pg}/pgbench -c {CLIENTS} -j 2 -t {TRANSACTIONS} -n {conn} > {t}/bench.out 2>&1; \
+           echo done > {t}/bench.done) & \
+         pm=0; pb=0; while [ ! -e {t}/bench.done ]; do \
+           v=$(awk '/^VmPin/{{print $2}}' /proc/{postmaster}/status); [ \"${{v:-0}}\" -gt $pm ] && pm=$v; \
+           for p in $(pgrep -x pgbench); do v=$(awk '/^VmPin/{{print $2}}' /proc/$p/status 2>/dev/null); \
+             [ \"${{v:-0}}\" -gt $pb ] && pb=$v; done; sleep 0.2; done; \
+         echo \"peak $pm $pb\"; cat {t}/bench.out",
+        shimmed(ctx, "bench", "")?
+    ))?;
+    let text = out.stdout;
+    let processed = format!(
+        "number of transactions actually processed: {0}/{0}",
+        CLIENTS * TRANSACTIONS
+    );
+    ensure!(text.contains(&processed), "pgbench did not finish:\n{text}");
+    ensure!(
+        text.contains("number of failed transactions: 0"),
+        "failed transactions:\n{text}"
+    );
+    let peaks: Vec<u64> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("peak "))
+        .context("no VmPin peaks")?
+        .split_whitespace()
+        .filter_map(|v| v.parse::<u64>().ok().map(|kib| kib << 10))
+        .collect();
+    ensure!(peaks.len() == 2, "VmPin peaks: {peaks:?}");
+    // Idle for longer than the keepalive: busy rings are given back.
+    std::thread::sleep(Duration::from_secs(7));
+    let after = vm_pin(ctx, postmaster)?;
+    let tps = text
+        .lines()
+        .find(|l| l.starts_with("tps"))
+        .unwrap_or("tps ?");
+    ctx.report(format_args!(
+        "pgbench -c {CLIENTS} under a {} MiB memlock: {tps}; postmaster VmPin {} KiB before, \
+         {} KiB at most during, {} KiB after; pgbench VmPin {} KiB at most",
+        MEMLOCK >> 20,
+        before >> 10,
+        peaks[0] >> 10,
+        after >> 10,
+        peaks[1] >> 10
+    ));
+    ctx.sh(&format!("kill -INT {postmaster}"))?;
+    ensure!(ctx.wait("postgres", srv)?.success(), "postgres failed");
+    let client = counts(ctx, "bench", "client")?;
+    ensure!(
+        client.len() == 1 && client.get("rdma UPGRADED").is_some_and(|n| *n >= CLIENTS),
+        "pgbench's connections: {client:?}"
+    );
+    let server = counts(ctx, "pg", "server")?;
+    let init = counts(ctx, "init", "client")?;
+    let all = client["rdma UPGRADED"] + init.get("rdma UPGRADED").copied().unwrap_or(0);
+    ensure!(
+        server.len() == 1 && server.get("rdma UPGRADED") == Some(&all),
+        "the server's connections: {server:?}, its clients' {all}"
+    );
+    ensure!(
+        peaks[0] <= PINNED_BOUND,
+        "the postmaster pinned {} KiB with {CLIENTS} streams (bound {} KiB)",
+        peaks[0] >> 10,
+        PINNED_BOUND >> 10
+    );
+    Ok(())
+}
+
+/// `VmPin` of process `pid`, in bytes.
+fn vm_pin(ctx: &Ctx, pid: u32) -> anyhow::Result<u64> {
+    let out = ctx.sh(&format!("awk '/^VmPin/{{print $2}}' /proc/{pid}/status"))?;
+    let kib: u64 = out.stdout.trim().parse().context("VmPin")?;
+    Ok(kib << 10)
+}
