@@ -18,6 +18,8 @@
  *   confirm NAME                        posts CONFIRM (whether or not CLAIM came)
  *   urgent NAME POS                     posts URGENT naming stream position POS (a lie when POS
  *                                       is not where the next write starts)
+ *   switch NAME POS                     posts SWITCH naming stream position POS (a lie when no
+ *                                       ring was offered, or POS is not the next write's start)
  *   write NAME TEXT                     an RDMA WRITE WITH IMMEDIATE of TEXT at the stream's
  *                                       next position, with the right immediate
  *   write_imm NAME TEXT IMM             a write of TEXT ("-": none) at the next position with the
@@ -612,6 +614,9 @@ int main(int argc, char **argv)
 		} else if (!strcmp(s, "urgent")) {
 			NEED(2);
 			post_control_at(find(a[0]), 5, strtoull(a[1], NULL, 0));
+		} else if (!strcmp(s, "switch")) {
+			NEED(2);
+			post_control_at(find(a[0]), 7, strtoull(a[1], NULL, 0));
 		} else if (!strcmp(s, "write")) {
 			NEED(2);
 			struct conn *c = find(a[0]);

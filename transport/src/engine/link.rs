@@ -705,15 +705,18 @@ impl Link {
     /// Frees a busy ring a move left: our receive ring once every byte in it was consumed,
     /// our send ring once every write from it completed.
     fn free_left_rings(&mut self) {
-        if let Some(old) = self.recv.take_retired()
-            && old.start == self.busy_off as u64
-            && self.recv_busy.take().is_some()
-        {
+        let _ = self.recv.take_retired();
+        let (placement, moving, _) = self.recv.ring_state();
+        // Neither in use, nor offered, nor holding bytes before a switch.
+        if placement.start != self.busy_off as u64 && !moving && self.recv_busy.take().is_some() {
             self.free_busy(0, true);
         }
-        if let SendRing::Leaving(at) = self.send_ring
-            && self.sender.completed_total() >= at
-        {
+        if let SendRing::Leaving(at) = self.send_ring {
+            // The last writes from the busy ring may have asked for no completion: a probe
+            // makes sure one comes (`acknowledged`), and this runs again on its event.
+            if self.sender.completed_total() < at && !self.acknowledged() {
+                return;
+            }
             self.send_ring = SendRing::Start;
             if self.send_busy.take().is_some() {
                 self.free_busy(self.busy, true);

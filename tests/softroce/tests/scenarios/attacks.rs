@@ -391,7 +391,8 @@ fn foreign_rkeys(ctx: &Ctx) -> anyhow::Result<()> {
 /// (the previous peer's bytes are in the region it took, unless cleared), or repeats a write's
 /// position: the app reads what the peer really wrote, then ECONNRESET, never a byte of the
 /// previous connection. A third marks a byte that already arrived as urgent: its stream
-/// fails the same way, and nothing reaches the app out of band.
+/// fails the same way, and nothing reaches the app out of band. A fourth moves its writes to
+/// a ring the server never offered (SWITCH): its stream fails the same way.
 fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
     let (a, b) = (ctx.addr_a, ctx.addr_b);
     let srv_out = ctx.tmp.join("srv.out");
@@ -400,7 +401,7 @@ fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
         "srv",
         "",
         9300,
-        &format!("server {a} 9300 sink 4"),
+        &format!("server {a} 9300 sink 5"),
         Some(&srv_out),
     )?;
     // The previous peer: 1 MiB of its own through the region the attacker takes next.
@@ -425,7 +426,9 @@ fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
              connect p2 {a} 9300 {b} own tcp p2 {a} 9300 wait_claim p2 30000 prove p2 confirm p2 \
              write p2 ONE write_imm p2 ONE 3 sleep 1000 \
              connect p3 {a} 9300 {b} own tcp p3 {a} 9300 wait_claim p3 30000 prove p3 confirm p3 \
-             write p3 TWO urgent p3 1 write p3 ! sleep 1000"
+             write p3 TWO urgent p3 1 write p3 ! sleep 1000 \
+             connect p4 {a} 9300 {b} own tcp p4 {a} 9300 wait_claim p4 30000 prove p4 confirm p4 \
+             write p4 FOUR sleep 300 switch p4 4 write p4 ! sleep 1000"
         ),
     )?;
     let text = finished(ctx, "phantom", run, &out)?;
@@ -452,13 +455,18 @@ fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
         third.starts_with("read 3 ") && third.ends_with("b'TWO'"),
         "a misplaced urgent mark: {third:?}\n{served}"
     );
-    for i in 1..4 {
+    let fourth = nth_line(&served, "read ", 4).unwrap_or_default();
+    ensure!(
+        fourth.starts_with("read 4 ") && fourth.ends_with("b'FOUR'"),
+        "a ring switch nobody offered: {fourth:?}\n{served}"
+    );
+    for i in 1..5 {
         ensure!(
             nth_line(&served, "end ", i) == Some("end error ECONNRESET"),
             "connection {i} did not read as a reset:\n{served}"
         );
     }
-    for p in ["p1", "p2", "p3"] {
+    for p in ["p1", "p2", "p3", "p4"] {
         ensure!(
             text.contains(&format!("{p} claim ")),
             "{p} never bound: {text}"
@@ -466,7 +474,7 @@ fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
     }
     let c = counts(ctx, "srv", "server")?;
     ensure!(
-        c.get("rdma UPGRADED") == Some(&4),
+        c.get("rdma UPGRADED") == Some(&5),
         "the server counted {c:?}"
     );
     Ok(())

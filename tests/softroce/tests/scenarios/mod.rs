@@ -7,7 +7,7 @@ pub mod gateway;
 pub mod shim_apps;
 pub mod shim_faults;
 pub mod shim_load;
+pub mod shim_memory;
 pub mod shim_nginx;
-pub mod shim_postgres;
 pub mod shim_wire;
 pub mod support;

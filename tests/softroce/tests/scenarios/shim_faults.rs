@@ -216,7 +216,7 @@ fn node_gone(ctx: &Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
-const ECHO_SERVER: &str = include_str!("scripts/echo_server.py");
+pub const ECHO_SERVER: &str = include_str!("scripts/echo_server.py");
 
 /// A thread-per-connection echo server for `n` connections.
 const THREADED_ECHO: &str = include_str!("scripts/threaded_echo.py");

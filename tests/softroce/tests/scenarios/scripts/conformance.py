@@ -741,6 +741,7 @@ def pair(host, port, mode, row):
         if e.errno != errno.EADDRINUSE:
             raise
         ls.bind((host, 0))  # taken by another program: any other port is as fresh
+        port = ls.getsockname()[1]
     getattr(row, "before_listener", lambda _: None)(ls)
     ls.listen(4)
     c = socket.socket()

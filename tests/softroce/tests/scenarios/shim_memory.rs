@@ -1,24 +1,98 @@
-//! PostgreSQL 15 as a pod without `CAP_IPC_LOCK` runs it: a non-root postmaster and `pgbench`
-//! under a 64 MiB `RLIMIT_MEMLOCK`, both under `libstreamshim.so`. The backends are fork
-//! children of the postmaster, so its engine holds every stream. With 64 clients at once every
-//! connection upgrades: an idle or lightly used stream pins its start rings only (200 KiB,
-//! `docs/shim.md`, "Costs and bounds"), where a stream with fixed 2 MiB rings pinned 4168 KiB
-//! and the fifth connection fell back. The pinned memory (`VmPin`) of the postmaster and of
-//! `pgbench` is reported before, at its largest during, and after the run.
+//! Pinned memory that follows the streams' traffic (`docs/shim.md`, "Costs and bounds"): a
+//! stream starts on its 64 KiB start rings, moves to its busy rings while it is busy and back
+//! once it is idle, on the real stack.
+//!
+//! - One connection busy, idle, busy, idle: both processes' `VmPin` is large while it is busy
+//!   and back to the start rings' after it idled, twice; every byte sha256-exact.
+//! - PostgreSQL 15 as a pod without `CAP_IPC_LOCK` runs it: a non-root postmaster and
+//!   `pgbench` under a 64 MiB `RLIMIT_MEMLOCK`, both under `libstreamshim.so`. The backends
+//!   are fork children of the postmaster, so its engine holds every stream. With 64 clients at
+//!   once every connection upgrades, where with fixed 2 MiB rings (4168 KiB pinned each) the
+//!   sixteenth fell back. The pinned memory of the postmaster and of `pgbench` is reported
+//!   before, at its largest during, and after the run.
 
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
-use super::support::{WAIT_PORT, counts, shimmed};
+use super::shim_faults::ECHO_SERVER;
+use super::support::{WAIT_PORT, counts, expect_counts, file, python, shimmed};
 
-pub const SCENARIOS: &[Scenario] = &[Scenario {
-    name: "shim_postgres_pgbench_64_clients_under_a_64_mib_memlock",
-    topology: Topology::Loop,
-    timeout: Duration::from_secs(900),
-    run: pgbench,
-}];
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "shim_busy_stream_moves_to_busy_rings_and_back_when_idle",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: phases,
+    },
+    Scenario {
+        name: "shim_postgres_pgbench_64_clients_under_a_64_mib_memlock",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(900),
+        run: pgbench,
+    },
+];
+
+/// Pinned by a process with one busy stream (KiB): its busy receive ring and busy send ring
+/// (2 MiB each) at least.
+const BUSY_KIB: u64 = 4096;
+/// Pinned by a process with one idle stream (KiB): its start rings and control slots (136 KiB
+/// registered) and nothing else.
+const IDLE_KIB: u64 = 200;
+
+/// `scripts/ring_phases.py` against a shimmed echo server: busy, idle, busy, idle.
+fn phases(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let py = python();
+    let server = file(ctx, "echo_server.py", ECHO_SERVER)?;
+    let client = file(
+        ctx,
+        "ring_phases.py",
+        include_str!("scripts/ring_phases.py"),
+    )?;
+    let srv = ctx.spawn(&format!(
+        "exec {} {py} {} {a} 9775 1 0",
+        shimmed(ctx, "srv", "")?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9775"))?;
+    let out = ctx.sh(&format!(
+        "{} {py} {} {a} 9775 {}",
+        shimmed(ctx, "cli", "")?,
+        client.display(),
+        srv.pid()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+    ensure!(out.stdout.contains("phases ok"), "{}", out.stdout);
+    ctx.report(format_args!(
+        "VmPin (KiB): {}",
+        out.stdout
+            .lines()
+            .filter(|l| l.starts_with("busy") || l.starts_with("idle"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    ));
+    for line in out.stdout.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let [phase, n, "client", client, "server", server] = words[..] else {
+            continue;
+        };
+        let (client, server): (u64, u64) = (client.parse()?, server.parse()?);
+        match phase {
+            "busy" => ensure!(
+                client >= BUSY_KIB && server >= BUSY_KIB,
+                "busy phase {n}: VmPin client {client} KiB, server {server} KiB: no busy rings"
+            ),
+            _ => ensure!(
+                client <= IDLE_KIB && server <= IDLE_KIB,
+                "idle phase {n}: VmPin client {client} KiB, server {server} KiB: busy rings kept"
+            ),
+        }
+    }
+    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", 1)])?;
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 1)])
+}
 
 const PORT: u16 = 9770;
 const CLIENTS: u64 = 64;
