@@ -275,6 +275,9 @@ pub fn write_stats_once() {
     if STATS_WRITTEN.swap(true, Ordering::AcqRel) {
         return;
     }
+    if let Some(peak) = upgrade::pinned_peak() {
+        Stats::global().note_pinned_peak(peak);
+    }
     match sink.write(Stats::global()) {
         Ok(path) => log_at!(Level::Debug, "stats written to {}", path.display()),
         Err(e) => log_at!(

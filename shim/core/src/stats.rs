@@ -17,7 +17,7 @@
 //!  "server":{"total":{"rdma":0,"tcp":0},"rdma":{},"tcp":{}},
 //!  "total":{"rdma":3,"tcp":1},
 //!  "rdma_bytes":{"sent":1048576,"received":512,"direct":500,"direct_written":1048000},
-//!  "rdma_closed":2,"rdma_resets":0}
+//!  "rdma_closed":2,"rdma_resets":0,"pinned_peak":4399104}
 //! ```
 
 use std::collections::BTreeMap;
@@ -53,6 +53,7 @@ pub struct Stats {
     rdma_bytes_received: AtomicU64,
     rdma_closed: AtomicU64,
     rdma_resets: AtomicU64,
+    pinned_peak: AtomicU64,
     rdma_bytes_direct: AtomicU64,
     rdma_bytes_direct_written: AtomicU64,
 }
@@ -74,6 +75,7 @@ impl Stats {
             rdma_bytes_received: AtomicU64::new(0),
             rdma_closed: AtomicU64::new(0),
             rdma_resets: AtomicU64::new(0),
+            pinned_peak: AtomicU64::new(0),
             rdma_bytes_direct: AtomicU64::new(0),
             rdma_bytes_direct_written: AtomicU64::new(0),
         }
@@ -153,6 +155,12 @@ impl Stats {
         self.rdma_bytes_direct_written.store(0, Ordering::Relaxed);
         self.rdma_closed.store(0, Ordering::Relaxed);
         self.rdma_resets.store(0, Ordering::Relaxed);
+        self.pinned_peak.store(0, Ordering::Relaxed);
+    }
+
+    /// The engine pinned `bytes` at once (kept when it is the most so far).
+    pub fn note_pinned_peak(&self, bytes: u64) {
+        self.pinned_peak.fetch_max(bytes, Ordering::Relaxed);
     }
 
     /// A consistent-enough copy of the counters (each counter read once, relaxed), with this
@@ -201,6 +209,7 @@ impl Stats {
             },
             rdma_closed: self.rdma_closed.load(Ordering::Relaxed),
             rdma_resets: self.rdma_resets.load(Ordering::Relaxed),
+            pinned_peak: self.pinned_peak.load(Ordering::Relaxed),
         }
     }
 
@@ -284,6 +293,9 @@ pub struct StatsSnapshot {
     pub rdma_closed: u64,
     /// Upgraded connections that ended by an error or reset.
     pub rdma_resets: u64,
+    /// The most bytes the process's engine pinned at once (as its budget counts them).
+    #[serde(default)]
+    pub pinned_peak: u64,
 }
 
 impl StatsSnapshot {
@@ -456,6 +468,8 @@ mod tests {
         s.add_rdma_bytes_direct_written(1000);
         s.record_rdma_close(false);
         s.record_rdma_close(true);
+        s.note_pinned_peak(4096);
+        s.note_pinned_peak(1024);
         let snap = s.snapshot_with_pid(4242);
         assert_eq!(snap.role(Role::Client).get(Path::Rdma, Reason::Upgraded), 3);
         assert_eq!(
@@ -473,7 +487,8 @@ mod tests {
             "total": {"rdma": 3, "tcp": 2},
             "rdma_bytes": {"sent": 1024, "received": 7, "direct": 5, "direct_written": 1000},
             "rdma_closed": 2,
-            "rdma_resets": 1
+            "rdma_resets": 1,
+            "pinned_peak": 4096
         });
         assert_eq!(v, expected);
         let back: StatsSnapshot = serde_json::from_value(v).unwrap();

@@ -11,6 +11,8 @@ pub struct Budget {
     /// None: no limit.
     limit: Option<u64>,
     used: AtomicU64,
+    /// The most ever used at once.
+    peak: AtomicU64,
 }
 
 impl Budget {
@@ -19,20 +21,33 @@ impl Budget {
         Budget {
             limit,
             used: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
         }
     }
 
     /// Takes `bytes` if they fit.
     pub fn reserve(&self, bytes: u64) -> bool {
-        let Some(limit) = self.limit else {
-            self.used.fetch_add(bytes, Ordering::AcqRel);
-            return true;
+        let before = match self.limit {
+            None => self.used.fetch_add(bytes, Ordering::AcqRel),
+            Some(limit) => {
+                match self
+                    .used
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                        used.checked_add(bytes).filter(|total| *total <= limit)
+                    }) {
+                    Ok(before) => before,
+                    Err(_) => return false,
+                }
+            }
         };
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|total| *total <= limit)
-            })
-            .is_ok()
+        self.peak
+            .fetch_max(before.saturating_add(bytes), Ordering::AcqRel);
+        true
+    }
+
+    /// The most bytes pinned at once so far.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Acquire)
     }
 
     /// Gives `bytes` back.
@@ -69,6 +84,7 @@ mod tests {
         assert_eq!(b.used(), 40);
         b.release(1000);
         assert_eq!(b.used(), 0);
+        assert_eq!(b.peak(), 100, "the most held at once");
         let unlimited = Budget::new(None);
         assert!(unlimited.reserve(u64::MAX / 2));
     }

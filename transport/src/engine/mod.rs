@@ -680,6 +680,11 @@ impl Engine {
         self.inner.budget.used()
     }
 
+    /// The most bytes the engine pinned at once so far.
+    pub fn pinned_peak(&self) -> u64 {
+        self.inner.budget.peak()
+    }
+
     /// The configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config

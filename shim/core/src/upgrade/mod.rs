@@ -101,6 +101,15 @@ pub fn through_parent() -> bool {
     FORKED.load(Ordering::Acquire) && delegate::has_channel()
 }
 
+/// The most bytes this process's engine pinned at once (its budget's count); None without an
+/// engine of its own (none started, or a fork child, whose copy is its parent's).
+pub fn pinned_peak() -> Option<u64> {
+    if FORKED.load(Ordering::Acquire) {
+        return None;
+    }
+    engine::engine().map(rdma_streams_transport::engine::Engine::pinned_peak)
+}
+
 /// Whether upgraded fds may be read straight from their rings ([`read_direct`]).
 pub fn set_direct_read(on: bool) {
     DIRECT_READ.store(on, Ordering::Release);

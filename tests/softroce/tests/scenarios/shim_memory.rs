@@ -17,7 +17,7 @@ use anyhow::{Context as _, ensure};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
 use super::shim_faults::ECHO_SERVER;
-use super::support::{WAIT_PORT, counts, expect_counts, file, python, shimmed};
+use super::support::{WAIT_PORT, counts, expect_counts, file, python, shimmed, stats};
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -91,7 +91,20 @@ fn phases(ctx: &Ctx) -> anyhow::Result<()> {
         }
     }
     expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", 1)])?;
-    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 1)])
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 1)])?;
+    // The stats files say the same: a busy stream's count (start part, allowance, both busy
+    // rings: 4296 KiB).
+    for tag in ["cli", "srv"] {
+        let peaks: Vec<u64> = stats(ctx, tag)?
+            .values()
+            .map(|v| v["pinned_peak"].as_u64().unwrap_or(0))
+            .collect();
+        ensure!(
+            peaks == [4296 << 10],
+            "{tag}: pinned_peak {peaks:?}, not one busy stream's 4296 KiB"
+        );
+    }
+    Ok(())
 }
 
 const PORT: u16 = 9770;
