@@ -34,7 +34,7 @@
 //!   just before the first write into the new ring. The receiver takes the switch only there
 //!   ([`RecvFlow::switch`]): bytes before it are read from the old ring, bytes from it on from
 //!   the new one, and the old ring is free once every byte before the switch was consumed
-//!   ([`RecvFlow::take_retired`]). The two rings are apart, so the sender's free space in the
+//!   ([`RecvFlow::moving`] turns false). The two rings are apart, so the sender's free space in the
 //!   new ring is `size - (sent - max(peer_consumed, base))`: unconsumed bytes of the old ring
 //!   take none of it. The send ring moves the same way, locally ([`SendFlow::switch`]'s
 //!   `local`): its old range is free once every write from it completed.
@@ -260,16 +260,6 @@ impl SendFlow {
         self.sent
     }
 
-    /// The peer's ring's size.
-    pub fn peer_ring(&self) -> u64 {
-        self.ring.size
-    }
-
-    /// Our send ring.
-    pub fn local_ring(&self) -> Placement {
-        self.local_ring
-    }
-
     /// True when every posted write completed locally.
     pub fn all_completed(&self) -> bool {
         self.completed == self.sent
@@ -281,8 +271,8 @@ impl SendFlow {
 pub struct RecvFlow {
     /// The ring the peer writes into now.
     ring: Placement,
-    /// The ring before it, while bytes in it are not consumed.
-    old: Option<Placement>,
+    /// The ring before it: positions before `ring.base` that were not consumed are there.
+    old: Placement,
     /// A ring we offered (start, size) that the peer has not switched to yet.
     offered: Option<(u64, u64)>,
     rq: u64,
@@ -366,7 +356,7 @@ impl RecvFlow {
     pub fn new(ring: u64, rq: u64) -> RecvFlow {
         RecvFlow {
             ring: Placement::new(0, 0, ring),
-            old: None,
+            old: Placement::new(0, 0, ring),
             offered: None,
             rq,
             arrived: 0,
@@ -433,12 +423,11 @@ impl RecvFlow {
     /// before an urgent byte; at the mark ([`RecvFlow::at_mark`]), the urgent byte alone.
     pub fn pending(&self) -> (usize, usize) {
         let mut held = self.arrived - self.taken;
-        let ring = match self.old {
-            Some(old) if self.taken < self.ring.base => {
-                held = held.min(self.ring.base - self.taken);
-                old
-            }
-            _ => self.ring,
+        let ring = if self.taken < self.ring.base {
+            held = held.min(self.ring.base - self.taken);
+            self.old
+        } else {
+            self.ring
         };
         if let Some(mark) = self.urgent.filter(|&m| m >= self.taken) {
             held = held.min((mark - self.taken).max(1));
@@ -451,7 +440,7 @@ impl RecvFlow {
     /// names ([`RecvFlow::switch`]); false (nothing offered) while an offer is open or the
     /// ring before the current one still holds bytes.
     pub fn offer(&mut self, start: u64, size: u64) -> bool {
-        if self.offered.is_some() || self.old.is_some() {
+        if self.moving() {
             return false;
         }
         self.offered = Some((start, size.max(1)));
@@ -470,20 +459,9 @@ impl RecvFlow {
             return Err(bad);
         }
         let (start, size) = self.offered.take().ok_or(bad)?;
-        if self.consumed < position {
-            self.old = Some(self.ring);
-        }
+        self.old = self.ring;
         self.ring = Placement::new(position, start, size);
         Ok(())
-    }
-
-    /// The ring before the current one, once every byte in it was consumed (its space may be
-    /// given back); taken once.
-    pub fn take_retired(&mut self) -> Option<Placement> {
-        if self.consumed >= self.ring.base {
-            return self.old.take();
-        }
-        None
     }
 
     /// The ring the peer writes into now.
@@ -491,9 +469,10 @@ impl RecvFlow {
         self.ring
     }
 
-    /// A ring was offered and not switched to yet, or the one before still holds bytes.
+    /// A ring was offered and not switched to yet, or the one before still holds bytes (its
+    /// space is free once this turns false).
     pub fn moving(&self) -> bool {
-        self.offered.is_some() || self.old.is_some()
+        self.offered.is_some() || self.consumed < self.ring.base
     }
 
     /// Every byte that arrived was consumed.
@@ -590,11 +569,11 @@ mod tests {
         assert!(r.switch(100).is_err(), "the offer was taken");
         // The old ring holds 100 unconsumed bytes: they are read from it, then it is free.
         assert_eq!(r.pending(), (0, 100));
-        assert_eq!(r.take_retired(), None);
+        assert!(r.moving(), "the old ring still holds bytes");
         assert!(!r.offer(0, 4096), "not while the old ring holds bytes");
         r.arrived(5000, crate::wire::data_imm(5100)).unwrap();
         r.delivered(100);
-        assert_eq!(r.take_retired(), Some(Placement::new(0, 0, 4096)));
+        assert!(!r.moving(), "the old ring is free");
         assert_eq!(r.pending(), (8192, 5000), "the new ring, from its start");
         // The new ring's free space does not count the old ring's bytes, and is its own size.
         assert!(
@@ -960,7 +939,6 @@ mod tests {
                             r.delivered(n);
                             delivered += n as u64;
                         }
-                        let _ = r.take_retired();
                     }
                     6 => {
                         let next = 1 - area;

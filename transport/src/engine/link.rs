@@ -16,7 +16,7 @@ use super::binding::Binding;
 use super::cdc;
 use super::relay::Ready;
 use super::rings::{Activity, SendRing};
-use super::rx::Receiver;
+use super::rx::{Receiver, RingState};
 use super::tx::Sender;
 use super::wr::{self, Completion, Completions, Post};
 use super::{Budget, EngineConfig, Handshake, SLOT};
@@ -106,12 +106,12 @@ pub(super) struct Link {
     /// start in the region (the receive ring, then the send ring).
     busy: usize,
     busy_off: usize,
-    /// The budget the busy rings are pinned against (None: they are never used).
-    budget: Option<Arc<Budget>>,
-    /// The busy receive ring's registration, while it is offered, in use or being left.
-    recv_busy: Option<Mr>,
-    /// The busy send ring's registration, while it is made ready, in use or being left.
-    send_busy: Option<Mr>,
+    /// The budget the busy rings are pinned against.
+    budget: Arc<Budget>,
+    /// The busy rings' registrations ([`RECV`], [`SEND`]): the receive ring's while it is
+    /// offered, in use or being left, the send ring's while it is made ready, in use or being
+    /// left.
+    busy_mrs: [Option<Mr>; 2],
     send_ring: SendRing,
     /// A ring the peer offered that our writes have not moved to yet.
     peer_offer: Option<RingInfo>,
@@ -119,6 +119,11 @@ pub(super) struct Link {
     busy_failed: bool,
     activity: Activity,
 }
+
+/// The busy receive ring: the first of the two after the start part.
+const RECV: usize = 0;
+/// The busy send ring, after the busy receive ring.
+const SEND: usize = 1;
 
 /// A connection's registrations.
 enum Keys {
@@ -278,15 +283,14 @@ impl Link {
                 Some(libc::ENOMEM) => SetupError::Memlock,
                 _ => SetupError::Local("rdma_create_qp", e),
             })?;
-        let mut link = Link::assemble(
+        let link = Link::assemble(
             config,
             (Arc::new(qp), Box::new(cq)),
-            Keys::Registered { recv_mr, mr, pd },
+            (Keys::Registered { recv_mr, mr, pd }, Arc::clone(budget)),
             region,
             (index, pinned),
             (now, handshake),
         );
-        link.budget = Some(Arc::clone(budget));
         if let Err(e) = link.post_receives() {
             // The QP goes before the CQ it uses (which `link` drops on the way out): a CQ
             // still in use cannot be destroyed.
@@ -308,17 +312,26 @@ impl Link {
         let region = Arc::new(Region::new(config.region_bytes()).expect("mmap"));
         let (qp, cq, rkey) = fabric.attach(side, &region, config.start_ring());
         let keys = Keys::Simulated { lkey: 1, rkey };
-        let link = Link::assemble(config, (qp, cq), keys, region, (0, 0), (now, handshake));
+        let budget = Arc::new(Budget::new(None));
+        let link = Link::assemble(
+            config,
+            (qp, cq),
+            (keys, budget),
+            region,
+            (0, 0),
+            (now, handshake),
+        );
         link.post_receives()
             .expect("the simulated fabric takes receives");
         link
     }
 
-    /// A link over `qp` and `cq` with its halves ([`Link::post_receives`] next).
+    /// A link over `qp` and `cq` with its halves ([`Link::post_receives`] next); its busy
+    /// rings are pinned against `budget`.
     fn assemble(
         config: &EngineConfig,
         (qp, cq): (Arc<dyn Post>, Box<dyn Completions>),
-        keys: Keys,
+        (keys, budget): (Keys, Arc<Budget>),
         region: Arc<Region>,
         (index, pinned): (usize, u64),
         (now, handshake): (Instant, Handshake),
@@ -359,9 +372,8 @@ impl Link {
             max_unacked: config.max_unacked() as u64,
             busy,
             busy_off: config.start_bytes(),
-            budget: None,
-            recv_busy: None,
-            send_busy: None,
+            budget,
+            busy_mrs: [None, None],
             send_ring: SendRing::Start,
             peer_offer: None,
             busy_failed: false,
@@ -390,12 +402,8 @@ impl Link {
         let reusable = self.recv.retire() && !self.sender.copying();
         // The busy rings go now (their registrations, their pages and their budget share); a
         // region still copied from or into is not reused, so its pages may stay.
-        if self.recv_busy.take().is_some() {
-            self.free_busy(0, reusable);
-        }
-        if self.send_busy.take().is_some() {
-            self.free_busy(self.busy, reusable);
-        }
+        self.free_busy(RECV, reusable);
+        self.free_busy(SEND, reusable);
         let Link {
             cq,
             keys,
@@ -603,17 +611,18 @@ impl Link {
         Ok(())
     }
 
-    /// Moves the rings as the stream's traffic asks (`super::rings`): frees what a move left
-    /// behind, moves our writes to a ring the peer offered, and offers the peer our busy
+    /// Moves the rings as the stream's traffic asks (`super::rings`): moves our writes to a
+    /// ring the peer offered, frees what a move left behind, and offers the peer our busy
     /// receive ring when the stream is busy, or our start ring when it is idle again. Run on
     /// every round of a bound stream.
     pub(super) fn adjust_rings(&mut self, now: Instant) {
-        if self.busy == 0 || self.budget.is_none() || !self.ready || self.quiet {
+        if self.busy == 0 || !self.ready || self.quiet {
             return;
         }
         self.follow_peer();
-        self.free_left_rings();
-        self.offer_ring(now);
+        let recv = self.recv.ring_state();
+        self.free_left_rings(&recv);
+        self.offer_ring(now, &recv);
     }
 
     /// Our writes move to the ring the peer offered, and our send ring with them: busy while
@@ -628,130 +637,109 @@ impl Link {
             return;
         }
         let want_busy = offer.size() > self.ring as u64;
+        // The busy send ring's start, from the start send ring's.
+        let (busy_start, busy) = (self.busy_off + self.busy - self.ring, self.busy);
         let local = match self.send_ring {
-            SendRing::Start if want_busy => self.send_busy_ready().map(|lkey| {
-                (
-                    self.busy_off + self.busy - self.ring,
-                    self.busy,
-                    lkey,
-                    SendRing::Busy,
-                )
-            }),
-            SendRing::Busy if !want_busy => {
-                Some((0, self.ring, self.keys.lkey(), SendRing::Leaving(0)))
+            SendRing::Start if want_busy => {
+                self.busy_mr(SEND).map(|mr| (busy_start, busy, mr.lkey()))
             }
+            SendRing::Busy if !want_busy => Some((0, self.ring, self.keys.lkey())),
             _ => None,
         };
-        let Some(at) = self.sender.switch(
-            &self.recv,
-            offer,
-            local.map(|(start, size, lkey, _)| (start, size, lkey)),
-        ) else {
+        let Some(at) = self.sender.switch(&self.recv, offer, local) else {
             return;
         };
         self.peer_offer = None;
-        if let Some((.., next)) = local {
-            self.send_ring = match next {
-                SendRing::Leaving(_) => SendRing::Leaving(at),
-                other => other,
+        if local.is_some() {
+            self.send_ring = match self.send_ring {
+                SendRing::Start => SendRing::Busy,
+                _ => SendRing::Leaving(at),
             };
         }
     }
 
-    /// The busy send ring's lkey, registered now if it is not yet; None when the budget has
-    /// no room or the registration failed.
-    fn send_busy_ready(&mut self) -> Option<u32> {
-        if let Some(mr) = &self.send_busy {
-            return Some(mr.lkey());
-        }
-        let mr = self.register_busy(self.busy_off + self.busy, Access::Local)?;
-        let lkey = mr.lkey();
-        self.send_busy = Some(mr);
-        Some(lkey)
-    }
-
-    /// Registers the busy ring at `off` against the budget; None when it has no room or the
-    /// registration failed (then this connection stays on its start rings).
-    fn register_busy(&mut self, off: usize, access: Access) -> Option<Mr> {
-        let budget = self.budget.as_ref()?;
-        if self.busy_failed || !budget.reserve(self.busy as u64) {
-            return None;
-        }
-        let Some(pd) = self.keys.pd() else {
-            budget.release(self.busy as u64);
-            return None;
-        };
-        match pd.register(&self.region, off, self.busy, access) {
-            Ok(mr) => Some(mr),
-            Err(_) => {
-                budget.release(self.busy as u64);
-                self.busy_failed = true;
-                None
+    /// Busy ring `which`'s registration ([`RECV`] for remote writes, [`SEND`] for local
+    /// access), registered now against the budget if it is not yet; None when the budget has
+    /// no room or the registration failed (then this connection stays on its start rings).
+    fn busy_mr(&mut self, which: usize) -> Option<&Mr> {
+        if self.busy_mrs[which].is_none() {
+            if self.busy_failed || !self.budget.reserve(self.busy as u64) {
+                return None;
+            }
+            let access = if which == RECV {
+                Access::RemoteWrite
+            } else {
+                Access::Local
+            };
+            let off = self.busy_off + which * self.busy;
+            let registered = self
+                .keys
+                .pd()
+                .map(|pd| pd.register(&self.region, off, self.busy, access));
+            match registered {
+                Some(Ok(mr)) => self.busy_mrs[which] = Some(mr),
+                failed => {
+                    self.budget.release(self.busy as u64);
+                    self.busy_failed = failed.is_some();
+                    return None;
+                }
             }
         }
+        self.busy_mrs[which].as_ref()
     }
 
-    /// The busy ring at `busy_off + at` is not registered any more: its budget share goes
-    /// back, and (`discard`) its pages with it.
-    fn free_busy(&mut self, at: usize, discard: bool) {
+    /// Busy ring `which` is deregistered if it was registered, its budget share goes back,
+    /// and (`discard`) its pages with it.
+    fn free_busy(&mut self, which: usize, discard: bool) {
+        if self.busy_mrs[which].take().is_none() {
+            return;
+        }
         if discard {
-            let _ = self.region.discard(self.busy_off + at, self.busy);
+            let _ = self
+                .region
+                .discard(self.busy_off + which * self.busy, self.busy);
         }
-        if let Some(budget) = &self.budget {
-            budget.release(self.busy as u64);
-        }
+        self.budget.release(self.busy as u64);
     }
 
-    /// Frees a busy ring a move left: our receive ring once every byte in it was consumed,
-    /// our send ring once every write from it completed.
-    fn free_left_rings(&mut self) {
-        let _ = self.recv.take_retired();
-        let (placement, moving, _) = self.recv.ring_state();
-        // Neither in use, nor offered, nor holding bytes before a switch.
-        if placement.start != self.busy_off as u64 && !moving && self.recv_busy.take().is_some() {
-            self.free_busy(0, true);
+    /// Frees a busy ring a move left: our receive ring once it is neither in use, nor
+    /// offered, nor holding bytes before a switch; our send ring once every write from it
+    /// completed.
+    fn free_left_rings(&mut self, recv: &RingState) {
+        if recv.ring.start != self.busy_off as u64 && !recv.moving {
+            self.free_busy(RECV, true);
         }
         if let SendRing::Leaving(at) = self.send_ring {
             // The last writes from the busy ring may have asked for no completion: a probe
             // makes sure one comes (`acknowledged`), and this runs again on its event.
-            if self.sender.completed_total() < at && !self.acknowledged() {
+            if self.sender.posted_and_acked().1 < at && !self.acknowledged() {
                 return;
             }
             self.send_ring = SendRing::Start;
-            if self.send_busy.take().is_some() {
-                self.free_busy(self.busy, true);
-            }
+            self.free_busy(SEND, true);
         }
     }
 
     /// Offers the peer our busy receive ring when the stream is busy, or our start ring
     /// when it is idle again (`super::rings`).
-    fn offer_ring(&mut self, now: Instant) {
-        let (placement, moving, drained) = self.recv.ring_state();
-        if moving || self.peer_fin() {
+    fn offer_ring(&mut self, now: Instant, recv: &RingState) {
+        if recv.moving || self.peer_fin() {
             return;
         }
-        let on_start = placement.size == self.ring as u64;
-        let (arrived, _) = self.recv.arrived_total();
-        let offer = if on_start {
-            if !self.activity.busy(now, arrived, self.ring as u64) {
+        let (start, size, rkey) = if recv.ring.size == self.ring as u64 {
+            if !self.activity.busy(now, recv.arrived, self.ring as u64) {
                 return;
             }
-            if self.recv_busy.is_none() {
-                let Some(mr) = self.register_busy(self.busy_off, Access::RemoteWrite) else {
-                    return;
-                };
-                self.recv_busy = Some(mr);
-            }
-            let rkey = self.recv_busy.as_ref().map_or(0, Mr::rkey);
+            let Some(rkey) = self.busy_mr(RECV).map(Mr::rkey) else {
+                return;
+            };
             (self.busy_off, self.busy, rkey)
         } else {
-            if !self.activity.idle(now, drained) {
+            if !self.activity.idle(now, recv.drained) {
                 return;
             }
             (0, self.ring, self.keys.rkey())
         };
-        let (start, size, rkey) = offer;
         if self.recv.offer(start, size) {
             self.control(ControlKind::Ring(RingInfo {
                 addr: self.region.addr(start),

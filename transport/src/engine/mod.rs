@@ -202,23 +202,12 @@ impl Default for EngineConfig {
 impl EngineConfig {
     /// The ring size actually used (a power of two in range).
     pub fn ring(&self) -> usize {
-        self.ring_bytes
-            .clamp(
-                1 << crate::wire::MIN_RING_LOG,
-                1 << crate::wire::MAX_RING_LOG,
-            )
-            .next_power_of_two()
+        ring_size(self.ring_bytes)
     }
 
     /// The ring a stream starts with (a power of two in range, at most [`EngineConfig::ring`]).
     pub fn start_ring(&self) -> usize {
-        self.start_ring_bytes
-            .clamp(
-                1 << crate::wire::MIN_RING_LOG,
-                1 << crate::wire::MAX_RING_LOG,
-            )
-            .next_power_of_two()
-            .min(self.ring())
+        ring_size(self.start_ring_bytes).min(self.ring())
     }
 
     /// The ring a busy stream moves to: [`EngineConfig::ring`], or 0 when it is the start
@@ -272,6 +261,16 @@ impl EngineConfig {
     pub fn pinned_when_busy(&self) -> u64 {
         self.pinned_per_connection() + 2 * self.busy_ring() as u64
     }
+}
+
+/// `bytes` as a ring: in the wire's range, rounded up to a power of two.
+fn ring_size(bytes: usize) -> usize {
+    bytes
+        .clamp(
+            1 << crate::wire::MIN_RING_LOG,
+            1 << crate::wire::MAX_RING_LOG,
+        )
+        .next_power_of_two()
 }
 
 /// Why an engine could not start.

@@ -71,8 +71,8 @@ pub(super) enum SendRing {
     Start,
     /// The busy ring.
     Busy,
-    /// The start ring again; the busy one is freed once every write up to this position
-    /// completed.
+    /// The start ring again, from this position on; the busy one is freed once every write
+    /// before it completed.
     Leaving(u64),
 }
 

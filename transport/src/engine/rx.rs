@@ -78,6 +78,19 @@ struct RecvState {
     low_water: usize,
 }
 
+/// The receive ring as [`Receiver::ring_state`] saw it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RingState {
+    /// The ring the peer writes into now.
+    pub(super) ring: Placement,
+    /// A ring was offered and not switched to, or the one before still holds bytes.
+    pub(super) moving: bool,
+    /// Every byte that arrived was consumed.
+    pub(super) drained: bool,
+    /// Stream bytes arrived so far.
+    pub(super) arrived: u64,
+}
+
 /// What the engine delivers to a waiting reader to wake it (it takes the rest from the ring).
 const WAKE_BYTES: usize = 1;
 
@@ -160,20 +173,15 @@ impl Receiver {
         self.lock().flow.switch(position).map_err(|e| e.to_string())
     }
 
-    /// The ring before the current one, once every byte in it was consumed (taken once).
-    pub(super) fn take_retired(&self) -> Option<Placement> {
-        self.lock().flow.take_retired()
-    }
-
-    /// The ring the peer writes into now, whether a move is under way, and whether every
-    /// byte that arrived was consumed.
-    pub(super) fn ring_state(&self) -> (Placement, bool, bool) {
+    /// Where the peer writes now and what the ring holds (one look, under the lock).
+    pub(super) fn ring_state(&self) -> RingState {
         let state = self.lock();
-        (
-            state.flow.placement(),
-            state.flow.moving(),
-            state.flow.is_empty(),
-        )
+        RingState {
+            ring: state.flow.placement(),
+            moving: state.flow.moving(),
+            drained: state.flow.is_empty(),
+            arrived: state.flow.arrived_total(),
+        }
     }
 
     /// A receive was posted again (the peer may send one more message).

@@ -178,7 +178,7 @@ impl SendState {
             unsignaled: 0,
             mark_sent: 0,
             mark_controls: 0,
-            half_in_flight: (in_flight / 2).max(1),
+            half_in_flight: half(in_flight),
         }
     }
 
@@ -317,24 +317,13 @@ impl Sender {
             Some(peer.size()),
             local.map(|(start, size, _)| (start as u64, size as u64)),
         );
-        let in_flight = flow.in_flight_limit().min(flow.max_unacked());
-        state.half_in_flight = (in_flight / 2).max(1);
-        state.peer.addr = peer.addr;
-        state.peer.rkey = peer.rkey;
-        state.peer.size_log = peer.size_log;
+        state.half_in_flight = half(flow.in_flight_limit().min(flow.max_unacked()));
+        state.peer = peer;
         if let Some((_, _, lkey)) = local {
             state.data_lkey = lkey;
         }
         tell_waiting(&self.room, &state);
         Some(at)
-    }
-
-    /// Data bytes whose writes completed (their send-ring range is free).
-    pub(super) fn completed_total(&self) -> u64 {
-        self.lock()
-            .flow
-            .as_ref()
-            .map_or(0, SendFlow::completed_total)
     }
 
     fn lock(&self) -> Guard<'_, SendState> {
@@ -707,6 +696,11 @@ impl Writer {
         let flags = MsgFlags::from_bits_retain(flags) | MsgFlags::MSG_OOB | MsgFlags::MSG_DONTWAIT;
         nix::sys::socket::send(app, buf, flags).map_err(|e| io::Error::from_raw_os_error(e as i32))
     }
+}
+
+/// Half of what may be in flight, at least 1 (see [`SendState::signal_next`]).
+fn half(in_flight: u64) -> u64 {
+    (in_flight / 2).max(1)
 }
 
 /// Wakes the writers waiting on `room`, if `state` counts any.

@@ -14,7 +14,7 @@ use anyhow::{Context as _, bail, ensure};
 use rdma_streams_softroce::helpers::{Captured, Running};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
-use super::support::{WAIT_PORT, counts, file, python, shimmed, wait_line};
+use super::support::{WAIT_PORT, counts, file, footprint, python, shimmed, wait_line};
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -478,19 +478,6 @@ fn phantom_bytes(ctx: &Ctx) -> anyhow::Result<()> {
         "the server counted {c:?}"
     );
     Ok(())
-}
-
-/// `VmPin` (bytes) and the open fds of process `pid`.
-fn footprint(pid: u32) -> anyhow::Result<(u64, usize)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let pin = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmPin:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .context("no VmPin")?;
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
-    Ok((pin * 1024, fds))
 }
 
 /// A flood of connect requests from one address (thousands, none ever completed: no queue

@@ -177,3 +177,16 @@ pub fn wait_line(
         thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `VmPin` (bytes) and the open fds of process `pid`.
+pub fn footprint(pid: u32) -> anyhow::Result<(u64, usize)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let pin = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmPin:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .context("no VmPin")?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
+    Ok((pin * 1024, fds))
+}
