@@ -80,11 +80,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     };
     // SAFETY: the caller's arguments, passed on unchanged to libc's connect.
     let real = || unsafe { orig(fd, addr, len) };
-    detour(&real, |real| {
+    detour(&real, |_| {
         // SAFETY: per the caller's contract, `addr` holds `len` readable bytes.
         let peer = unsafe { sys::sockaddr_from_raw(addr, len) };
-        ops::connect(fd, peer, &mut || {
-            let rc = real();
+        // The shim may connect another number for the same socket (its kept copy).
+        ops::connect(fd, peer, &mut |target| {
+            // SAFETY: as above; `target` names the app's socket (the fd or a copy of it).
+            let rc = unsafe { orig(target, addr, len) };
             (rc, sys::errno())
         })
     })

@@ -109,7 +109,7 @@ impl std::fmt::Display for DisplayPeer {
 pub fn connect(
     fd: c_int,
     peer: Option<SocketAddr>,
-    real: &mut dyn FnMut() -> (c_int, c_int),
+    real: &mut dyn FnMut(c_int) -> (c_int, c_int),
 ) -> c_int {
     let flags = fdtable::get(fd);
     if flags & SWAPPED != 0 {
@@ -118,10 +118,10 @@ pub fn connect(
         return -1;
     }
     if flags & INET_STREAM == 0 || flags & COUNTED != 0 {
-        return real().0;
+        return real(fd).0;
     }
     let Some(peer) = peer else {
-        return real().0;
+        return real(fd).0;
     };
     // A fork child of a capable process connects through it ([`upgrade::through_parent`]).
     let allowed = flags & TCP != 0
@@ -130,7 +130,7 @@ pub fn connect(
     if allowed && (flags & POLLED == 0 || watches::followable(fd)) {
         return upgrade::connect(fd, peer, real);
     }
-    let (rc, err) = real();
+    let (rc, err) = real(fd);
     if (rc == 0 || err == libc::EINPROGRESS)
         && let Some(reason) = if allowed {
             // Registered with epoll before connect in a way the swap cannot follow.

@@ -178,6 +178,37 @@ pub fn copy_socket_state(from: c_int, to: BorrowedFd<'_>, fl: c_int) {
     }
 }
 
+/// Gives socket `to` the `SO_LINGER` setting of socket `from` (best effort).
+pub fn copy_linger(from: c_int, to: c_int) {
+    let mut value = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut len = size_of::<libc::linger>() as socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
+    let rc = unsafe {
+        libc::getsockopt(
+            from,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw mut value).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        // SAFETY: `value` is a whole `linger`, `len` its size as getsockopt reported it.
+        unsafe {
+            libc::setsockopt(
+                to,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const value).cast(),
+                len,
+            );
+        }
+    }
+}
+
 /// An int-valued `SOL_SOCKET` option of socket `fd`; None when it cannot be read.
 fn int_option(fd: c_int, name: c_int) -> Option<c_int> {
     let mut value: c_int = 0;
@@ -706,6 +737,55 @@ pub fn send_all_now(fd: c_int, bytes: &[u8]) -> std::io::Result<()> {
             Err(_) if errno() == libc::EINTR => {}
             Err(_) => return Err(last_error()),
         }
+    }
+}
+
+/// Moves what can be read now from `from` (non-blocking) to `to`, waiting at most `bound` in
+/// all for `to` to take it; the bytes moved, or the first error of `to`.
+pub fn forward_unread(
+    from: c_int,
+    to: c_int,
+    bound: std::time::Duration,
+) -> std::io::Result<usize> {
+    let until = std::time::Instant::now() + bound;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut moved = 0;
+    loop {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { libc::recv(from, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        let Ok(n) = usize::try_from(n) else {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            return Ok(moved);
+        };
+        if n == 0 {
+            return Ok(moved);
+        }
+        let mut sent = 0;
+        while sent < n {
+            // SAFETY: `buf[sent..n]` is readable; the kernel copies it.
+            let m = unsafe {
+                libc::send(
+                    to,
+                    buf[sent..].as_ptr().cast(),
+                    n - sent,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            match usize::try_from(m) {
+                Ok(m) => sent += m,
+                Err(_) if errno() == libc::EINTR => {}
+                Err(_) if errno() == libc::EAGAIN => {
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() || poll_within(to, libc::POLLOUT, left) & libc::POLLOUT == 0 {
+                        return Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+                    }
+                }
+                Err(_) => return Err(last_error()),
+            }
+        }
+        moved += n;
     }
 }
 

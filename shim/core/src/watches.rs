@@ -125,6 +125,15 @@ pub fn rewatch(fd: c_int, watches: &[Watch]) {
     }
 }
 
+/// After an undone swap of `fd` (its number names the TCP socket again): adds `watches` back
+/// on it and notes them, as they were before the swap.
+pub fn restore(fd: c_int, watches: &[Watch]) {
+    rewatch(fd, watches);
+    for w in watches {
+        note(fd, w.epfd, libc::EPOLL_CTL_ADD, Some((w.events, w.data)));
+    }
+}
+
 /// In a fork child: the table, usable (see [`ForkSafe`]); what the parent noted is dropped
 /// (a fork child's own connections pass through).
 pub fn after_fork_child() {

@@ -6,13 +6,20 @@
 //! 3. RDMA connect to the peer's IP and the app's port, HELLO{nonce, C:c} in the request,
 //!    within N (`STREAMSHIM_NEGOTIATE_MS`). Established means the server's engine registered
 //!    C:c; a reject, no listener, no RDMA path or no answer in time: plain TCP.
-//! 4. The app's own kernel connect (a non-blocking one: its handshake is awaited), then the
-//!    accepting process's CLAIM, one deadline N for both. CLAIM: its secret goes out as the
-//!    first bytes of the TCP connection (the proof that binds the stream to this connection),
-//!    then CONFIRM, swap. Nothing: the stream is aborted (the server, without the proof and
-//!    CONFIRM, stays on TCP) and so does the client.
+//! 4. The swap ([`swap`]): the app's fd number moves to a socketpair end and its TCP socket to
+//!    a kept number *before* the kernel connect, so that no app thread can pick up the TCP
+//!    socket after the peer can accept it (a thread of this process that waits on the fd once
+//!    the server's `accept()` returned waits on the socketpair, where the stream's bytes and
+//!    EOF come).
+//! 5. The kernel connect of the kept socket (a non-blocking one: its handshake is awaited),
+//!    then the accepting process's CLAIM, one deadline N for both. CLAIM: its secret goes out
+//!    as the first bytes of the TCP connection (the proof that binds the stream to this
+//!    connection), then CONFIRM. Nothing: the stream is aborted (the server, without the proof
+//!    and CONFIRM, stays on TCP), the TCP socket goes back on the app's number
+//!    ([`unswap`]) and the connection stays plain TCP.
 
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use libc::c_int;
@@ -24,7 +31,7 @@ use rdma_streams_transport::wire::TransportReject;
 
 use super::engine::engine;
 use super::events::{count_bytes, on_event, record};
-use super::swap::{reset, swap};
+use super::swap::{Swapped, reset, swap, unswap};
 use super::{NEGATIVE, negotiate_timeout, note, now};
 use crate::fdtable::{self, COUNTED};
 use crate::log::{Level, log_at};
@@ -73,12 +80,12 @@ pub(super) fn plain(
     fd: c_int,
     peer: SocketAddr,
     reason: Reason,
-    real: &mut dyn FnMut() -> (c_int, c_int),
+    real: &mut dyn FnMut(c_int) -> (c_int, c_int),
 ) -> c_int {
     if !local_reason(reason) {
         let _ = NEGATIVE.insert(peer, reason, now());
     }
-    let (rc, err) = real();
+    let (rc, err) = real(fd);
     if rc == 0 || err == libc::EINPROGRESS {
         count_tcp(fd, peer, reason);
     }
@@ -93,7 +100,13 @@ pub(super) fn count_tcp(fd: c_int, peer: SocketAddr, reason: Reason) {
 }
 
 /// See the module docs. Returns the kernel connect's result (errno is the real call's).
-pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_int)) -> c_int {
+/// `real(n)` makes the app's connect call on number `n` (the app's fd, or the kept copy of
+/// its socket).
+pub fn connect(
+    fd: c_int,
+    peer: SocketAddr,
+    real: &mut dyn FnMut(c_int) -> (c_int, c_int),
+) -> c_int {
     if super::FORKED.load(std::sync::atomic::Ordering::Acquire) {
         // A fork child: the ancestor whose engine it shares the claim channel with connects.
         return super::delegate::connect(fd, peer, real);
@@ -109,79 +122,88 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
         Ok(conn) => conn,
         Err(reason) => return plain(fd, peer, reason, real),
     };
-    let (rc, err) = real();
+    let before = fdtable::get(fd);
+    let s = match swap(fd) {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing reached the TCP socket yet: it stays a plain one.
+            log_at!(Level::Info, "client fd {fd}: swap failed ({e}): plain TCP");
+            conn.abort();
+            return plain(fd, peer, Reason::RdmaError, real);
+        }
+    };
+    let tcp = s.kept.as_raw_fd();
+    // Back to the TCP socket, the stream aborted (the server, without the proof and CONFIRM,
+    // stays on TCP): what the app's number names when the connection does not upgrade.
+    let give_up = |s: Swapped| {
+        conn.abort();
+        if let Err(e) = unswap(fd, s, before) {
+            log_at!(Level::Info, "client fd {fd}: undoing the swap failed ({e})");
+        }
+    };
+    let (rc, err) = real(tcp);
     if rc != 0 && err != libc::EINPROGRESS {
         // The kernel connect failed: the app sees exactly that error; not counted.
-        conn.abort();
+        give_up(s);
+        sys::set_errno(err);
         return rc;
     }
     let deadline = now() + bound;
     if rc != 0 {
-        match sys::wait_established(fd, bound) {
+        match sys::wait_established(tcp, bound) {
             sys::Established::Yes => {}
             sys::Established::Failed => {
                 // The failure stays pending for the app's SO_ERROR; a failed connect is not
                 // counted.
-                conn.abort();
+                give_up(s);
+                sys::set_errno(err);
                 return rc;
             }
             sys::Established::Pending => {
-                conn.abort();
+                give_up(s);
                 let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
                 count_tcp(fd, peer, Reason::Timeout);
+                sys::set_errno(err);
                 return rc;
             }
         }
     }
     let Ok(secret) = conn.wait_claim(deadline) else {
         // Another process accepted the connection (pre-fork), or the app accepts late: no
-        // proof, no CONFIRM, so the server relays over TCP, as does this side.
-        conn.abort();
+        // proof, no CONFIRM, so the server relays over TCP, and this side is its TCP socket.
+        give_up(s);
         let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
         count_tcp(fd, peer, Reason::Timeout);
+        sys::set_errno(err);
         return rc;
     };
-    if fdtable::add(fd, COUNTED) & COUNTED != 0 {
-        conn.abort();
-        return rc;
-    }
     // The proof: the secret the RDMA peer sent, as the first bytes of this TCP connection,
     // which only this socket can put there. From here this side is committed to the stream.
-    if let Err(e) = sys::send_all_now(fd, secret.bytes()) {
-        // The connection failed under us (or the proof went out in part): this fd cannot be
-        // a TCP connection the app can trust any more. Fail it like a reset.
+    if let Err(e) = sys::send_all_now(tcp, secret.bytes()) {
+        // The connection failed under us (or the proof went out in part): this TCP connection
+        // cannot be one the app can trust any more. Fail it like a reset.
         log_at!(
             Level::Info,
             "client fd {fd}: sending the proof failed ({e}): resetting"
         );
-        conn.abort();
+        give_up(s);
         reset(fd);
-        record(Role::Client, fd, Some(peer), Path::Tcp, Reason::RdmaError);
+        count_tcp(fd, peer, Reason::RdmaError);
+        sys::set_errno(err);
         return rc;
     }
-    match swap(fd) {
-        Ok(s) => {
-            super::set_direct(fd, &conn);
-            conn.attach(
-                s.local,
-                Attach {
-                    kept: Some(s.kept),
-                    handshake: Handshake::Confirm,
-                    on_event: on_event(Role::Client, fd, Some(peer), s.broken),
-                    on_bytes: Some(count_bytes),
-                    give_back: None,
-                },
-            );
-        }
-        Err(e) => {
-            // The proof went out, no CONFIRM is sent: the server never binds, and this fd has
-            // lost its connection in the attempt. Fail it like a reset.
-            log_at!(Level::Info, "client fd {fd}: swap failed ({e}): resetting");
-            conn.abort();
-            reset(fd);
-            record(Role::Client, fd, Some(peer), Path::Tcp, Reason::RdmaError);
-        }
-    }
+    super::set_direct(fd, &conn);
+    conn.attach(
+        s.local,
+        Attach {
+            kept: Some(s.kept),
+            handshake: Handshake::Confirm,
+            on_event: on_event(Role::Client, fd, Some(peer), s.broken),
+            on_bytes: Some(count_bytes),
+            give_back: None,
+        },
+    );
+    sys::set_errno(err);
     rc
 }
 

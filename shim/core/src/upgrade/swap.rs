@@ -1,7 +1,10 @@
 //! The swap: the app's fd number moves from its kernel TCP socket to one end of a socketpair,
-//! before `connect()`/`accept()` returns it, so no app thread can hold the old description;
-//! epoll registrations the app made before `connect()` move with the number
-//! ([`crate::watches`]). The TCP socket stays open under a shim-owned number (the kept socket).
+//! before `accept()` returns it, and on the connecting side before the kernel connect (so
+//! before the peer can accept), so no app thread can hold the old description; epoll
+//! registrations the app made before `connect()` move with the number ([`crate::watches`]).
+//! The TCP socket stays open under a shim-owned number (the kept socket). A connection that
+//! stays TCP after the connecting side's swap gets its TCP socket back on the number
+//! ([`unswap`]).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -13,7 +16,8 @@ use libc::c_int;
 use super::delegate::Notice;
 use super::{SWAPPED_FDS, SwappedFd};
 use crate::fdtable::{self, COUNTED, INET_STREAM, SHIM_OWNED, SWAPPED, TCP};
-use crate::{sys, watches};
+use crate::sys;
+use crate::watches::{self, Watch};
 
 /// The engine's end of the socketpair and the kept TCP socket of a swapped fd.
 pub struct Swapped {
@@ -23,6 +27,8 @@ pub struct Swapped {
     pub kept: Arc<OwnedFd>,
     /// Set when the stream fails ([`super::take_reset`]; the engine's end report sets it).
     pub broken: Arc<AtomicBool>,
+    /// The app's epoll registrations that moved with the number ([`unswap`] moves them back).
+    pub moved: Vec<Watch>,
 }
 
 /// Moves the kernel TCP socket behind the app's `fd` to a kept fd number and puts one end of a
@@ -31,11 +37,12 @@ pub struct Swapped {
 pub fn swap(fd: c_int) -> io::Result<Swapped> {
     let flags = sys::fd_flags(fd)?;
     let (app, local) = engine_pair()?;
-    let (kept, broken) = install(fd, app, flags, None)?;
+    let (kept, broken, moved) = install(fd, app, flags, None)?;
     Ok(Swapped {
         local,
         kept,
         broken,
+        moved,
     })
 }
 
@@ -53,13 +60,14 @@ pub(super) fn engine_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 /// Puts the socketpair end `app` on the app's `fd` (whose fcntl flags were `flags`) and keeps
 /// a copy of the TCP socket (getpeername, TCP options; the engine's kept socket when it runs
 /// in this process); `notice` for a fork child's connection whose engine is its parent's
-/// ([`super::delegate`]). Returns the kept socket and the connection's `broken` flag.
+/// ([`super::delegate`]). Returns the kept socket, the connection's `broken` flag and the
+/// epoll registrations that moved.
 pub(super) fn install(
     fd: c_int,
     app: OwnedFd,
     (fl, fdfl): (c_int, c_int),
     notice: Option<Arc<Notice>>,
-) -> io::Result<(Arc<OwnedFd>, Arc<AtomicBool>)> {
+) -> io::Result<(Arc<OwnedFd>, Arc<AtomicBool>, Vec<Watch>)> {
     fdtable::set(app.as_raw_fd(), SHIM_OWNED);
     let app_end = sys::file_id(app.as_raw_fd());
     if fl & libc::O_NONBLOCK != 0 {
@@ -98,7 +106,47 @@ pub(super) fn install(
     watches::rewatch(fd, &watches);
     drop(app);
     fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);
-    Ok((kept, broken))
+    Ok((kept, broken, watches))
+}
+
+/// How long [`unswap`] waits for the TCP socket to take bytes written during the connect.
+const FORWARD_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Undoes [`swap`] of `fd` (whose fdtable flags were `before`) before anything reached the
+/// engine: the kept TCP socket goes back on the number, with the epoll registrations, bytes
+/// written to the socketpair meanwhile are sent on it, and the socketpair is closed (a thread
+/// that waited on its app end meanwhile sees it hang up, and its next call on the number
+/// reaches the TCP socket).
+pub fn unswap(fd: c_int, s: Swapped, before: u8) -> io::Result<()> {
+    let cloexec = sys::fd_flags(fd).is_ok_and(|(_, fdfl)| fdfl & libc::FD_CLOEXEC != 0);
+    for w in &s.moved {
+        sys::epoll_del(w.epfd, fd);
+    }
+    // The swap turned lingering off on the TCP socket (the app's setting went to the
+    // socketpair end, which still names it): the app's setting comes back.
+    sys::copy_linger(fd, s.kept.as_raw_fd());
+    let moved = sys::dup3(s.kept.as_fd(), fd, cloexec);
+    SWAPPED_FDS.lock().remove(&fd);
+    if moved.is_ok() {
+        fdtable::set(fd, before);
+    }
+    // Back on the TCP socket, and noted again: a later swap of the number moves them.
+    watches::restore(fd, &s.moved);
+    // What another app thread wrote to the number meanwhile goes out on the TCP connection
+    // (a connection that failed takes nothing: there is nobody to send it to).
+    if let Ok(n) = sys::forward_unread(s.local.as_raw_fd(), s.kept.as_raw_fd(), FORWARD_BOUND)
+        && n > 0
+    {
+        crate::log::log_at!(
+            crate::log::Level::Debug,
+            "fd {fd}: {n} bytes written during the connect went out on TCP"
+        );
+    }
+    // Their entries go before the numbers are closed: a number reused at once is not ours.
+    fdtable::clear(s.kept.as_raw_fd());
+    fdtable::clear(s.local.as_raw_fd());
+    drop(s);
+    moved
 }
 
 /// The peer's TCP connection gets an RST (a failed swap after CONFIRM or CLAIM).

@@ -196,3 +196,72 @@ fn a_swap_keeps_its_own_fds_above_the_apps_numbers() {
     drop((s, kept));
     crate::fdtable::set(fd, 0);
 }
+
+/// A connection that stays TCP after the client's swap gets its TCP socket back on the app's
+/// number: the same description, its epoll registrations (noted, for a later swap), the fd's
+/// flags as they were, and none of the shim's fds left open or marked.
+#[test]
+fn an_undone_swap_leaves_the_number_as_it_was() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    let fd = tcp.as_raw_fd();
+    let original = sys::file_id(fd);
+    let ep = sys::test_epoll();
+    let data = 0xbeef_u64;
+    // As the socket hook marks it; registered before its connect, as far as the hooks know.
+    crate::fdtable::set(fd, crate::fdtable::INET_STREAM | crate::fdtable::TCP);
+    sys::epoll_add(ep, fd, libc::EPOLLIN as u32, data).unwrap();
+    crate::ops::epoll_ctl(
+        ep,
+        libc::EPOLL_CTL_ADD,
+        fd,
+        Some((libc::EPOLLIN as u32, data)),
+    );
+    let before = crate::fdtable::get(fd);
+    let s = swap::swap(fd).unwrap();
+    assert_eq!(s.moved.len(), 1, "the registration moved with the number");
+    assert_ne!(
+        sys::file_id(fd),
+        original,
+        "the number names the socketpair"
+    );
+    let (kept_fd, local) = (s.kept.as_raw_fd(), s.local.as_raw_fd());
+    // Another app thread writes to the number during the connect.
+    sys::send_all_now(fd, b"early").unwrap();
+    swap::unswap(fd, s, before).unwrap();
+    let mut got = [0u8; 5];
+    std::io::Read::read_exact(&mut server, &mut got).unwrap();
+    assert_eq!(&got, b"early", "written during the connect, sent on TCP");
+    assert_eq!(
+        sys::file_id(fd),
+        original,
+        "the TCP socket is back on the number"
+    );
+    assert_eq!(crate::fdtable::get(fd), before);
+    assert!(
+        [kept_fd, local].iter().all(|&n| sys::file_id(n).is_none()),
+        "the shim's fds are closed"
+    );
+    assert_eq!(crate::fdtable::get(kept_fd), 0);
+    assert_eq!(crate::fdtable::get(local), 0);
+    assert!(kept(fd).is_none(), "not swapped any more");
+    assert_eq!(sys::test_epoll_wait(ep), None, "nothing readable yet");
+    server.write_all(b"x").unwrap();
+    assert_eq!(
+        sys::test_epoll_wait(ep),
+        Some((libc::EPOLLIN as u32, data)),
+        "the app's registration, on the TCP socket"
+    );
+    assert_eq!(
+        crate::watches::unwatch(fd).len(),
+        1,
+        "noted again: a later swap moves it"
+    );
+    crate::fdtable::set(fd, 0);
+    drop(tcp);
+    sys::close_raw_for_test(ep);
+}

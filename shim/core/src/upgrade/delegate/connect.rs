@@ -147,7 +147,11 @@ fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
 
 /// In a fork child: `connect(fd, peer)` for a capable ancestor's policy. Returns the kernel
 /// connect's result (errno is the real call's), as `client::connect` does.
-pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_int)) -> c_int {
+pub fn connect(
+    fd: c_int,
+    peer: SocketAddr,
+    real: &mut dyn FnMut(c_int) -> (c_int, c_int),
+) -> c_int {
     if NEGATIVE.check(peer, now()).is_some() {
         return plain(fd, peer, Reason::NegativeCache, real);
     }
@@ -178,7 +182,7 @@ pub fn connect(fd: c_int, peer: SocketAddr, real: &mut dyn FnMut() -> (c_int, c_
         // Nothing has touched the TCP connection: it stays a plain one.
         _ => return plain(fd, peer, Reason::Timeout, real),
     }
-    let (rc, err) = real();
+    let (rc, err) = real(fd);
     if rc != 0 && err != libc::EINPROGRESS {
         // The kernel connect failed: the app sees exactly that error; not counted. Closing the
         // pair tells the engine's process.
@@ -311,7 +315,7 @@ mod tests {
                 let sock = std::net::TcpStream::from(sys::tcp_socket_for_test());
                 let fd = sock.as_raw_fd();
                 let t = Instant::now();
-                let rc = connect(fd, addr, &mut || sys::connect_for_test(fd, addr));
+                let rc = connect(fd, addr, &mut |n| sys::connect_for_test(n, addr));
                 assert_eq!(rc, 0, "{how:?}");
                 assert!(t.elapsed() < Duration::from_secs(3), "{how:?}");
                 let local = double.join().unwrap();
