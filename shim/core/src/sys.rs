@@ -142,24 +142,7 @@ const CARRIED_OPTIONS: [c_int; 7] = [
 pub fn copy_socket_state(from: c_int, to: BorrowedFd<'_>, fl: c_int) {
     let to = to.as_raw_fd();
     for name in CARRIED_OPTIONS {
-        let mut value = [0u8; 16];
-        let mut len = value.len() as socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
-        let rc = unsafe {
-            libc::getsockopt(
-                from,
-                libc::SOL_SOCKET,
-                name,
-                value.as_mut_ptr().cast(),
-                &mut len,
-            )
-        };
-        if rc == 0 {
-            // SAFETY: `value` holds the `len` bytes getsockopt wrote.
-            unsafe {
-                libc::setsockopt(to, libc::SOL_SOCKET, name, value.as_ptr().cast(), len);
-            }
-        }
+        copy_option(from, to, name);
     }
     // SAFETY: F_GETOWN takes no argument.
     let owner = unsafe { libc::fcntl(from, libc::F_GETOWN) };
@@ -178,33 +161,25 @@ pub fn copy_socket_state(from: c_int, to: BorrowedFd<'_>, fl: c_int) {
     }
 }
 
-/// Gives socket `to` the `SO_LINGER` setting of socket `from` (best effort).
-pub fn copy_linger(from: c_int, to: c_int) {
-    let mut value = libc::linger {
-        l_onoff: 0,
-        l_linger: 0,
-    };
-    let mut len = size_of::<libc::linger>() as socklen_t;
+/// Gives socket `to` the value of `SOL_SOCKET` option `name` of socket `from` (best effort:
+/// an option `to` refuses keeps its value).
+pub fn copy_option(from: c_int, to: c_int, name: c_int) {
+    let mut value = [0u8; 16];
+    let mut len = value.len() as socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
     let rc = unsafe {
         libc::getsockopt(
             from,
             libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw mut value).cast(),
+            name,
+            value.as_mut_ptr().cast(),
             &mut len,
         )
     };
     if rc == 0 {
-        // SAFETY: `value` is a whole `linger`, `len` its size as getsockopt reported it.
+        // SAFETY: `value` holds the `len` bytes getsockopt wrote.
         unsafe {
-            libc::setsockopt(
-                to,
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&raw const value).cast(),
-                len,
-            );
+            libc::setsockopt(to, libc::SOL_SOCKET, name, value.as_ptr().cast(), len);
         }
     }
 }
@@ -748,7 +723,7 @@ pub fn forward_unread(
     bound: std::time::Duration,
 ) -> std::io::Result<usize> {
     let until = std::time::Instant::now() + bound;
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = [0u8; 16 * 1024];
     let mut moved = 0;
     loop {
         // SAFETY: `buf` is writable for its length.

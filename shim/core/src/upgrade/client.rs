@@ -122,6 +122,20 @@ pub fn connect(
         Ok(conn) => conn,
         Err(reason) => return plain(fd, peer, reason, real),
     };
+    let (rc, err) = upgrade(fd, peer, &conn, bound, real);
+    // What the kernel connect answered, whatever the shim's own calls after it left in errno.
+    sys::set_errno(err);
+    rc
+}
+
+/// Steps 4 and 5 for the established `conn`: the kernel connect's (result, errno).
+fn upgrade(
+    fd: c_int,
+    peer: SocketAddr,
+    conn: &Conn,
+    bound: Duration,
+    real: &mut dyn FnMut(c_int) -> (c_int, c_int),
+) -> (c_int, c_int) {
     let before = fdtable::get(fd);
     let s = match swap(fd) {
         Ok(s) => s,
@@ -129,7 +143,8 @@ pub fn connect(
             // Nothing reached the TCP socket yet: it stays a plain one.
             log_at!(Level::Info, "client fd {fd}: swap failed ({e}): plain TCP");
             conn.abort();
-            return plain(fd, peer, Reason::RdmaError, real);
+            let rc = plain(fd, peer, Reason::RdmaError, real);
+            return (rc, sys::errno());
         }
     };
     let tcp = s.kept.as_raw_fd();
@@ -145,8 +160,7 @@ pub fn connect(
     if rc != 0 && err != libc::EINPROGRESS {
         // The kernel connect failed: the app sees exactly that error; not counted.
         give_up(s);
-        sys::set_errno(err);
-        return rc;
+        return (rc, err);
     }
     let deadline = now() + bound;
     if rc != 0 {
@@ -156,15 +170,13 @@ pub fn connect(
                 // The failure stays pending for the app's SO_ERROR; a failed connect is not
                 // counted.
                 give_up(s);
-                sys::set_errno(err);
-                return rc;
+                return (rc, err);
             }
             sys::Established::Pending => {
                 give_up(s);
                 let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
                 count_tcp(fd, peer, Reason::Timeout);
-                sys::set_errno(err);
-                return rc;
+                return (rc, err);
             }
         }
     }
@@ -174,8 +186,7 @@ pub fn connect(
         give_up(s);
         let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
         count_tcp(fd, peer, Reason::Timeout);
-        sys::set_errno(err);
-        return rc;
+        return (rc, err);
     };
     // The proof: the secret the RDMA peer sent, as the first bytes of this TCP connection,
     // which only this socket can put there. From here this side is committed to the stream.
@@ -189,10 +200,9 @@ pub fn connect(
         give_up(s);
         reset(fd);
         count_tcp(fd, peer, Reason::RdmaError);
-        sys::set_errno(err);
-        return rc;
+        return (rc, err);
     }
-    super::set_direct(fd, &conn);
+    super::set_direct(fd, conn);
     conn.attach(
         s.local,
         Attach {
@@ -203,8 +213,7 @@ pub fn connect(
             give_back: None,
         },
     );
-    sys::set_errno(err);
-    rc
+    (rc, err)
 }
 
 /// Step 3: the RDMA connect from `client` (the app socket's bound address) to `peer`'s IP

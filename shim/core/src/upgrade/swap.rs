@@ -124,7 +124,7 @@ pub fn unswap(fd: c_int, s: Swapped, before: u8) -> io::Result<()> {
     }
     // The swap turned lingering off on the TCP socket (the app's setting went to the
     // socketpair end, which still names it): the app's setting comes back.
-    sys::copy_linger(fd, s.kept.as_raw_fd());
+    sys::copy_option(fd, s.kept.as_raw_fd(), libc::SO_LINGER);
     let moved = sys::dup3(s.kept.as_fd(), fd, cloexec);
     SWAPPED_FDS.lock().remove(&fd);
     if moved.is_ok() {
