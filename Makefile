@@ -198,7 +198,7 @@ test: deps fmt-check machete deny clippy manifests-check auditable unit
 # Every benchmark runs even when an earlier one misses a goal; the list of those that did and a
 # non-zero exit come at the end.
 # rdma-streams-softroce:rdma boots a Soft-RoCE guest (make deps installs what it needs) and takes
-# about 17 minutes under TCG.
+# about 16 minutes under TCG.
 BENCHES := rdma-device-plugin:plugin rdma-stream-injector:admission rdma-streams-shim:passthrough \
 	rdma-streams-softroce:rdma rdma-gateway-testbed:chain
 

@@ -137,6 +137,7 @@ fn client(addr: SocketAddr, mib: usize, streams: usize) {
                 payload: b"hi".to_vec(),
                 resolve_timeout: Duration::from_secs(5),
                 handshake: Handshake::Open,
+                unattached_timeout: None,
             });
             let answer = conn
                 .wait_established(Instant::now() + Duration::from_secs(20))

@@ -58,6 +58,8 @@ pub const SHIM_RING_ENV: &str = "STREAMSHIM_RING_KIB";
 pub const SHIM_DIRECT_READ_ENV: &str = "STREAMSHIM_DIRECT_READ";
 /// The shim's switch of direct writes into the send ring (`0` turns them off).
 pub const SHIM_DIRECT_WRITE_ENV: &str = "STREAMSHIM_DIRECT_WRITE";
+/// The shim's switch of spare connections (`0` turns them off).
+pub const SHIM_SPARE_ENV: &str = "STREAMSHIM_SPARE";
 
 /// The shim's environment variables, for checks that a name is one of them: every variable
 /// the shim reads (its settings type, `shim/core/src/settings.rs`, checks this list).
@@ -72,4 +74,5 @@ pub const SHIM_ENV: &[&str] = &[
     SHIM_RING_ENV,
     SHIM_DIRECT_READ_ENV,
     SHIM_DIRECT_WRITE_ENV,
+    SHIM_SPARE_ENV,
 ];

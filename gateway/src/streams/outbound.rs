@@ -59,6 +59,7 @@ impl Dial for EngineDial<'_> {
             payload,
             resolve_timeout: deadline.saturating_duration_since(Instant::now()),
             handshake: Handshake::Open,
+            unattached_timeout: None,
         });
         match conn.wait_established(deadline) {
             Ok(answer) => Ok((conn, answer)),

@@ -222,6 +222,10 @@ fn evaluate(settings: &Settings) -> State {
     };
     upgrade::set_direct_read(switch(&settings.direct_read, "reads"));
     upgrade::set_direct_write(switch(&settings.direct_write, "writes"));
+    upgrade::set_spare(settings.spare.clone().unwrap_or_else(|e| {
+        log::plain_line(format_args!("streamshim: {e}; spare connections stay on"));
+        true
+    }));
     let per_connection = upgrade::engine_config(None, ring_bytes).pinned_per_connection();
     let limits = PinLimits::of_this_process();
     let budget = limits.budget();

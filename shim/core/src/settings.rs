@@ -40,6 +40,8 @@ pub const RING_ENV: &str = "STREAMSHIM_RING_KIB";
 pub const DIRECT_READ_ENV: &str = "STREAMSHIM_DIRECT_READ";
 /// Direct writes into the send ring ([`crate::direct`]).
 pub const DIRECT_WRITE_ENV: &str = "STREAMSHIM_DIRECT_WRITE";
+/// Spare connections: a client's next RDMA connect to a peer made ahead (`upgrade::spare`).
+pub const SPARE_ENV: &str = "STREAMSHIM_SPARE";
 
 /// `STREAMSHIM_MODE`, trimmed and lower-cased.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +88,8 @@ pub struct Settings {
     pub direct_read: Result<bool, String>,
     /// `STREAMSHIM_DIRECT_WRITE`, or the one-line error for a value neither 0 nor 1.
     pub direct_write: Result<bool, String>,
+    /// `STREAMSHIM_SPARE`, or the one-line error for a value neither 0 nor 1.
+    pub spare: Result<bool, String>,
 }
 
 impl Settings {
@@ -117,6 +121,7 @@ impl Settings {
             direct::switch_from_value(DIRECT_READ_ENV, var(DIRECT_READ_ENV).as_deref());
         let direct_write =
             direct::switch_from_value(DIRECT_WRITE_ENV, var(DIRECT_WRITE_ENV).as_deref());
+        let spare = direct::switch_from_value(SPARE_ENV, var(SPARE_ENV).as_deref());
         Settings {
             disable,
             mode,
@@ -128,6 +133,7 @@ impl Settings {
             ring_bytes,
             direct_read,
             direct_write,
+            spare,
         }
     }
 
@@ -261,6 +267,7 @@ mod tests {
         assert_eq!(s.ring_bytes, Ok(ring::DEFAULT_RING_KIB * 1024));
         assert_eq!(s.direct_read, Ok(true));
         assert_eq!(s.direct_write, Ok(true));
+        assert_eq!(s.spare, Ok(true));
     }
 
     #[test]
@@ -290,6 +297,8 @@ mod tests {
         assert!(with(RING_ENV, Some("1m")).ring_bytes.is_err());
         assert_eq!(with(DIRECT_READ_ENV, Some("0")).direct_read, Ok(false));
         assert!(with(DIRECT_WRITE_ENV, Some("2")).direct_write.is_err());
+        assert_eq!(with(SPARE_ENV, Some("0")).spare, Ok(false));
+        assert!(with(SPARE_ENV, Some("yes")).spare.is_err());
         assert!(with(STATS_ENV, Some("/tmp/s-%p.json")).stats.is_some());
     }
 

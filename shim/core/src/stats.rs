@@ -17,7 +17,7 @@
 //!  "server":{"total":{"rdma":0,"tcp":0},"rdma":{},"tcp":{}},
 //!  "total":{"rdma":3,"tcp":1},
 //!  "rdma_bytes":{"sent":1048576,"received":512,"direct":500,"direct_written":1048000},
-//!  "rdma_closed":2,"rdma_resets":0,"pinned_peak":4399104}
+//!  "rdma_closed":2,"rdma_resets":0,"pinned_peak":4399104,"spare_connects":2}
 //! ```
 
 use std::collections::BTreeMap;
@@ -56,6 +56,7 @@ pub struct Stats {
     pinned_peak: AtomicU64,
     rdma_bytes_direct: AtomicU64,
     rdma_bytes_direct_written: AtomicU64,
+    spare_connects: AtomicU64,
 }
 
 static GLOBAL: Stats = Stats::new();
@@ -78,6 +79,7 @@ impl Stats {
             pinned_peak: AtomicU64::new(0),
             rdma_bytes_direct: AtomicU64::new(0),
             rdma_bytes_direct_written: AtomicU64::new(0),
+            spare_connects: AtomicU64::new(0),
         }
     }
 
@@ -156,6 +158,12 @@ impl Stats {
         self.rdma_closed.store(0, Ordering::Relaxed);
         self.rdma_resets.store(0, Ordering::Relaxed);
         self.pinned_peak.store(0, Ordering::Relaxed);
+        self.spare_connects.store(0, Ordering::Relaxed);
+    }
+
+    /// A connect took a spare connection (its RDMA connect made ahead).
+    pub fn add_spare_connect(&self) {
+        self.spare_connects.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The engine pinned `bytes` at once (kept when it is the most so far).
@@ -210,6 +218,7 @@ impl Stats {
             rdma_closed: self.rdma_closed.load(Ordering::Relaxed),
             rdma_resets: self.rdma_resets.load(Ordering::Relaxed),
             pinned_peak: self.pinned_peak.load(Ordering::Relaxed),
+            spare_connects: self.spare_connects.load(Ordering::Relaxed),
         }
     }
 
@@ -296,6 +305,9 @@ pub struct StatsSnapshot {
     /// The most bytes the process's engine pinned at once (as its budget counts them).
     #[serde(default)]
     pub pinned_peak: u64,
+    /// Connects that took a spare connection (their RDMA connect made ahead).
+    #[serde(default)]
+    pub spare_connects: u64,
 }
 
 impl StatsSnapshot {
@@ -470,6 +482,7 @@ mod tests {
         s.record_rdma_close(true);
         s.note_pinned_peak(4096);
         s.note_pinned_peak(1024);
+        s.add_spare_connect();
         let snap = s.snapshot_with_pid(4242);
         assert_eq!(snap.role(Role::Client).get(Path::Rdma, Reason::Upgraded), 3);
         assert_eq!(
@@ -488,7 +501,8 @@ mod tests {
             "rdma_bytes": {"sent": 1024, "received": 7, "direct": 5, "direct_written": 1000},
             "rdma_closed": 2,
             "rdma_resets": 1,
-            "pinned_peak": 4096
+            "pinned_peak": 4096,
+            "spare_connects": 1
         });
         assert_eq!(v, expected);
         let back: StatsSnapshot = serde_json::from_value(v).unwrap();

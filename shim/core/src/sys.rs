@@ -789,6 +789,39 @@ pub fn set_linger_zero(fd: BorrowedFd<'_>) {
     };
 }
 
+/// A new TCP socket of the shim's own (close-on-exec, blocking), IPv6 when `v6`.
+pub fn tcp_socket(v6: bool) -> std::io::Result<OwnedFd> {
+    let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: no pointer arguments; the result, when not negative, is a new fd we own.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: `fd` is fresh and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `SO_REUSEADDR` of socket `fd`; None when it cannot be read.
+pub fn reuse_addr(fd: c_int) -> Option<bool> {
+    int_option(fd, libc::SO_REUSEADDR).map(|v| v != 0)
+}
+
+/// Sets `SO_REUSEADDR` of socket `fd`.
+pub fn set_reuse_addr(fd: c_int, on: bool) -> std::io::Result<()> {
+    let value = c_int::from(on);
+    // SAFETY: `value` is a live int of the length passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&raw const value).cast(),
+            size_of::<c_int>() as socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(last_error()) }
+}
+
 /// Binds `fd` to `addr` (the real bind; bind is not hooked).
 pub fn bind(fd: c_int, addr: SocketAddr) -> std::io::Result<()> {
     let raw = RawSockAddr::from_addr(addr);

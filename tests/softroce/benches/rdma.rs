@@ -41,7 +41,8 @@
 //! shim / rsocket, connect shim / rsocket) are what this bench can say. The table marks them.
 //!
 //! Knobs: `RDMA_BENCH_REPS` (5), `RDMA_BENCH_COUNT` (64), `RDMA_BENCH_CONNECTS` (100, after 5
-//! warm-up), `RDMA_BENCH_IPERF_SECONDS` (5), `RDMA_BENCH_MIGRATIONS` (3; 0: none),
+//! warm-up), `RDMA_BENCH_IPERF_SECONDS` (5), `RDMA_BENCH_HTTP_REQUESTS` (1000, after 10 warm-up),
+//! `RDMA_BENCH_FIRST_MIB` (100), `RDMA_BENCH_MIGRATIONS` (3; 0: none),
 //! `RDMA_BENCH_MIGRATION_MIB` (128), `STREAMSHIM_LIB` (else `<target>/release/libstreamshim.so`,
 //! built with `cargo build --release -p rdma-streams-shim` when missing or older than its
 //! sources), `RDMA_BENCH_ANALYZE=<dir>` (no guest: judge the `bench/` directory of an earlier
@@ -79,6 +80,8 @@ struct Knobs {
     connects: u64,
     warmup: u64,
     iperf_seconds: u64,
+    http_requests: u64,
+    first_mib: u64,
     migrations: u64,
     migration_mib: u64,
 }
@@ -99,6 +102,8 @@ impl Knobs {
             connects: env_num("RDMA_BENCH_CONNECTS", 100, false),
             warmup: 5,
             iperf_seconds: env_num("RDMA_BENCH_IPERF_SECONDS", 5, false),
+            http_requests: env_num("RDMA_BENCH_HTTP_REQUESTS", 1000, false),
+            first_mib: env_num("RDMA_BENCH_FIRST_MIB", 100, false),
             migrations: env_num("RDMA_BENCH_MIGRATIONS", 3, true),
             migration_mib: env_num("RDMA_BENCH_MIGRATION_MIB", 128, false),
         }
@@ -108,7 +113,12 @@ impl Knobs {
     /// took per repetition.
     fn guest_timeout(&self) -> Duration {
         Duration::from_secs(
-            300 + self.reps * (self.count * 10 + 900 + self.connects * 2)
+            300 + self.reps
+                * (self.count * 10
+                    + 900
+                    + self.connects * 2
+                    + self.http_requests / 5
+                    + self.first_mib)
                 + self.migrations * (self.migration_mib * 6 + 120),
         )
     }
@@ -291,11 +301,13 @@ fn ended_lines(dir: &Path) -> String {
 /// What one run measured.
 #[derive(Clone, Debug, Default)]
 struct Sample {
-    /// bits/s (throughput), ns (connect median) or s (migration).
+    /// bits/s (throughput), ns (connect median; all requests without keep-alive; a fresh
+    /// connection's first bytes) or s (migration).
     value: f64,
     /// Connect: p99 (ns). 4 pairs: the slowest and fastest pair's rate.
     p99: Option<f64>,
-    /// Connect: socket() until a 1-byte echo is back, median and p99 (ns).
+    /// Connect: socket() until a 1-byte echo is back, median and p99 (ns). Requests without
+    /// keep-alive: one request, median and p99 (ns).
     echo: Option<f64>,
     echo_p99: Option<f64>,
     /// Connect: a 1-byte round trip on a new connection and on a long one, median and p99 (ns).
@@ -467,7 +479,7 @@ fn measure(r: &RunDir, k: &Knobs) -> Result<Sample, String> {
                 expect_upgraded(&r.path, "srv", "server", 5)?;
             }
         }
-        "conntcp" | "connshim" | "connshimsmall" | "connrsocket" => {
+        "conntcp" | "connshim" | "connshimsmall" | "connshimcold" | "connrsocket" => {
             let out = read(&r.path.join("cli0.out"));
             s.value = kv(&out, "median_ns").ok_or("connlat printed no median")?;
             s.p99 = kv(&out, "p99_ns");
@@ -482,6 +494,27 @@ fn measure(r: &RunDir, k: &Knobs) -> Result<Sample, String> {
                 let n = k.connects + k.warmup + 1;
                 expect_upgraded(&r.path, "cli", "client", n)?;
                 expect_upgraded(&r.path, "srv", "server", n)?;
+            }
+        }
+        "httptcp" | "httpshim" | "httpshimcold" => {
+            let out = read(&r.path.join("cli0.out"));
+            s.value = kv(&out, "total_ns").ok_or("httpget printed no total")?;
+            s.echo = kv(&out, "median_ns");
+            s.echo_p99 = kv(&out, "p99_ns");
+            if v != "httptcp" {
+                // And the 10 warm-up requests.
+                let n = r.count as u64 + 10;
+                expect_upgraded(&r.path, "cli", "client", n)?;
+                expect_upgraded(&r.path, "srv", "server", n)?;
+            }
+        }
+        "firsttcp" | "firstshim" | "firstrsocket" => {
+            let out = read(&r.path.join("cli0.out"));
+            s.value = kv(&out, "total_ns").ok_or("first printed no total")?;
+            s.bytes = r.bytes_per_pair;
+            if v == "firstshim" {
+                expect_upgraded(&r.path, "cli", "client", 1)?;
+                expect_upgraded(&r.path, "srv", "server", 1)?;
             }
         }
         "migplain" | "migshim" => {
@@ -722,7 +755,14 @@ fn label(v: &str) -> &'static str {
         "iperf4shim" => "iperf3 -P 4, both ends shimmed (upgraded)",
         "conntcp" => "connect, TCP",
         "connshim" => "connect, both ends shimmed (upgraded)",
+        "connshimcold" => "connect, both ends shimmed, no spare connections (upgraded)",
         "connrsocket" => "connect, both ends under librspreload (rsocket)",
+        "httptcp" => "requests without keep-alive, TCP (nginx; a new connection each)",
+        "httpshim" => "requests without keep-alive, nginx and the client shimmed (upgraded)",
+        "httpshimcold" => "requests without keep-alive, shimmed, no spare connections (upgraded)",
+        "firsttcp" => "a fresh connection's first bytes, TCP",
+        "firstshim" => "a fresh connection's first bytes, both ends shimmed (upgraded)",
+        "firstrsocket" => "a fresh connection's first bytes, both ends under librspreload",
         "migplain" => "QEMU migration, plain TCP",
         "migshim" => "QEMU migration, both QEMUs shimmed (upgraded)",
         _ => "?",
@@ -911,7 +951,13 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
     }
 
     // ---- connect latency
-    for v in ["conntcp", "connshim", "connshimsmall", "connrsocket"] {
+    for v in [
+        "conntcp",
+        "connshim",
+        "connshimsmall",
+        "connshimcold",
+        "connrsocket",
+    ] {
         let mut text = t.spread(v, rate, 1e6, "ms", 2);
         if let Some(p) = t.med(v, |s| s.p99) {
             let _ = write!(text, "; p99 {:.2} ms (median over runs)", p / 1e6);
@@ -957,8 +1003,15 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
         "reported",
         "",
     );
+    let (text, _) = t.ratio_text("connshim", "connshimcold", rate);
+    t.row(
+        "connect latency shim / shim without spare connections",
+        text,
+        "reported",
+        "",
+    );
     // What an app's first request costs: socket() until a 1-byte echo is back.
-    for v in ["conntcp", "connshim", "connrsocket"] {
+    for v in ["conntcp", "connshim", "connshimcold", "connrsocket"] {
         let mut text = t.spread(v, |s| s.echo, 1e6, "ms", 2);
         if let Some(p) = t.med(v, |s| s.echo_p99) {
             let _ = write!(text, "; p99 {p:.2} ms (median over runs)", p = p / 1e6);
@@ -976,6 +1029,11 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
     }
     for (a, b, what) in [
         ("connshim", "conntcp", "shim / TCP"),
+        (
+            "connshimcold",
+            "conntcp",
+            "shim without spare connections / TCP",
+        ),
         ("connrsocket", "conntcp", "rsocket / TCP"),
     ] {
         let (median, _) = t.ratio_text(a, b, |s| s.echo);
@@ -1019,6 +1077,66 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
         }
     }
 
+    // ---- requests without keep-alive
+    let requests = k.http_requests;
+    for v in ["httptcp", "httpshim", "httpshimcold"] {
+        let mut text = t.spread(v, rate, 1e9, "s", 2);
+        if let (Some(m), Some(p)) = (t.med(v, |s| s.echo), t.med(v, |s| s.echo_p99)) {
+            let _ = write!(
+                text,
+                "; a request: median {:.2} ms, p99 {:.2} ms (medians over runs)",
+                m / 1e6,
+                p / 1e6
+            );
+        }
+        t.row(format!("{} ({requests} requests)", label(v)), text, "", "");
+    }
+    for (a, what) in [
+        ("httpshim", "shim / TCP"),
+        ("httpshimcold", "shim without spare connections / TCP"),
+    ] {
+        let (text, r) = t.ratio_text(a, "httptcp", rate);
+        let ok = t.errors(a).is_empty() && r.is_some_and(|r| r <= 1.2);
+        let mark = match (tcg, ok) {
+            (true, true) => "ok (not judged under TCG)",
+            (true, false) => "MISSED (not judged under TCG)",
+            (false, _) if a == "httpshim" => {
+                t.judge("requests without keep-alive shim / TCP <= 1.2", ok)
+            }
+            (false, true) => "ok",
+            (false, false) => "MISSED",
+        };
+        let goal = if a == "httpshim" {
+            "<= 1.2"
+        } else {
+            "reported"
+        };
+        t.row(
+            format!("requests without keep-alive {what}"),
+            text,
+            goal,
+            mark,
+        );
+    }
+
+    // ---- a fresh connection's first bytes
+    for v in ["firsttcp", "firstshim", "firstrsocket"] {
+        let text = t.spread(v, rate, 1e9, "s", 2);
+        t.row(format!("{} ({} MiB)", label(v), k.first_mib), text, "", "");
+    }
+    for (a, b, what, note) in [
+        ("firstshim", "firsttcp", "shim / TCP", tcg_note),
+        ("firstshim", "firstrsocket", "shim / rsocket", ""),
+    ] {
+        let (text, _) = t.ratio_text(a, b, rate);
+        t.row(
+            format!("a fresh connection's first bytes, time {what}"),
+            text,
+            "reported",
+            note,
+        );
+    }
+
     // ---- migration
     if t.runs("migplain") + t.runs("migshim") > 0 {
         for v in ["migplain", "migshim"] {
@@ -1053,6 +1171,10 @@ fn table(res: &Results, k: &Knobs, tcg: bool) -> (String, bool) {
         "iperf4shim",
         "connshim",
         "connshimsmall",
+        "connshimcold",
+        "httpshim",
+        "httpshimcold",
+        "firstshim",
         "migshim",
     ];
     let total: usize = shimmed.iter().map(|v| t.runs(v)).sum();
@@ -1250,6 +1372,8 @@ fn run_guest(k: &Knobs) -> Result<(PathBuf, bool, Option<String>), String> {
         ("IPERF_SECONDS", k.iperf_seconds.to_string()),
         ("CONNECTS", k.connects.to_string()),
         ("CONNECT_WARMUP", k.warmup.to_string()),
+        ("HTTP_REQUESTS", k.http_requests.to_string()),
+        ("FIRST_MIB", k.first_mib.to_string()),
         ("MIGRATIONS", k.migrations.to_string()),
         ("MIGRATION_MIB", k.migration_mib.to_string()),
         ("NEGOTIATE_MS", "5000".to_owned()),
@@ -1300,12 +1424,15 @@ fn main() -> ExitCode {
     let (load0, when) = (loadavg(), date());
     println!(
         "rdma benchmark: {} interleaved repetitions; rstream -S {SIZE} -C {} (1 stream), -C {} per pair (4 pairs); \
-         {} connects; iperf3 -t {}; {} migrations of {} MiB",
+         {} connects; iperf3 -t {}; {} requests without keep-alive; a fresh connection's first {} MiB; \
+         {} migrations of {} MiB",
         k.reps,
         k.count,
         (k.count / 2).max(1),
         k.connects,
         k.iperf_seconds,
+        k.http_requests,
+        k.first_mib,
         k.migrations,
         k.migration_mib
     );

@@ -19,14 +19,16 @@
 # Variables: TOOL (rdma_tool), SHIM (libstreamshim.so), RSPRELOAD (librspreload.so), PY (a
 # python3), MIGRATE (tests/tools/qemu_migrate.py), REPS, SIZE (bytes per transfer), COUNT
 # (transfers each way, one stream; each of the 4 pairs does COUNT/2), IPERF_SECONDS, CONNECTS,
-# CONNECT_WARMUP, MIGRATIONS (repetitions that also time a QEMU migration; 0: none),
-# MIGRATION_MIB, NEGOTIATE_MS.
+# CONNECT_WARMUP, HTTP_REQUESTS (requests without keep-alive per run), FIRST_MIB (a fresh
+# connection's first transfer), MIGRATIONS (repetitions that also time a QEMU migration; 0:
+# none), MIGRATION_MIB, NEGOTIATE_MS.
 set -u
 
 : "${TOOL:?}" "${SHIM:?}" "${RSPRELOAD:?}" "${PY:?}" "${MIGRATE:?}"
 REPS=${REPS:-5} SIZE=${SIZE:-1048576} COUNT=${COUNT:-64} IPERF_SECONDS=${IPERF_SECONDS:-5}
 CONNECTS=${CONNECTS:-100} CONNECT_WARMUP=${CONNECT_WARMUP:-5} MIGRATIONS=${MIGRATIONS:-3}
 MIGRATION_MIB=${MIGRATION_MIB:-128} NEGOTIATE_MS=${NEGOTIATE_MS:-5000}
+HTTP_REQUESTS=${HTTP_REQUESTS:-1000} FIRST_MIB=${FIRST_MIB:-100}
 # The shim's smaller-memory setting, measured beside its default (2 MiB rings).
 SMALL=STREAMSHIM_RING_KIB=256
 A=${SOFTROCE_ADDR_A:-198.18.0.1}
@@ -207,24 +209,86 @@ iperf4() { # plain|shim
 
 # Connect latency: CONNECTS sequential connects, each with a 1-byte echo (after CONNECT_WARMUP),
 # and 10 more round trips on the connection, to a server that echoes until an `x` and closes.
-# kind: tcp, shim (both ends), shimsmall (both ends, 256 KiB rings), rsocket (both ends under
+# kind: tcp, shim (both ends), shimsmall (both ends, 256 KiB rings), shimcold (both ends,
+# STREAMSHIM_SPARE=0: every connect makes its RDMA connect), rsocket (both ends under
 # librspreload)
 connects() { # KIND
 	local pre_s="" pre_c=""
 	case $1 in
 	shim) pre_s=$(shimmed srv) pre_c=$(shimmed cli) ;;
 	shimsmall) pre_s="$(shimmed srv) $SMALL" pre_c="$(shimmed cli) $SMALL" ;;
+	shimcold) pre_s=$(shimmed srv) pre_c="$(shimmed cli) STREAMSHIM_SPARE=0" ;;
 	rsocket) pre_s="env LD_PRELOAD=$RSPRELOAD" pre_c="env LD_PRELOAD=$RSPRELOAD" ;;
 	esac
 	stat_cpu stat0
 	run_bg srv0 "$pre_s" "$TOOL" server "$A" "$port"
 	case $1 in
 	tcp) wait_tcp "$port" ;;
-	shim | shimsmall) wait_tcp "$port" && wait_cm "$port" ;;
+	shim | shimsmall | shimcold) wait_tcp "$port" && wait_cm "$port" ;;
 	rsocket) wait_cm "$port" ;;
 	esac
 	run_bg cli0 "$pre_c" "$TOOL" connlat "$A" "$port" "$CONNECTS" "$CONNECT_WARMUP"
 	# The server runs until SIGTERM (then exit(0): the shim writes its stats).
+	finish 0
+	stat_cpu stat1
+}
+
+# Requests without keep-alive: nginx (master and 2 workers, as root; the workers run as
+# nobody) serves a 1 KiB file; rdma_tool httpget makes HTTP_REQUESTS GETs (after 10 warm-up)
+# one after the other, each on a new connection.
+# kind: tcp, shim (nginx and the client shimmed), shimcold (the same, the client with
+# STREAMSHIM_SPARE=0)
+httpload() { # KIND
+	local pre_s="" pre_c="" ngx=$R/ngx
+	case $1 in
+	shim) pre_s=$(shimmed srv) pre_c=$(shimmed cli) ;;
+	shimcold) pre_s=$(shimmed srv) pre_c="$(shimmed cli) STREAMSHIM_SPARE=0" ;;
+	esac
+	mkdir -p "$ngx/www" && chmod 1777 "$R" && head -c 1024 /dev/urandom >"$ngx/www/k.bin"
+	cat >"$ngx/nginx.conf" <<-EOF
+		daemon off;
+		master_process on;
+		worker_processes 2;
+		pid $ngx/nginx.pid;
+		error_log $ngx/error.log info;
+		events { worker_connections 256; }
+		http {
+		  access_log off;
+		  client_body_temp_path $ngx/body;
+		  proxy_temp_path $ngx/proxy;
+		  fastcgi_temp_path $ngx/fastcgi;
+		  uwsgi_temp_path $ngx/uwsgi;
+		  scgi_temp_path $ngx/scgi;
+		  server { listen $A:$port; root $ngx/www; }
+		}
+	EOF
+	stat_cpu stat0
+	run_bg srv0 "$pre_s" nginx -p "$ngx" -c "$ngx/nginx.conf" -e stderr
+	wait_tcp "$port" && { [ "$1" = tcp ] || wait_cm "$port"; }
+	run_bg cli0 "$pre_c" "$TOOL" httpget "$A" "$port" /k.bin "$HTTP_REQUESTS" 10
+	# nginx runs until SIGTERM (its fast shutdown; the master's exit writes its stats, which
+	# count its workers' upgraded connections).
+	finish 0
+	stat_cpu stat1
+}
+
+# A fresh connection's first FIRST_MIB MiB: rdma_tool first to rdma_tool sink, from socket()
+# until the sink's byte count is back.
+# kind: tcp, shim (both ends), rsocket (both ends under librspreload)
+firstbytes() { # KIND
+	local pre_s="" pre_c=""
+	case $1 in
+	shim) pre_s=$(shimmed srv) pre_c=$(shimmed cli) ;;
+	rsocket) pre_s="env LD_PRELOAD=$RSPRELOAD" pre_c="env LD_PRELOAD=$RSPRELOAD" ;;
+	esac
+	stat_cpu stat0
+	run_bg srv0 "$pre_s" "$TOOL" sink "$A" "$port"
+	case $1 in
+	tcp) wait_tcp "$port" ;;
+	shim) wait_tcp "$port" && wait_cm "$port" ;;
+	rsocket) wait_cm "$port" ;;
+	esac
+	run_bg cli0 "$pre_c" "$TOOL" first "$A" "$port" $((FIRST_MIB << 20))
 	finish 0
 	stat_cpu stat1
 }
@@ -253,7 +317,7 @@ rotate() { # K WORDS...: WORDS rotated left by K
 	for ((i = 0; i < ${#a[@]}; i++)); do echo "${a[$(((i + k) % ${#a[@]}))]}"; done
 }
 
-say "start: $REPS repetitions, $SIZE-byte transfers, $COUNT each way (1 stream), $COUNT4 per pair (4 pairs), $CONNECTS connects, $MIGRATIONS migrations of $MIGRATION_MIB MiB; $(nproc) cpus"
+say "start: $REPS repetitions, $SIZE-byte transfers, $COUNT each way (1 stream), $COUNT4 per pair (4 pairs), $CONNECTS connects, $HTTP_REQUESTS requests without keep-alive, a fresh connection's first $FIRST_MIB MiB, $MIGRATIONS migrations of $MIGRATION_MIB MiB; $(nproc) cpus"
 for ((rep = 0; rep < REPS; rep++)); do
 	for v in $(rotate "$rep" tcp1 shim1 shimsmall1 rsocket1 verbs1); do
 		newrun "$v" "$rep" 1 $((2 * SIZE * COUNT)) "$COUNT"
@@ -271,9 +335,19 @@ for ((rep = 0; rep < REPS; rep++)); do
 		esac
 		endrun
 	done
-	for v in $(rotate "$rep" conntcp connshim connshimsmall connrsocket); do
+	for v in $(rotate "$rep" conntcp connshim connshimsmall connshimcold connrsocket); do
 		newrun "$v" "$rep" 1 0 0
 		connects "${v#conn}"
+		endrun
+	done
+	for v in $(rotate "$rep" httptcp httpshim httpshimcold); do
+		newrun "$v" "$rep" 1 0 "$HTTP_REQUESTS"
+		httpload "${v#http}"
+		endrun
+	done
+	for v in $(rotate "$rep" firsttcp firstshim firstrsocket); do
+		newrun "$v" "$rep" 1 $((FIRST_MIB << 20)) 1
+		firstbytes "${v#first}"
 		endrun
 	done
 	if [ "$rep" -lt "$MIGRATIONS" ]; then

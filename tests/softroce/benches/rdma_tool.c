@@ -23,6 +23,21 @@
  *       costs), rtt_* each of the KEEP round trips (a request and its reply on a kept-alive
  *       connection). Then one more connection carries LONG round trips (after 50 untimed):
  *       long_rtt_median_ns=.. long_rtt_p99_ns=.. (a connection that lives: a database session).
+ *       With CONNLAT_PAUSE_US set, each round ends with a pause of that many microseconds
+ *       (a client that does something between its connections).
+ *   rdma_tool httpget HOST PORT PATH N WARMUP
+ *       N timed HTTP/1.0 GETs of PATH (after WARMUP untimed ones), one after the other, each on
+ *       a new connection (socket, connect, the request, the whole response read until the
+ *       server's close, close): requests without keep-alive. Fails unless every response is
+ *       `200`. Prints `n=.. total_ns=.. median_ns=.. p99_ns=.. bytes=..` (total: the N
+ *       requests' wall time; bytes: one response's).
+ *   rdma_tool sink ADDR PORT
+ *       accepts connections one at a time; reads each until EOF, then writes its byte count
+ *       as one line and closes. SIGTERM ends it with exit(0).
+ *   rdma_tool first HOST PORT BYTES
+ *       a fresh connection's first BYTES: socket() + connect() + BYTES written (1 MiB writes)
+ *       + shutdown(SHUT_WR), until the sink's count is back. Fails unless the count is BYTES.
+ *       Prints `bytes=.. total_ns=.. connect_ns=..`.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -178,6 +193,8 @@ static int connlat(const char *host, int port, int n, int warmup) {
     long long *echoes = calloc((size_t)n, sizeof *echoes);
     long long *rtts = calloc((size_t)n * KEEP, sizeof *rtts);
     char buf[64];
+    const char *pause_env = getenv("CONNLAT_PAUSE_US");
+    long pause_us = pause_env != NULL ? atol(pause_env) : 0;
     /* The process's first INET stream socket: a preloaded library decides here. */
     long long t0 = now_ns();
     int s = socket(AF_INET, SOCK_STREAM, 0);
@@ -221,6 +238,7 @@ static int connlat(const char *host, int port, int n, int warmup) {
         long long t2 = now_ns();
         close(s);
         long long t3 = now_ns();
+        if (pause_us > 0) usleep((useconds_t)pause_us);
         if (i >= warmup) {
             samples[i - warmup] = (t1 - t0) + (t3 - t2);
             echoes[i - warmup] = te - t0;
@@ -264,13 +282,158 @@ static int connlat(const char *host, int port, int n, int warmup) {
     return 0;
 }
 
+/* Connects a new socket to `sa`; the fd, or -1 after a message. */
+static int dial(const struct sockaddr_in *sa) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0) {
+        perror("socket");
+        return -1;
+    }
+    if (connect(s, (const struct sockaddr *)sa, sizeof *sa) != 0) {
+        perror("connect");
+        close(s);
+        return -1;
+    }
+    return s;
+}
+
+/* Writes all of `buf`; 0, or -1. */
+static int write_all(int s, const char *buf, size_t len) {
+    while (len > 0) {
+        ssize_t w = write(s, buf, len);
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR) continue;
+            return -1;
+        }
+        buf += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+static int httpget(const char *host, int port, const char *path, int n, int warmup) {
+    struct sockaddr_in sa;
+    if (addr_of(host, port, &sa) != 0 || n <= 0) return 2;
+    long long *samples = calloc((size_t)n, sizeof *samples);
+    char req[512];
+    static char buf[65536];
+    int len = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n", path, host);
+    if (samples == NULL || len <= 0 || (size_t)len >= sizeof req) return 2;
+    long long total = 0, bytes = 0;
+    for (int i = 0; i < warmup + n; i++) {
+        long long t0 = now_ns();
+        int s = dial(&sa);
+        if (s < 0) {
+            fprintf(stderr, "request %d: no connection\n", i);
+            return 1;
+        }
+        if (write_all(s, req, (size_t)len) != 0) {
+            fprintf(stderr, "request %d: write: %s\n", i, strerror(errno));
+            return 1;
+        }
+        long long got = 0;
+        char head[16] = {0};
+        ssize_t r;
+        while ((r = read(s, buf, sizeof buf)) > 0) {
+            if (got < (long long)sizeof head - 1) {
+                size_t k = sizeof head - 1 - (size_t)got;
+                memcpy(head + got, buf, (size_t)r < k ? (size_t)r : k);
+            }
+            got += r;
+        }
+        close(s);
+        long long dt = now_ns() - t0;
+        if (r < 0 || strncmp(head + 9, "200", 3) != 0) {
+            fprintf(stderr, "request %d: %s (%lld bytes: %.15s)\n", i, r < 0 ? strerror(errno) : "not 200", got,
+                    head);
+            return 1;
+        }
+        if (i >= warmup) {
+            samples[i - warmup] = dt;
+            total += dt;
+            bytes = got;
+        }
+    }
+    qsort(samples, (size_t)n, sizeof *samples, cmp_ll);
+    printf("n=%d total_ns=%lld median_ns=%lld p99_ns=%lld bytes=%lld\n", n, total, samples[n / 2],
+           samples[(n * 99) / 100], bytes);
+    return 0;
+}
+
+static int sink(const char *addr, int port) {
+    struct sockaddr_in sa;
+    int one = 1;
+    if (addr_of(addr, port, &sa) != 0) return 2;
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(ls, 64) != 0) {
+        perror("sink");
+        return 1;
+    }
+    static char buf[1 << 20];
+    handle_stop_signals(on_stop);
+    while (!stop) {
+        int c = accept(ls, NULL, NULL);
+        if (c < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            perror("accept");
+            return 1;
+        }
+        long long got = 0;
+        ssize_t r;
+        while ((r = read(c, buf, sizeof buf)) > 0) got += r;
+        char line[32];
+        int k = snprintf(line, sizeof line, "%lld\n", got);
+        if (r < 0 || write_all(c, line, (size_t)k) != 0) perror("sink: connection");
+        close(c);
+    }
+    close(ls);
+    exit(0);
+}
+
+static int first(const char *host, int port, long long bytes) {
+    struct sockaddr_in sa;
+    if (addr_of(host, port, &sa) != 0 || bytes <= 0) return 2;
+    static char buf[1 << 20];
+    memset(buf, 'f', sizeof buf);
+    long long t0 = now_ns();
+    int s = dial(&sa);
+    if (s < 0) return 1;
+    long long t1 = now_ns();
+    for (long long left = bytes; left > 0;) {
+        size_t k = left < (long long)sizeof buf ? (size_t)left : sizeof buf;
+        if (write_all(s, buf, k) != 0) {
+            perror("first: write");
+            return 1;
+        }
+        left -= (long long)k;
+    }
+    shutdown(s, SHUT_WR);
+    char line[32] = {0};
+    ssize_t got = 0, r;
+    while (got < (ssize_t)sizeof line - 1 && (r = read(s, line + got, sizeof line - 1 - (size_t)got)) > 0) got += r;
+    long long t2 = now_ns();
+    close(s);
+    if (atoll(line) != bytes) {
+        fprintf(stderr, "first: the sink counted %s, not %lld\n", line, bytes);
+        return 1;
+    }
+    printf("bytes=%lld total_ns=%lld connect_ns=%lld\n", bytes, t2 - t0, t1 - t0);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 4 && strcmp(argv[1], "run") == 0) return run(argv[2], argv + 3);
     if (argc == 4 && strcmp(argv[1], "server") == 0) return server(argv[2], atoi(argv[3]));
     if (argc == 6 && strcmp(argv[1], "connlat") == 0)
         return connlat(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    if (argc == 7 && strcmp(argv[1], "httpget") == 0)
+        return httpget(argv[2], atoi(argv[3]), argv[4], atoi(argv[5]), atoi(argv[6]));
+    if (argc == 4 && strcmp(argv[1], "sink") == 0) return sink(argv[2], atoi(argv[3]));
+    if (argc == 5 && strcmp(argv[1], "first") == 0) return first(argv[2], atoi(argv[3]), atoll(argv[4]));
     fprintf(stderr,
-            "usage: %s run OUTFILE CMD ARGS... | server ADDR PORT | connlat HOST PORT N WARMUP\n",
+            "usage: %s run OUTFILE CMD ARGS... | server ADDR PORT | connlat HOST PORT N WARMUP | "
+            "httpget HOST PORT PATH N WARMUP | sink ADDR PORT | first HOST PORT BYTES\n",
             argv[0]);
     return 2;
 }

@@ -54,6 +54,7 @@ fn main() -> ExitCode {
         .chain(scenarios::shim_apps::SCENARIOS)
         .chain(scenarios::shim_load::SCENARIOS)
         .chain(scenarios::shim_nginx::SCENARIOS)
+        .chain(scenarios::shim_spare::SCENARIOS)
         .chain(scenarios::shim_memory::SCENARIOS)
         .chain(scenarios::shim_faults::SCENARIOS)
         .chain(scenarios::shim_wire::SCENARIOS)

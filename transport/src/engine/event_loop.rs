@@ -346,8 +346,9 @@ impl Loop {
         }
         self.connecting
             .insert(token, (request.payload, ms, request.handshake));
-        self.conns
-            .insert(token, StreamConn::new(shared, Some(id), CmPhase::Resolving));
+        let mut conn = StreamConn::new(shared, Some(id), CmPhase::Resolving);
+        conn.unattached_timeout = request.unattached_timeout;
+        self.conns.insert(token, conn);
     }
 
     fn listen(
@@ -706,7 +707,9 @@ impl Loop {
                 fail_connect(conn, ConnectError::Rejected(by));
             }
             EventKind::Established => {
-                let unattached_timeout = self.inner.config.unattached_timeout;
+                let unattached_timeout = conn
+                    .unattached_timeout
+                    .unwrap_or(self.inner.config.unattached_timeout);
                 established(conn, id, data, Instant::now(), unattached_timeout);
             }
             EventKind::Disconnected => {

@@ -390,6 +390,9 @@ pub struct ConnectRequest {
     pub resolve_timeout: Duration,
     /// [`Handshake::Open`] or [`Handshake::Confirm`].
     pub handshake: Handshake,
+    /// How long the connection, once established, waits for its attach before it is torn
+    /// down; None: [`EngineConfig::unattached_timeout`].
+    pub unattached_timeout: Option<Duration>,
 }
 
 /// An incoming connect request, shown to a listener's [`Acceptor`].

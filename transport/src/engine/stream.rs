@@ -92,6 +92,8 @@ pub(super) struct StreamConn {
     pub(super) app: App,
     /// When an established, unattached connection is dropped.
     pub(super) unattached_deadline: Option<Instant>,
+    /// An outgoing connection's own wait for its attach (None: the engine's).
+    pub(super) unattached_timeout: Option<Duration>,
     /// Why the stream failed (kept for the end report).
     pub(super) error: Option<String>,
     /// The CM reported the peer's disconnect.
@@ -130,6 +132,7 @@ impl StreamConn {
             link: None,
             app: App::Unattached,
             unattached_deadline: None,
+            unattached_timeout: None,
             error: None,
             peer_gone: false,
             offer: None,

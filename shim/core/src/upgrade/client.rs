@@ -5,7 +5,9 @@
 //!    the app did not bind it, so the 4-tuple is known before any packet leaves.
 //! 3. RDMA connect to the peer's IP and the app's port, HELLO{nonce, C:c} in the request,
 //!    within N (`STREAMSHIM_NEGOTIATE_MS`). Established means the server's engine registered
-//!    C:c; a reject, no listener, no RDMA path or no answer in time: plain TCP.
+//!    C:c; a reject, no listener, no RDMA path or no answer in time: plain TCP. An unbound
+//!    socket to a peer with a spare ([`spare`]) takes it instead: it is bound to the address
+//!    the spare's HELLO named, and the spare's RDMA connect, made ahead, is only awaited.
 //! 4. The swap ([`swap`]): the app's fd number moves to a socketpair end and its TCP socket to
 //!    a kept number *before* the kernel connect, so that no app thread can pick up the TCP
 //!    socket after the peer can accept it (a thread of this process that waits on the fd once
@@ -31,6 +33,7 @@ use rdma_streams_transport::wire::TransportReject;
 
 use super::engine::engine;
 use super::events::{count_bytes, on_event, record};
+use super::spare;
 use super::swap::{Swapped, reset, swap, unswap};
 use super::{NEGATIVE, negotiate_timeout, note, now};
 use crate::fdtable::{self, COUNTED};
@@ -114,15 +117,32 @@ pub fn connect(
     if NEGATIVE.check(peer, now()).is_some() {
         return plain(fd, peer, Reason::NegativeCache, real);
     }
-    let Some(client) = ensure_bound(fd, peer) else {
-        return plain(fd, peer, Reason::Unsupported, real);
-    };
     let bound = negotiate_timeout();
-    let conn = match open_stream(peer, client, bound) {
-        Ok(conn) => conn,
-        Err(reason) => return plain(fd, peer, reason, real),
+    let mut took = None;
+    let (client, conn) = match spare::take(fd, peer) {
+        // The RDMA connect was made ahead ([`spare`]): only its answer is awaited.
+        Some(taken) => match finish_stream(peer, &taken.conn, taken.nonce, bound) {
+            Ok(()) => {
+                took = Some(taken.age);
+                (taken.client, taken.conn)
+            }
+            Err(reason) => return plain(fd, peer, reason, real),
+        },
+        None => {
+            let Some(client) = ensure_bound(fd, peer) else {
+                return plain(fd, peer, Reason::Unsupported, real);
+            };
+            match open_stream(peer, client, bound) {
+                Ok(conn) => (client, conn),
+                Err(reason) => return plain(fd, peer, reason, real),
+            }
+        }
     };
     let (rc, err) = upgrade(fd, peer, &conn, bound, real);
+    if fdtable::get(fd) & fdtable::SWAPPED != 0 {
+        // Upgraded: the next connection to the peer finds its RDMA connect made.
+        spare::upgraded(fd, peer, client, took);
+    }
     // What the kernel connect answered, whatever the shim's own calls after it left in errno.
     sys::set_errno(err);
     rc
@@ -239,10 +259,18 @@ pub(super) fn open_stream(
         .encode(),
         resolve_timeout: bound,
         handshake: Handshake::Confirm,
+        unattached_timeout: None,
     });
+    finish_stream(peer, &conn, nonce, bound)?;
+    Ok(conn)
+}
+
+/// The end of step 3 for `conn`, whose HELLO carried `nonce`: established with our ACCEPT
+/// within `bound`, else the fallback reason (the connection aborted).
+fn finish_stream(peer: SocketAddr, conn: &Conn, nonce: u64, bound: Duration) -> Result<(), Reason> {
     match conn.wait_established(now() + bound) {
         Ok(payload) => match Message::decode(&payload) {
-            Ok(Message::Accept { nonce: n }) if n == nonce => Ok(conn),
+            Ok(Message::Accept { nonce: n }) if n == nonce => Ok(()),
             other => {
                 note(peer, &format!("unexpected answer {other:?}"));
                 conn.abort();
@@ -276,7 +304,7 @@ pub(super) fn ensure_bound(fd: c_int, peer: SocketAddr) -> Option<SocketAddr> {
 
 /// The source address the kernel would pick for `peer`, in the family of the app's socket
 /// (`local`).
-fn route_source(peer: SocketAddr, local: SocketAddr) -> Option<IpAddr> {
+pub(super) fn route_source(peer: SocketAddr, local: SocketAddr) -> Option<IpAddr> {
     let ip = route::source_for(peer).ok()?;
     Some(match (local, ip) {
         // An AF_INET6 app socket reaching an IPv4 peer (v4-mapped): bind the mapped form.

@@ -11,6 +11,8 @@
 //!   its acceptor checks the policy and registers `pending[client addr:port]`. `accept()` claims
 //!   the entry of the accepted peer at once (no waiting) and swaps; the engine sends CLAIM and
 //!   pumps after CONFIRM, or relays over the kept TCP socket when the client gave up.
+//! - Spares (`spare.rs`): after a connection upgraded, the client's next RDMA connect to the
+//!   same peer is made ahead, so a repeat connect only awaits it.
 //! - The swap (`swap.rs`) and the per-connection accounting (`events.rs`).
 //!
 //! Nothing here runs on the pass-through path: every entry point is reached only for a
@@ -21,6 +23,7 @@ mod delegate;
 mod engine;
 mod events;
 mod server;
+mod spare;
 mod swap;
 
 use std::collections::BTreeMap;
@@ -47,6 +50,7 @@ pub use server::{
     Claim, Found, Pending, PendingTable, claim_and_swap, close_side_listener, copy_side_listener,
     open_side_listener,
 };
+pub use spare::{held as spares_held, set_enabled as set_spare};
 
 /// How long a server keeps a registered connection that no TCP connection claimed.
 pub const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
@@ -314,6 +318,7 @@ pub fn copy_swapped(old: c_int, new: c_int) -> bool {
 /// The app closed a swapped fd (or replaced it): its reference to the kept socket goes.
 pub fn forget_swapped(fd: c_int) -> Option<Arc<OwnedFd>> {
     let old = SWAPPED_FDS.lock().remove(&fd);
+    spare::closed(fd);
     old.map(|s| s.kept)
 }
 
@@ -342,6 +347,7 @@ pub fn after_fork_child() {
     FORKED.store(true, Ordering::Release);
     sys::close_inherited_pair_ends();
     server::after_fork_child();
+    spare::after_fork_child();
     drop(SWAPPED_FDS.after_fork());
 }
 

@@ -9,5 +9,6 @@ pub mod shim_faults;
 pub mod shim_load;
 pub mod shim_memory;
 pub mod shim_nginx;
+pub mod shim_spare;
 pub mod shim_wire;
 pub mod support;
