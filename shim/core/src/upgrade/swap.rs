@@ -118,23 +118,48 @@ const FORWARD_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
 /// that waited on its app end meanwhile sees it hang up, and its next call on the number
 /// reaches the TCP socket).
 pub fn unswap(fd: c_int, s: Swapped, before: u8) -> io::Result<()> {
+    let moved = restore_tcp(fd, &s.kept, &s.moved, before);
+    // What another app thread wrote to the number meanwhile goes out on the TCP connection
+    // (a connection that failed takes nothing: there is nobody to send it to).
+    forward_written(fd, &s.local, &s.kept);
+    // Their entries go before the numbers are closed: a number reused at once is not ours.
+    fdtable::clear(s.kept.as_raw_fd());
+    fdtable::clear(s.local.as_raw_fd());
+    drop(s);
+    moved
+}
+
+/// The first half of [`unswap`], all of it in a fork child (whose socketpair's other end is in
+/// the engine's process): the TCP socket `kept` goes back on the app's `fd` with the app's
+/// `SO_LINGER` and the epoll registrations `moved`, and the fd table says what it said before
+/// (`before`). The caller lets go of its copy of `kept`.
+pub(super) fn restore_tcp(
+    fd: c_int,
+    kept: &OwnedFd,
+    moved: &[Watch],
+    before: u8,
+) -> io::Result<()> {
     let cloexec = sys::fd_flags(fd).is_ok_and(|(_, fdfl)| fdfl & libc::FD_CLOEXEC != 0);
-    for w in &s.moved {
+    for w in moved {
         sys::epoll_del(w.epfd, fd);
     }
     // The swap turned lingering off on the TCP socket (the app's setting went to the
     // socketpair end, which still names it): the app's setting comes back.
-    sys::copy_option(fd, s.kept.as_raw_fd(), libc::SO_LINGER);
-    let moved = sys::dup3(s.kept.as_fd(), fd, cloexec);
+    sys::copy_option(fd, kept.as_raw_fd(), libc::SO_LINGER);
+    let back = sys::dup3(kept.as_fd(), fd, cloexec);
     SWAPPED_FDS.lock().remove(&fd);
-    if moved.is_ok() {
+    if back.is_ok() {
         fdtable::set(fd, before);
     }
     // Back on the TCP socket, and noted again: a later swap of the number moves them.
-    watches::restore(fd, &s.moved);
-    // What another app thread wrote to the number meanwhile goes out on the TCP connection
-    // (a connection that failed takes nothing: there is nobody to send it to).
-    if let Ok(n) = sys::forward_unread(s.local.as_raw_fd(), s.kept.as_raw_fd(), FORWARD_BOUND)
+    watches::restore(fd, moved);
+    back
+}
+
+/// Sends what is unread in the engine's socketpair end `local` on the TCP socket `kept`: what
+/// the app wrote to `fd` while it named the socketpair, once it names the TCP socket again.
+pub(super) fn forward_written(fd: c_int, local: &OwnedFd, kept: &OwnedFd) {
+    if let Ok(n) = sys::forward_unread(local.as_raw_fd(), kept.as_raw_fd(), FORWARD_BOUND)
         && n > 0
     {
         crate::log::log_at!(
@@ -142,11 +167,6 @@ pub fn unswap(fd: c_int, s: Swapped, before: u8) -> io::Result<()> {
             "fd {fd}: {n} bytes written during the connect went out on TCP"
         );
     }
-    // Their entries go before the numbers are closed: a number reused at once is not ours.
-    fdtable::clear(s.kept.as_raw_fd());
-    fdtable::clear(s.local.as_raw_fd());
-    drop(s);
-    moved
 }
 
 /// The peer's TCP connection gets an RST (a failed swap after CONFIRM or CLAIM).

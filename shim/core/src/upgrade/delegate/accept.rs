@@ -103,7 +103,7 @@ pub fn claim(fd: c_int, peer: SocketAddr) -> Delegated {
             Delegated::Done
         }
         Heard::Said(SWAPPED, Some(app)) => {
-            if let Err(e) = take_over(fd, app, mine, flags) {
+            if let Err(e) = take_over(fd, app, mine, flags).map(drop) {
                 log_at!(
                     Level::Info,
                     "server fd {fd}: delegated swap failed ({e}): resetting"

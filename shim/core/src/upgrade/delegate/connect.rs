@@ -8,16 +8,21 @@
 //! | --- | --- | --- |
 //! | child | CONNECT{peer} with the socket (bound: its address is the HELLO's) | at `connect()` |
 //! | engine's process | PLAIN with the reason | the RDMA connect failed: the child connects over TCP |
-//! | engine's process | ESTABLISHED | the server registered the connection |
-//! | child | CONNECTED | its kernel connect is established (else it closes the pair) |
+//! | engine's process | ESTABLISHED with the app's socketpair end | the server registered the connection |
+//! | child | CONNECTED | it put the socketpair end on the app's number, then its kernel connect is established (else it puts the socket back and closes the pair) |
 //! | engine's process | TIMEOUT | no CLAIM in the bound (or no CONNECTED): TCP, nothing sent |
+//! | child | UNSWAPPED | after TIMEOUT: the app's number names the TCP socket again |
+//! | engine's process | FORWARDED | what the app wrote to the socketpair meanwhile went out on TCP |
 //! | engine's process | RESET | the proof could not be sent whole: the child resets the socket |
-//! | engine's process | SWAPPED with the app's socketpair end | proof sent; then it attaches |
+//! | engine's process | SWAPPED | proof sent; then it attaches the socketpair's other end |
 //!
-//! Nothing reaches the TCP connection before CONNECTED, so every answer before it leaves the
-//! child a plain socket; after it, a child that hears nothing it can trust (the engine's
-//! process died, or did not answer within its bound and a margin) resets the socket rather
-//! than hand the app a connection the proof may have gone out on.
+//! The child's number moves to the socketpair before its kernel connect, as in-process
+//! (`client.rs`): the server's `accept()` returns while the child still waits, and a thread of
+//! the child that waits on the fd from then on must wait on what the stream fills. Nothing
+//! reaches the TCP connection before CONNECTED, so every answer before it leaves the child a
+//! plain socket; after it, a child that hears nothing it can trust (the engine's process died,
+//! or did not answer within its bound and a margin) resets the socket rather than hand the app
+//! a connection the proof may have gone out on.
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -35,7 +40,7 @@ use crate::negotiation::put_addr;
 use crate::reason::{Reason, Role};
 use crate::sys::{self, fdpass};
 use crate::upgrade::client::{count_tcp, ensure_bound, open_stream, plain};
-use crate::upgrade::swap::reset;
+use crate::upgrade::swap::{reset, restore_tcp};
 use crate::upgrade::{NEGATIVE, negotiate_timeout, now};
 
 /// Messages (each conversation's own). PLAIN is a flag: its other bits are the fallback
@@ -46,6 +51,8 @@ const CONNECTED: u8 = 3;
 const TIMEOUT: u8 = 4;
 const RESET: u8 = 5;
 const SWAPPED: u8 = 6;
+const UNSWAPPED: u8 = 7;
+const FORWARDED: u8 = 8;
 
 /// Children's connects negotiated at once; more stay TCP (`UNSUPPORTED`) until one ends.
 const MAX_IN_FLIGHT: usize = 64;
@@ -96,11 +103,21 @@ fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
             return;
         }
     };
-    if reply(&answer_on, ESTABLISHED, None).is_err() {
+    let (app, local) = match crate::upgrade::swap::engine_pair() {
+        Ok(p) => p,
+        Err(e) => {
+            log_at!(Level::Info, "connect for a fork child to {peer}: {e}");
+            conn.abort();
+            let _ = plain_reply(&answer_on, Reason::RdmaError);
+            return;
+        }
+    };
+    if reply(&answer_on, ESTABLISHED, Some(app.as_raw_fd())).is_err() {
         conn.abort();
         return;
     }
-    // The child's kernel connect (a non-blocking one waits up to the bound there).
+    drop(app);
+    // The child's swap and kernel connect (a non-blocking one waits up to the bound there).
     match next(&answer_on, bound + REPLY_MARGIN) {
         Heard::Said(CONNECTED, None) => {}
         Heard::Said(..) | Heard::Closed => {
@@ -115,7 +132,7 @@ fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
     }
     let Ok(secret) = conn.wait_claim(now() + bound) else {
         conn.abort();
-        let _ = reply(&answer_on, TIMEOUT, None);
+        hand_back(&answer_on, &local, &tcp);
         return;
     };
     if let Err(e) = sys::send_all_now(tcp.as_raw_fd(), secret.bytes()) {
@@ -127,22 +144,24 @@ fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
         let _ = reply(&answer_on, RESET, None);
         return;
     }
-    let (app, local) = match crate::upgrade::swap::engine_pair() {
-        Ok(p) => p,
-        Err(e) => {
-            log_at!(Level::Info, "connect for a fork child to {peer}: {e}");
-            conn.abort();
-            let _ = reply(&answer_on, RESET, None);
-            return;
-        }
-    };
-    if reply(&answer_on, SWAPPED, Some(app.as_raw_fd())).is_err() {
+    if reply(&answer_on, SWAPPED, None).is_err() {
         // The child gave up: it resets the socket.
         conn.abort();
         return;
     }
-    drop(app);
     attach(&conn, local, tcp, Role::Client, peer, answer_on);
+}
+
+/// No CLAIM: the connection stays TCP. Once the child has put its TCP socket back on the app's
+/// number, what the app wrote to the socketpair meanwhile goes out on the TCP connection.
+fn hand_back(answer_on: &OwnedFd, local: &OwnedFd, tcp: &OwnedFd) {
+    if reply(answer_on, TIMEOUT, None).is_err() {
+        return;
+    }
+    if let Heard::Said(UNSWAPPED, None) = next(answer_on, REPLY_MARGIN) {
+        crate::upgrade::swap::forward_written(-1, local, tcp);
+        let _ = reply(answer_on, FORWARDED, None);
+    }
 }
 
 /// In a fork child: `connect(fd, peer)` for a capable ancestor's policy. Returns the kernel
@@ -173,66 +192,122 @@ pub fn connect(
     }
     drop(theirs);
     let bound = negotiate_timeout();
-    match next(&mine, bound + REPLY_MARGIN) {
-        Heard::Said(ESTABLISHED, None) => {}
+    let app = match next(&mine, bound + REPLY_MARGIN) {
+        Heard::Said(ESTABLISHED, Some(app)) => app,
         Heard::Said(said, None) if said & PLAIN != 0 => {
             let reason = Reason::from_code(u16::from(said & !PLAIN)).unwrap_or(Reason::RdmaError);
             return plain(fd, peer, reason, real);
         }
         // Nothing has touched the TCP connection: it stays a plain one.
         _ => return plain(fd, peer, Reason::Timeout, real),
+    };
+    let before = fdtable::get(fd);
+    if before & COUNTED != 0 {
+        // Another thread's connect of this fd counted it meanwhile: this one is the kernel's.
+        return plain(fd, peer, Reason::Unsupported, real);
     }
-    let (rc, err) = real(fd);
+    let (rc, err) = upgrade(fd, peer, app, &mine, flags, before, bound, real);
+    // What the kernel connect answered, whatever the shim's own calls after it left in errno.
+    sys::set_errno(err);
+    rc
+}
+
+/// The child's steps after ESTABLISHED: the swap onto `app`, the kernel connect, CLAIM's
+/// outcome. Returns the kernel connect's (result, errno).
+#[allow(clippy::too_many_arguments)]
+fn upgrade(
+    fd: c_int,
+    peer: SocketAddr,
+    app: OwnedFd,
+    mine: &OwnedFd,
+    flags: (c_int, c_int),
+    before: u8,
+    bound: std::time::Duration,
+    real: &mut dyn FnMut(c_int) -> (c_int, c_int),
+) -> (c_int, c_int) {
+    // The reply pair is the stream's notice from here on (a copy: the conversation goes on
+    // on `mine`).
+    let notice = match sys::dup_cloexec(mine.as_raw_fd()) {
+        Ok(n) => sys::move_high(n),
+        Err(_) => {
+            let rc = plain(fd, peer, Reason::RdmaError, real);
+            return (rc, sys::errno());
+        }
+    };
+    let (kept, moved) = match take_over(fd, app, notice, flags) {
+        Ok(installed) => installed,
+        Err(e) => {
+            // The number still names the TCP socket (the swap failed before it moved); the
+            // engine's process hears the pair close.
+            log_at!(
+                Level::Info,
+                "client fd {fd}: delegated swap failed ({e}): plain TCP"
+            );
+            let rc = plain(fd, peer, Reason::RdmaError, real);
+            return (rc, sys::errno());
+        }
+    };
+    // The TCP socket back on the app's number: the connection stays TCP.
+    let give_up = || {
+        if let Err(e) = restore_tcp(fd, &kept, &moved, before) {
+            log_at!(Level::Info, "client fd {fd}: undoing the swap failed ({e})");
+        }
+        fdtable::clear(kept.as_raw_fd());
+    };
+    let tcp = kept.as_raw_fd();
+    let (rc, err) = real(tcp);
     if rc != 0 && err != libc::EINPROGRESS {
         // The kernel connect failed: the app sees exactly that error; not counted. Closing the
-        // pair tells the engine's process.
-        return rc;
+        // pair (at return) tells the engine's process.
+        give_up();
+        return (rc, err);
     }
     if rc != 0 {
-        match sys::wait_established(fd, bound) {
+        match sys::wait_established(tcp, bound) {
             sys::Established::Yes => {}
-            sys::Established::Failed => return rc,
+            sys::Established::Failed => {
+                give_up();
+                return (rc, err);
+            }
             sys::Established::Pending => {
+                give_up();
                 let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
                 count_tcp(fd, peer, Reason::Timeout);
-                return rc;
+                return (rc, err);
             }
         }
     }
-    if reply(&mine, CONNECTED, None).is_err() {
+    if reply(mine, CONNECTED, None).is_err() {
+        // Nothing was written on the connection: it stays TCP.
+        give_up();
         count_tcp(fd, peer, Reason::RdmaError);
-        return rc;
+        return (rc, err);
     }
-    match next(&mine, bound + REPLY_MARGIN) {
+    match next(mine, bound + REPLY_MARGIN) {
         Heard::Said(TIMEOUT, None) => {
-            // Another process accepted the connection, or the server accepts late.
+            // Another process accepted the connection, or the server accepts late. The engine's
+            // process sends what the app wrote meanwhile once the number names TCP again.
+            give_up();
+            if reply(mine, UNSWAPPED, None).is_ok() {
+                let _ = next(mine, REPLY_MARGIN);
+            }
             let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
             count_tcp(fd, peer, Reason::Timeout);
         }
-        Heard::Said(SWAPPED, Some(app)) => {
-            if fdtable::get(fd) & COUNTED != 0 {
-                // Another thread counted this fd meanwhile (it cannot be ours any more).
-                reset(fd);
-            } else if let Err(e) = take_over(fd, app, mine, flags) {
-                log_at!(
-                    Level::Info,
-                    "client fd {fd}: delegated swap failed ({e}): resetting"
-                );
-                reset(fd);
-                count_tcp(fd, peer, Reason::RdmaError);
-            }
-        }
+        // Upgraded: the number names the socketpair already.
+        Heard::Said(SWAPPED, None) => {}
         // RESET, a gone or silent engine's process: the proof may have gone out.
         _ => {
             log_at!(
                 Level::Info,
                 "client fd {fd} peer {peer}: the engine's process failed the upgrade: resetting"
             );
+            give_up();
             reset(fd);
             count_tcp(fd, peer, Reason::RdmaError);
         }
     }
-    rc
+    (rc, err)
 }
 
 #[cfg(test)]
@@ -254,7 +329,7 @@ mod tests {
 
     /// The engine's side of the conversation, as `serve` speaks it, with a scripted outcome;
     /// returns the engine's socketpair end when it swapped.
-    fn engine_double(server: OwnedFd, peer: SocketAddr, how: Engine) -> Option<OwnedFd> {
+    fn engine_double(server: OwnedFd, peer: SocketAddr, how: Engine, fd: c_int) -> Option<OwnedFd> {
         let mut buf = [0u8; 32];
         let got = fdpass::recv(server.as_fd(), &mut buf, false).unwrap();
         let mut want = vec![CONNECT];
@@ -270,24 +345,40 @@ mod tests {
             plain_reply(&answer_on, Reason::PeerNotShimmed).unwrap();
             return None;
         }
-        reply(&answer_on, ESTABLISHED, None).unwrap();
+        let (app, local) = sys::socketpair_stream().unwrap();
+        reply(&answer_on, ESTABLISHED, Some(app.as_raw_fd())).unwrap();
+        drop(app);
         assert!(matches!(
             next(&answer_on, Duration::from_secs(2)),
             Heard::Said(CONNECTED, None)
         ));
+        // The child's kernel connect is done, its `connect()` not yet: its number names the
+        // socketpair already (a thread that waits on it from now on waits on the stream).
+        assert!(fdtable::get(fd) & fdtable::SWAPPED != 0, "{how:?}: swapped");
+        assert_eq!(sys::peer_addr(fd), None, "{how:?}: a socketpair end");
         match how {
             Engine::TimeoutAfterConnected => {
                 reply(&answer_on, TIMEOUT, None).unwrap();
+                assert!(matches!(
+                    next(&answer_on, Duration::from_secs(2)),
+                    Heard::Said(UNSWAPPED, None)
+                ));
+                hand_back_tail(&answer_on, &local, &tcp);
                 None
             }
             Engine::GoneAfterConnected => None,
             _ => {
-                let (app, local) = sys::socketpair_stream().unwrap();
-                reply(&answer_on, SWAPPED, Some(app.as_raw_fd())).unwrap();
+                reply(&answer_on, SWAPPED, None).unwrap();
                 std::mem::forget(answer_on);
                 Some(local)
             }
         }
+    }
+
+    /// What `hand_back` does after UNSWAPPED.
+    fn hand_back_tail(answer_on: &OwnedFd, local: &OwnedFd, tcp: &OwnedFd) {
+        crate::upgrade::swap::forward_written(-1, local, tcp);
+        reply(answer_on, FORWARDED, None).unwrap();
     }
 
     /// In a fork child (the channel is the child's own): every outcome of the conversation
@@ -311,9 +402,9 @@ mod tests {
                 let addr = l.local_addr().unwrap();
                 let (chan, server) = fdpass::seqpacket_pair().unwrap();
                 CHILD_END.store(chan.as_raw_fd(), Ordering::Release);
-                let double = std::thread::spawn(move || engine_double(server, addr, how));
                 let sock = std::net::TcpStream::from(sys::tcp_socket_for_test());
                 let fd = sock.as_raw_fd();
+                let double = std::thread::spawn(move || engine_double(server, addr, how, fd));
                 let t = Instant::now();
                 let rc = connect(fd, addr, &mut |n| sys::connect_for_test(n, addr));
                 assert_eq!(rc, 0, "{how:?}");

@@ -50,6 +50,7 @@ use crate::log::{Level, log_at};
 use crate::negotiation::read_addr;
 use crate::reason::Role;
 use crate::sys::{self, fdpass};
+use crate::watches::Watch;
 
 pub use accept::{Delegated, claim};
 pub use connect::connect;
@@ -217,19 +218,20 @@ fn attach(
 }
 
 /// In the child: puts the socketpair end `app` on the app's `fd` as a swap does
-/// ([`swap::install`]), with `notice` for how the stream ended.
+/// ([`swap::install`]), with `notice` for how the stream ended. Returns the kept copy of the
+/// TCP socket and the epoll registrations that moved ([`swap::restore_tcp`] puts them back).
 fn take_over(
     fd: c_int,
     app: OwnedFd,
     notice: OwnedFd,
     flags: (c_int, c_int),
-) -> std::io::Result<()> {
+) -> std::io::Result<(Arc<OwnedFd>, Vec<Watch>)> {
     fdtable::set(notice.as_raw_fd(), SHIM_OWNED);
     let notice = Arc::new(Notice {
         fd: notice,
         settled: AtomicBool::new(false),
     });
-    swap::install(fd, app, flags, Some(notice)).map(drop)
+    swap::install(fd, app, flags, Some(notice)).map(|(kept, _, moved)| (kept, moved))
 }
 
 /// A child's end of a connection's reply pair: how its stream ended.
