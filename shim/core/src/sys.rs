@@ -789,6 +789,29 @@ pub fn set_linger_zero(fd: BorrowedFd<'_>) {
     };
 }
 
+/// Runs `f` with every blockable signal blocked in this thread, then restores its mask, so
+/// that the threads `f` starts inherit a full mask: the app's process-directed signals are
+/// never handled on the shim's threads. (A handler that runs on another thread does not end
+/// the main thread's `sigsuspend`: nginx's master waits there for `SIGCHLD` and `SIGQUIT`,
+/// and missed its last worker's exit.) A signal that comes meanwhile waits until the mask is
+/// restored.
+pub fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    let mut all = MaybeUninit::<libc::sigset_t>::uninit();
+    let mut old = MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigfillset initialises `all` before pthread_sigmask reads it; pthread_sigmask
+    // fills `old` when it succeeds, and `old` is read only then.
+    let blocked = unsafe {
+        libc::sigfillset(all.as_mut_ptr());
+        libc::pthread_sigmask(libc::SIG_BLOCK, all.as_ptr(), old.as_mut_ptr()) == 0
+    };
+    let out = f();
+    if blocked {
+        // SAFETY: `old` was filled by the successful call above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut()) };
+    }
+    out
+}
+
 /// A new TCP socket of the shim's own (close-on-exec, blocking), IPv6 when `v6`.
 pub fn tcp_socket(v6: bool) -> std::io::Result<OwnedFd> {
     let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
@@ -840,6 +863,36 @@ mod tests {
     use libc::{sockaddr_in, sockaddr_in6};
 
     use super::*;
+
+    #[test]
+    fn threads_started_with_signals_blocked_take_no_signal_and_the_mask_comes_back() {
+        let mask = || {
+            let mut now = MaybeUninit::<libc::sigset_t>::uninit();
+            // SAFETY: a null new set only reads the mask into `now`.
+            unsafe {
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), now.as_mut_ptr());
+                now.assume_init()
+            }
+        };
+        // SAFETY: `set` is a live sigset_t.
+        let has = |set: &libc::sigset_t, sig| unsafe { libc::sigismember(set, sig) == 1 };
+        let before = mask();
+        let theirs = with_signals_blocked(|| std::thread::spawn(mask).join().unwrap());
+        for sig in [
+            libc::SIGTERM,
+            libc::SIGQUIT,
+            libc::SIGCHLD,
+            libc::SIGINT,
+            libc::SIGHUP,
+        ] {
+            assert!(has(&theirs, sig), "signal {sig} reaches the thread");
+            assert_eq!(
+                has(&mask(), sig),
+                has(&before, sig),
+                "signal {sig}: mask restored"
+            );
+        }
+    }
 
     #[test]
     fn sockaddr_parsing() {

@@ -64,17 +64,20 @@ pub fn engine() -> Option<&'static Engine> {
     let setup = SETUP.get()?;
     ENGINE
         .get_or_init(|| {
-            match Engine::start(setup.lib, config(setup.memlock_limit, setup.ring_bytes)) {
-                Ok(e) => {
-                    // Children this process forks upgrade through it (pre-fork servers).
-                    super::delegate::start();
-                    Some(e)
+            // The engine's thread and the fork children's take none of the app's signals.
+            crate::sys::with_signals_blocked(|| {
+                match Engine::start(setup.lib, config(setup.memlock_limit, setup.ring_bytes)) {
+                    Ok(e) => {
+                        // Children this process forks upgrade through it (pre-fork servers).
+                        super::delegate::start();
+                        Some(e)
+                    }
+                    Err(e) => {
+                        log_at!(Level::Info, "cannot start the RDMA engine: {e}");
+                        None
+                    }
                 }
-                Err(e) => {
-                    log_at!(Level::Info, "cannot start the RDMA engine: {e}");
-                    None
-                }
-            }
+            })
         })
         .as_ref()
 }

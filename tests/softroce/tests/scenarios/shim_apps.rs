@@ -12,6 +12,12 @@ use super::support::{WAIT_PORT, expect_counts, file, python, rdma_bytes, shim, s
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
+        name: "shim_app_signals_are_handled_on_the_apps_threads_only",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(120),
+        run: signals,
+    },
+    Scenario {
         name: "shim_curl_python_http_100mb_both_ways",
         topology: Topology::Loop,
         timeout: Duration::from_secs(600),
@@ -181,6 +187,29 @@ fn socat(ctx: &Ctx) -> anyhow::Result<()> {
     same(ctx, &data, &format!("{t}/got.bin"))?;
     expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", 1)])?;
     expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 1)])
+}
+
+/// `shim/tests/programs/signals.c` under the shim: after a listen started the engine's
+/// threads, a signal the main thread blocks waits for it; no thread of the shim's runs the
+/// app's handler (nginx's master, which waits for `SIGCHLD` in `sigsuspend`, missed its last
+/// worker's exit when one did).
+fn signals(ctx: &Ctx) -> anyhow::Result<()> {
+    let src = workspace_root().join("shim/tests/programs/signals.c");
+    let bin = ctx.tmp.join("signals");
+    ctx.sh(&format!(
+        "gcc -O2 -Wall -o {} {}",
+        bin.display(),
+        src.display()
+    ))?;
+    let out = ctx.sh(&format!(
+        "{} {} {} 9390",
+        shimmed(ctx, "sig", "")?,
+        bin.display(),
+        ctx.addr_a
+    ))?;
+    ensure!(out.stdout.starts_with("ok:"), "{}", out.stdout);
+    ctx.report(out.stdout.trim());
+    Ok(())
 }
 
 /// Builds `shim/tests/programs/echo.c` with FORTIFY (reads become `__read_chk`).

@@ -66,6 +66,7 @@ pub(super) fn spawn(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
         let _ = plain_reply(&answer_on, Reason::Unsupported);
         return;
     }
+    // Started from the channel's thread, whose mask blocks every signal: so does this one's.
     let spawned = std::thread::Builder::new()
         .name(String::from("streamshim-conn"))
         .stack_size(THREAD_STACK)
