@@ -139,16 +139,24 @@ static int addr_of(const char *host, int port, struct sockaddr_in *sa) {
     return 0;
 }
 
-static int server(const char *addr, int port) {
+/* A listening socket on ADDR:PORT with SO_REUSEADDR; -2 for a bad address, -1 after a
+ * message naming `what`. */
+static int listen_on(const char *addr, int port, int backlog, const char *what) {
     struct sockaddr_in sa;
     int one = 1;
-    if (addr_of(addr, port, &sa) != 0) return 2;
+    if (addr_of(addr, port, &sa) != 0) return -2;
     int ls = socket(AF_INET, SOCK_STREAM, 0);
     if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(ls, 4096) != 0) {
-        perror("server");
-        return 1;
+        bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(ls, backlog) != 0) {
+        perror(what);
+        return -1;
     }
+    return ls;
+}
+
+static int server(const char *addr, int port) {
+    int ls = listen_on(addr, port, 4096, "server");
+    if (ls < 0) return ls == -2 ? 2 : 1;
     handle_stop_signals(on_stop);
     while (!stop) {
         int c = accept(ls, NULL, NULL);
@@ -361,15 +369,8 @@ static int httpget(const char *host, int port, const char *path, int n, int warm
 }
 
 static int sink(const char *addr, int port) {
-    struct sockaddr_in sa;
-    int one = 1;
-    if (addr_of(addr, port, &sa) != 0) return 2;
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(ls, 64) != 0) {
-        perror("sink");
-        return 1;
-    }
+    int ls = listen_on(addr, port, 64, "sink");
+    if (ls < 0) return ls == -2 ? 2 : 1;
     static char buf[1 << 20];
     handle_stop_signals(on_stop);
     while (!stop) {

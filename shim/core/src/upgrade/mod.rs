@@ -50,7 +50,7 @@ pub use server::{
     Claim, Found, Pending, PendingTable, claim_and_swap, close_side_listener, copy_side_listener,
     open_side_listener,
 };
-pub use spare::{held as spares_held, set_enabled as set_spare};
+pub use spare::set_enabled as set_spare;
 
 /// How long a server keeps a registered connection that no TCP connection claimed.
 pub const PENDING_TIMEOUT: Duration = Duration::from_secs(10);

@@ -278,11 +278,6 @@ pub(super) fn closed(fd: c_int) {
     replenish(peer, client);
 }
 
-/// Spares held now (tests and the stats).
-pub fn held() -> usize {
-    POOL.lock().len()
-}
-
 /// In a fork child: the spares' RDMA connections are the parent's (forgotten, never aborted
 /// from here); the child's copies of the placeholders are closed.
 pub(super) fn after_fork_child() {
