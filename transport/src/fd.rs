@@ -54,6 +54,16 @@ pub fn resets_on_close(fd: BorrowedFd<'_>) -> bool {
     getsockopt(&fd, sockopt::Linger).is_ok_and(|l| l.l_onoff != 0 && l.l_linger == 0)
 }
 
+/// Takes the socket's pending error (`SO_ERROR`, cleared by the call): a TCP socket reset after
+/// its peer's FIN reads EOF, and only says so here. None: no error pending.
+pub fn take_error(fd: BorrowedFd<'_>) -> Option<io::Error> {
+    match getsockopt(&fd, sockopt::SocketError) {
+        Ok(0) => None,
+        Ok(e) => Some(io::Error::from_raw_os_error(e)),
+        Err(e) => Some(to_io(e)),
+    }
+}
+
 /// Whether `fd` is a local (`AF_UNIX`) socket, such as a socketpair end.
 pub fn is_local_socket(fd: BorrowedFd<'_>) -> bool {
     use nix::sys::socket::SockaddrLike;

@@ -13,6 +13,11 @@
 //! not the app's: the relay fails (both sides reset) instead of handing them on. Bytes that are
 //! the secret's start wait for the rest, at most until the guard's deadline.
 //!
+//! The app's abortive close (`SO_LINGER {1, 0}`, which the hooks set on the kept socket too)
+//! resets the far side once the bytes before it are written, as TCP sends an RST behind them;
+//! a far side reset after its FIN (an app that wrote to a peer that had closed) ends the relay
+//! at once, so the app's next write fails as TCP's would.
+//!
 //! Urgent data (`MSG_OOB`) is relayed as urgent: both sides read it inline (`SO_OOBINLINE`),
 //! and a read never crosses the mark (TCP and `AF_UNIX` both end a read there), so a side at
 //! its mark (`SIOCATMARK`) gives the urgent byte alone; it is written to the other side with
@@ -40,6 +45,8 @@ struct Direction {
     end: usize,
     eof: bool,
     done: bool,
+    /// The source was closed with a reset (see [`Toward::reset_if_closed`]).
+    reset: bool,
     moved: u64,
     /// Where in `buf` the urgent byte not written yet is (only the latest, as TCP keeps one).
     urgent: Option<usize>,
@@ -59,6 +66,7 @@ impl Direction {
             end: 0,
             eof: false,
             done: false,
+            reset: false,
             moved: 0,
             urgent: None,
         }
@@ -173,6 +181,12 @@ impl Relay {
         !self.up.done
     }
 
+    /// The far side's FIN came (all of its bytes were read): a failure after it is not a reset
+    /// of the local side's direction, as for TCP after the peer's FIN.
+    pub(super) fn far_finished(&self) -> bool {
+        self.down.eof
+    }
+
     /// Moves what it can without blocking. `draining`: a local side with nothing to read
     /// counts as EOF (the process is exiting).
     pub(super) fn step(&mut self, draining: bool) -> Step {
@@ -192,6 +206,14 @@ impl Relay {
                 _ => self.guard = None,
             }
         }
+        if self.down.eof && self.far_ready.readable {
+            // After its FIN the far side is not read: a reset (the local side wrote to a peer
+            // that had closed) ends the relay now, not at the next write.
+            self.far_ready.readable = false;
+            if let Some(e) = fd::take_error(self.far.as_fd()) {
+                return self.fail(e);
+            }
+        }
         loop {
             let a = match pass(
                 &mut self.up,
@@ -203,6 +225,7 @@ impl Relay {
                     draining,
                     low_water: 1,
                     urgent_in_one: false,
+                    reset_if_closed: true,
                 },
             ) {
                 Ok(p) => p,
@@ -218,11 +241,21 @@ impl Relay {
                     draining: false,
                     low_water: self.low_water,
                     urgent_in_one: self.local_is_unix,
+                    reset_if_closed: false,
                 },
             ) {
                 Ok(p) => p,
                 Err(e) => return self.fail(e),
             };
+            if self.up.reset {
+                // The app's abortive close: an RST behind the bytes, no FIN (the far side is
+                // closed with a zero linger when the engine lets go of it).
+                fd::reset(self.far.as_fd());
+                return Step::Failed(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "the app closed with a reset (SO_LINGER 0)",
+                ));
+            }
             if self.up.done && self.down.done {
                 return Step::Finished;
             }
@@ -251,6 +284,9 @@ struct Toward {
     /// go in one send, so its reader never finds the first without the mark. (A partial send
     /// to it takes no urgent byte; TCP's could mark a byte before it, so TCP gets two sends.)
     urgent_in_one: bool,
+    /// At the source's EOF, a source closed (not only shut for writing) toward a destination
+    /// set to reset on close is an abortive close: the destination is reset, not shut down.
+    reset_if_closed: bool,
 }
 
 /// One direction's pass: read what fits, write what is buffered, half-close after EOF. True
@@ -267,6 +303,7 @@ fn pass(
         draining,
         low_water,
         urgent_in_one,
+        reset_if_closed,
     } = toward;
     let mut progressed = false;
     if !d.eof && d.end < d.buf.len() && src_ready.readable {
@@ -356,6 +393,11 @@ fn pass(
         d.start = 0;
     }
     if d.eof && d.start == d.end && !d.done {
+        if reset_if_closed && fd::resets_on_close(dst) && fd::peer_closed(src) {
+            d.reset = true;
+            d.done = true;
+            return Ok(true);
+        }
         fd::shutdown_quietly(dst, Shutdown::Write);
         d.done = true;
         progressed = true;
@@ -503,6 +545,62 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         step
+    }
+
+    /// A relay between a fresh app side and a TCP connection, and the app's end and the TCP
+    /// peer.
+    fn tcp_relay() -> (Relay, UnixStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let far = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (peer, _) = l.accept().unwrap();
+        let (app, local) = UnixStream::pair().unwrap();
+        local.set_nonblocking(true).unwrap();
+        far.set_nonblocking(true).unwrap();
+        (Relay::new(local.into(), Arc::new(far.into())), app, peer)
+    }
+
+    /// The app's abortive close (the hooks set `SO_LINGER {1, 0}` on the kept socket too): the
+    /// TCP peer reads the bytes before it, then the reset.
+    #[test]
+    fn an_abortive_close_resets_the_tcp_side_behind_the_bytes() {
+        let (mut r, mut app, mut peer) = tcp_relay();
+        app.write_all(b"last").unwrap();
+        step_until(&mut r, |_, r| r.moved().0 == 4);
+        fd::reset(r.far.as_fd());
+        drop(app);
+        let step = step_until(&mut r, |s, _| matches!(s, Step::Failed(_)));
+        assert!(matches!(step, Step::Failed(_)), "{step:?}");
+        // The engine lets go of the far side after the report; the RST goes then.
+        let Relay { far, .. } = r;
+        drop(far);
+        let mut got = [0u8; 4];
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"last");
+        let mut more = [0u8; 4];
+        let e = peer.read(&mut more).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+        // An orderly close is a FIN.
+        let (mut r, app, mut peer) = tcp_relay();
+        drop(app);
+        let step = step_until(&mut r, |_, r| r.up.done);
+        assert!(!matches!(step, Step::Failed(_)), "{step:?}");
+        assert_eq!(peer.read(&mut more).unwrap(), 0);
+    }
+
+    /// The TCP peer closed, then the app wrote: the peer's RST ends the relay at once (a
+    /// failure after the peer's FIN), so the app's next write fails as TCP's would.
+    #[test]
+    fn a_reset_after_the_far_fin_ends_the_relay_at_once() {
+        let (mut r, mut app, peer) = tcp_relay();
+        drop(peer);
+        step_until(&mut r, |_, r| r.far_finished());
+        app.write_all(b"x").unwrap();
+        let step = step_until(&mut r, |s, _| matches!(s, Step::Failed(_)));
+        assert!(matches!(step, Step::Failed(_)), "{step:?}");
+        assert!(
+            r.far_finished(),
+            "after the FIN: not a reset of the app's direction"
+        );
     }
 
     const SECRET: Secret = Secret(*b"0123456789abcdef");

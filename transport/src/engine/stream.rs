@@ -178,6 +178,12 @@ impl StreamConn {
         // through `Writer::send_urgent` it finds at the mark (`tx`), one sent past the hooks it
         // carries as an ordinary byte.
         let _ = fd::set_urgent_inline(local.as_fd(), true);
+        // The engine never waits on a socket: the kept one is peeked, and relayed when the
+        // connection stays TCP. Its description is the engine's alone from the attach on (the
+        // app's number names the socketpair; no attached socket goes back to the app).
+        if let Some(k) = &kept {
+            let _ = fd::set_nonblocking(k.as_fd());
+        }
         self.unattached_deadline = None;
         let alive = self.error.is_none()
             && !self.peer_gone
@@ -551,17 +557,18 @@ impl StreamConn {
             Step::Failed(e) => Some(e.to_string()),
         };
         let (sent, received) = relay.moved();
-        let failed = error.is_some();
+        // As for TCP: a failure after the far side's FIN reads EOF, and a write answers EPIPE.
+        let reset = error.is_some() && !relay.far_finished();
         on_event(Event::Ended(End {
             path: StreamPath::Tcp,
             sent,
             received,
             error,
-            reset: failed,
+            reset,
         }));
         if let App::Relay(relay, _) = std::mem::replace(&mut self.app, App::Done) {
             // After the report: the app's next read can tell the failure from an end.
-            end_local(relay.local, failed, fds);
+            end_local(relay.local, reset, fds);
             fds.closing.push(relay.far);
         }
     }
