@@ -45,6 +45,7 @@ fn attach(conn: &rdma_streams_transport::Conn) -> UnixStream {
             kept: None,
             handshake: Handshake::Open,
             on_bytes: None,
+            claim_by: None,
             give_back: None,
             on_event: Box::new(|e| {
                 if let Event::Ended(end) = e

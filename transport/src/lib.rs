@@ -27,6 +27,6 @@ pub mod wire;
 
 pub use engine::{
     Acceptor, Attach, Conn, ConnectError, ConnectRequest, Decision, End, Engine, EngineConfig,
-    EngineError, Event, Handshake, Listener, RejectedBy, Request, StreamPath, WaitError,
+    EngineError, Event, Handshake, Listener, RejectedBy, Request, StreamPath,
 };
 pub use probe::{Unusable, Usable, probe};

@@ -91,6 +91,7 @@ impl StreamConn for Conn {
                 kept: None,
                 handshake: Handshake::Open,
                 on_bytes: None,
+                claim_by: None,
                 give_back: Some(Box::new(move |fd| {
                     if let Some(report) = take(&on_return) {
                         report(Finish::Returned(fd));

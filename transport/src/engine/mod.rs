@@ -78,7 +78,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 pub use budget::Budget;
 pub use pin_limits::{MEMORY_SHARE, PinLimits};
 pub use rx::Reader;
-pub use shared::{ConnectError, RejectedBy, WaitError};
+pub use shared::{ConnectError, RejectedBy};
 pub use tx::Writer;
 
 use crate::rdma::{Lib, PortSpace};
@@ -299,9 +299,9 @@ pub enum EngineError {
 pub enum Handshake {
     /// Pump at once (the gateway, both sides).
     Open,
-    /// The connecting side of the shim: takes one CLAIM (with its secret: [`Conn::wait_claim`],
-    /// which the caller writes on its TCP connection), and at attach sends CONFIRM, then pumps.
-    /// On a connection that is already gone, relay over the kept TCP socket instead.
+    /// The connecting side of the shim: takes one CLAIM, writes its secret on the kept TCP
+    /// socket (the proof), then sends CONFIRM and pumps ([`Attach::claim_by`]). On a
+    /// connection that is already gone, relay over the kept TCP socket instead.
     Confirm,
     /// The accepting side of the shim: at attach sends CLAIM with a fresh secret and binds the
     /// stream once the secret came first on the kept TCP socket (taken off it) and the peer's
@@ -328,6 +328,10 @@ pub enum StreamPath {
     Rdma,
     /// Relayed over the kept TCP socket (the peer stayed on TCP).
     Tcp,
+    /// Relayed over the kept TCP socket because the peer never claimed the connection: a
+    /// connecting side attached with [`Attach::claim_by`] got no CLAIM by then, its peer
+    /// disconnected first, or the peer's app spoke TCP first (another process accepted it).
+    Unclaimed,
     /// Neither: the connection failed before a path was agreed (the kept socket was reset).
     Broken,
 }
@@ -369,6 +373,17 @@ pub struct Attach {
     /// Called on the engine thread as bytes move over the stream (sent, received since the
     /// last call), so counts are current even when the process exits before the stream ends.
     pub on_bytes: Option<fn(u64, u64)>,
+    /// [`Handshake::Confirm`] only: the connecting side attached before its CLAIM came (its
+    /// app's `connect()` returned with the TCP connection's). The engine reads nothing of
+    /// `local` until CLAIM comes, at the latest by then; it then writes the CLAIM's secret on
+    /// `kept` (the proof: nothing else writes to that socket) and only then sends CONFIRM and
+    /// pumps. No CLAIM by then, the peer's disconnect, or bytes or EOF from the peer's app on
+    /// the kept TCP connection first: no proof is written, and `local` is relayed over `kept`
+    /// ([`StreamPath::Unclaimed`]); a reset of that connection fails it as it would fail a TCP
+    /// socket. None: the caller took CLAIM off the link and wrote the proof itself, and the engine
+    /// sends CONFIRM at once (the in-process tests drive a client this way, CONFIRM and the
+    /// proof in either order).
+    pub claim_by: Option<Instant>,
     /// For a connection that is already gone when the attach comes, without a `kept` socket:
     /// called (on the engine thread) with `local`, untouched (nothing was read from it or
     /// written to it), instead of ending the stream; no [`Event`] follows. The caller may carry
@@ -741,12 +756,6 @@ impl Conn {
     /// until `deadline` ([`ConnectError::Timeout`]; the connection keeps trying: abort it).
     pub fn wait_established(&self, deadline: Instant) -> Result<Vec<u8>, ConnectError> {
         self.shared.wait_established(deadline)
-    }
-
-    /// Waits for the peer's CLAIM (the shim's connecting side) until `deadline`: its secret,
-    /// which proves on the TCP connection that this side is the RDMA peer.
-    pub fn wait_claim(&self, deadline: Instant) -> Result<crate::wire::Secret, WaitError> {
-        self.shared.wait_claim(deadline)
     }
 
     /// True while the connection has not failed or closed.

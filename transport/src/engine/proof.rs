@@ -5,6 +5,9 @@
 //! off-path senders out), so a stream whose RDMA peer merely claimed the client's address never
 //! binds.
 //!
+//! The connecting side's engine writes the secret ([`give`]) once CLAIM came, on a kept socket
+//! nothing else writes to (the app's number names the socketpair).
+//!
 //! The accepting side looks at the kept TCP socket without taking anything
 //! ([`look`], `MSG_PEEK`): the secret whole is taken off the socket ([`take`]) and the stream
 //! binds; anything else is the client speaking TCP (a plain client, or one that gave up), and
@@ -13,7 +16,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 
-use nix::sys::socket::{MsgFlags, recv};
+use nix::sys::socket::{MsgFlags, recv, send};
 
 use crate::wire::{SECRET_LEN, Secret};
 
@@ -69,6 +72,24 @@ pub(super) fn take(fd: impl AsFd) -> io::Result<()> {
     }
 }
 
+/// Writes `secret` on `fd` (the connecting side's kept TCP socket) at once and whole. Nothing
+/// else writes to that socket, so its send buffer has room for the 16 bytes unless the
+/// connection failed. An error or a part written leaves a TCP connection that cannot be
+/// trusted: the caller resets it.
+pub(super) fn give(fd: impl AsFd, secret: &Secret) -> io::Result<()> {
+    match send(
+        fd.as_fd().as_raw_fd(),
+        secret.bytes(),
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+    ) {
+        Ok(SECRET_LEN) => Ok(()),
+        Ok(n) => Err(io::Error::other(format!(
+            "sent {n} bytes of the proof, not {SECRET_LEN}"
+        ))),
+        Err(e) => Err(io::Error::from_raw_os_error(e as i32)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +130,22 @@ mod tests {
         let mut rest = [0u8; 5];
         (&server).read_exact(&mut rest).unwrap();
         assert_eq!(&rest, b"after", "only the secret was taken");
+    }
+
+    #[test]
+    fn the_proof_given_is_the_secret_whole_and_a_failed_socket_says_so() {
+        let (client, server) = pair();
+        give(&client, &SECRET).unwrap();
+        wait_readable(&server);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(matches!(look(&server, &SECRET), Look::Whole));
+        let (client, server) = pair();
+        socket_reset(server);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // The peer's RST: the first send after it fails.
+        let _ = give(&client, &SECRET);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(give(&client, &SECRET).is_err());
     }
 
     #[test]

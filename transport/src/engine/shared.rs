@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::lock_order::{Guard, Level, OrderedMutex};
 use super::rx::Receiver;
 use super::tx::Sender;
-use crate::wire::{BadPrivateData, Secret};
+use crate::wire::BadPrivateData;
 
 /// Who refused a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,18 +70,6 @@ pub enum ConnectError {
     EngineGone,
 }
 
-/// Why [`super::Conn::wait_claim`] returned without a CLAIM.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum WaitError {
-    /// Nothing by the deadline.
-    #[error("no CLAIM in time")]
-    Timeout,
-    /// The connection ended first.
-    #[error("the connection ended")]
-    Closed,
-}
-
 #[derive(Debug, Clone)]
 enum Phase {
     Connecting,
@@ -93,8 +81,6 @@ enum Phase {
 #[derive(Debug)]
 struct State {
     phase: Phase,
-    /// The peer's CLAIM came, with its secret.
-    claimed: Option<Secret>,
     peer: Option<SocketAddr>,
     /// The connection's receive side, once its verbs resources exist (for direct reads).
     receiver: Weak<Receiver>,
@@ -123,7 +109,6 @@ impl ConnShared {
                 Level::Shared,
                 State {
                     phase: Phase::Connecting,
-                    claimed: None,
                     peer,
                     receiver: Weak::new(),
                     sender: Weak::new(),
@@ -193,15 +178,6 @@ impl ConnShared {
         });
     }
 
-    pub(super) fn claimed(&self, secret: Secret) {
-        let mut state = self.lock();
-        if state.claimed.is_none() {
-            state.claimed = Some(secret);
-            drop(state);
-            self.changed.notify_all();
-        }
-    }
-
     pub(super) fn set_sides(&self, receiver: &Arc<Receiver>, sender: &Arc<Sender>) {
         let mut state = self.lock();
         state.receiver = Arc::downgrade(receiver);
@@ -255,19 +231,6 @@ impl ConnShared {
         })
         .unwrap_or(Err(ConnectError::Timeout))
     }
-
-    pub(super) fn wait_claim(&self, deadline: Instant) -> Result<Secret, WaitError> {
-        self.wait_until(deadline, |s| {
-            if let Some(secret) = s.claimed {
-                Some(Ok(secret))
-            } else if matches!(s.phase, Phase::Failed(_) | Phase::Closed) {
-                Some(Err(WaitError::Closed))
-            } else {
-                None
-            }
-        })
-        .unwrap_or(Err(WaitError::Timeout))
-    }
 }
 
 #[cfg(test)]
@@ -277,7 +240,7 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn waiters_see_establishment_claims_and_failures() {
+    fn waiters_see_establishment_and_failures() {
         let s = Arc::new(ConnShared::connecting(None));
         let soon = Instant::now() + Duration::from_millis(20);
         assert_eq!(s.wait_established(soon), Err(ConnectError::Timeout));
@@ -287,15 +250,6 @@ mod tests {
         };
         s.established(b"ok".to_vec());
         assert_eq!(t.join().unwrap(), Ok(b"ok".to_vec()));
-        assert_eq!(s.wait_claim(Instant::now()), Err(WaitError::Timeout));
-        let secret = Secret([3; crate::wire::SECRET_LEN]);
-        s.claimed(secret);
-        s.claimed(Secret([4; crate::wire::SECRET_LEN]));
-        assert_eq!(
-            s.wait_claim(Instant::now()),
-            Ok(secret),
-            "the first CLAIM's"
-        );
         s.closed();
         assert!(!s.is_alive());
         let f = ConnShared::connecting(None);
@@ -304,6 +258,5 @@ mod tests {
             f.wait_established(Instant::now()),
             Err(ConnectError::Memlock)
         );
-        assert_eq!(f.wait_claim(Instant::now()), Err(WaitError::Closed));
     }
 }

@@ -9,7 +9,9 @@
 //! signalling), half-closes and FIN, a link cut or any work request failing at any point (both
 //! sides end, in bounded time, and each app got a prefix of what the other sent, never a wrong
 //! byte), probes finding a silent dead peer, a client that stays on TCP (relayed), and the
-//! binding's deadline. The Soft-RoCE suite judges the same on the real stack.
+//! binding's deadline, and a client attached before its CLAIM (as the shim's `connect()` returns):
+//! its engine writes the proof, or relays when no CLAIM comes or the peer speaks TCP first. The
+//! Soft-RoCE suite judges the same on the real stack.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -32,6 +34,8 @@ const CLIENT: usize = 0;
 const SERVER: usize = 1;
 /// Simulated time per step.
 const TICK: Duration = Duration::from_millis(1);
+/// How long a client attached before CLAIM waits for it (as the shim's negotiation bound).
+const CLAIM_BY: Duration = Duration::from_secs(1);
 /// Steps after which a run that has not ended is a hang.
 const MAX_STEPS: usize = 60_000;
 
@@ -84,7 +88,13 @@ impl Peer {
         self.conn.link.as_ref().expect("a link")
     }
 
-    fn attach(&mut self, kept: Arc<OwnedFd>, handshake: Handshake, now: Instant) {
+    fn attach(
+        &mut self,
+        kept: Arc<OwnedFd>,
+        handshake: Handshake,
+        claim_by: Option<Instant>,
+        now: Instant,
+    ) {
         let events = Arc::clone(&self.events);
         let attach = Attach {
             kept: Some(kept),
@@ -96,6 +106,7 @@ impl Peer {
                     .push(e);
             }),
             on_bytes: None,
+            claim_by,
             give_back: None,
         };
         let local = self.local.take().expect("attached once");
@@ -196,6 +207,9 @@ struct Plan {
     attach_after: usize,
     /// ... and between the CLAIM's arrival and the proof on the TCP connection.
     proof_after: usize,
+    /// The client attaches at once, before CLAIM, as the shim's `connect()` does: its engine
+    /// writes the proof when CLAIM comes (`attach_after` and `proof_after` do not apply).
+    early: bool,
     fault: Fault,
     /// The apps close their sending side once they wrote everything.
     close: bool,
@@ -245,9 +259,9 @@ impl Pair {
         let (client_tcp, server_tcp) = UnixStream::pair().expect("socketpair");
         client_tcp.set_nonblocking(true).expect("nonblocking");
         server_tcp.set_nonblocking(true).expect("nonblocking");
-        server.attach(Arc::new(server_tcp.into()), Handshake::Claim, now);
+        server.attach(Arc::new(server_tcp.into()), Handshake::Claim, None, now);
         let client_tcp = Arc::new(OwnedFd::from(client_tcp));
-        Pair {
+        let mut pair = Pair {
             fabric,
             now,
             peers: [client, server],
@@ -256,7 +270,11 @@ impl Pair {
             secret: None,
             claimed_at: None,
             disconnected: [false; 2],
+        };
+        if plan.early {
+            pair.attach_client(Some(now + CLAIM_BY));
         }
+        pair
     }
 
     fn step(&mut self, n: usize, plan: &Plan) {
@@ -270,8 +288,9 @@ impl Pair {
         self.fabric.deliver(SERVER, b);
         self.now += TICK;
         // The client's upgrade: once CLAIM came, it attaches (CONFIRM) and writes the proof
-        // on its TCP connection, each when the plan says.
-        if self.claimed_at.is_none()
+        // on its TCP connection, each when the plan says (attached early, its engine does).
+        if !plan.early
+            && self.claimed_at.is_none()
             && let Some(secret) = self.peers[CLIENT].link().claim_seen()
         {
             self.claimed_at = Some(n);
@@ -285,13 +304,13 @@ impl Pair {
                 tcp.write_all(secret.bytes()).expect("the proof");
             }
             if n >= at + plan.attach_after {
-                self.attach_client();
+                self.attach_client(None);
             }
         }
         // A client whose connection failed before its CLAIM came attaches all the same, as
         // the shim does: the engine relays it over TCP.
         if self.peers[CLIENT].conn.error.is_some() {
-            self.attach_client();
+            self.attach_client(None);
         }
         for side in [CLIENT, SERVER] {
             let peer = &mut self.peers[side];
@@ -312,9 +331,9 @@ impl Pair {
         }
     }
 
-    fn attach_client(&mut self) {
+    fn attach_client(&mut self, claim_by: Option<Instant>) {
         if let Some(kept) = self.client_tcp.take() {
-            self.peers[CLIENT].attach(kept, Handshake::Confirm, self.now);
+            self.peers[CLIENT].attach(kept, Handshake::Confirm, claim_by, self.now);
         }
     }
 
@@ -359,10 +378,11 @@ fn plan(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Plan> {
         prop_oneof![Just(1usize), 1usize..70_000],
         0usize..40,
         0usize..40,
+        any::<bool>(),
         fault,
     )
         .prop_map(
-            |(c, s, carry, chunk, attach_after, proof_after, fault)| Plan {
+            |(c, s, carry, chunk, attach_after, proof_after, early, fault)| Plan {
                 client_out: bytes(c, 1),
                 server_out: bytes(s, 2),
                 // Never a schedule that carries nothing at all.
@@ -370,6 +390,7 @@ fn plan(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Plan> {
                 chunk,
                 attach_after,
                 proof_after,
+                early,
                 fault,
                 close: true,
             },
@@ -486,6 +507,7 @@ fn probes_find_a_silent_dead_peer() {
         chunk: 1,
         attach_after: 0,
         proof_after: 0,
+        early: false,
         fault: Fault::None,
         close: false,
     };
@@ -530,6 +552,7 @@ fn a_client_that_stays_on_tcp_is_relayed() {
         chunk: 64,
         attach_after: usize::MAX / 2,
         proof_after: usize::MAX / 2,
+        early: false,
         fault: Fault::None,
         close: true,
     };
@@ -564,6 +587,7 @@ fn no_proof_by_the_deadline_relays_and_nothing_of_the_stream_reaches_the_app() {
         chunk: 64,
         attach_after: 0,
         proof_after: usize::MAX / 2,
+        early: false,
         fault: Fault::None,
         close: true,
     };
@@ -597,6 +621,7 @@ fn a_flush_reports_every_posted_byte_acknowledged() {
         chunk: 1000,
         attach_after: 0,
         proof_after: 0,
+        early: false,
         fault: Fault::None,
         close: false,
     };
@@ -639,4 +664,82 @@ fn a_flush_reports_every_posted_byte_acknowledged() {
             .expect("a link")
             .acknowledged()
     );
+}
+
+/// A client attached before its CLAIM (as the shim's `connect()` returns) whose CLAIM never
+/// comes (the server's requests are never carried: it accepted late, or another process did):
+/// at its deadline it relays over TCP without a proof, the server gives its stream up too, and
+/// every byte goes both ways over TCP.
+#[test]
+fn a_client_attached_before_its_claim_relays_when_none_comes() {
+    let plan = Plan {
+        client_out: bytes(5000, 3),
+        server_out: bytes(7000, 4),
+        carry: vec![(1, 0)],
+        chunk: 700,
+        attach_after: 0,
+        proof_after: 0,
+        early: true,
+        fault: Fault::None,
+        close: true,
+    };
+    let mut pair = Pair::new(&plan);
+    let started = pair.now;
+    pair.run(&plan).expect("both ended");
+    let [client, server] = &pair.peers;
+    assert_eq!(client.decided(), Some(StreamPath::Unclaimed));
+    assert_eq!(server.decided(), Some(StreamPath::Tcp));
+    assert!(
+        pair.now - started >= CLAIM_BY,
+        "relayed before the deadline"
+    );
+    assert_eq!(server.got, plan.client_out);
+    assert_eq!(client.got, plan.server_out);
+    for peer in &pair.peers {
+        let end = peer.end().unwrap_or_else(unreachable);
+        assert_eq!((end.path, end.error), (StreamPath::Tcp, None));
+    }
+}
+
+/// A client waiting for its CLAIM whose peer's app speaks first on the TCP connection (a
+/// process that accepted without the registration: a banner) relays at once, banner first,
+/// without waiting for its deadline and without a proof.
+#[test]
+fn bytes_on_tcp_before_the_claim_end_the_wait_at_once() {
+    let plan = Plan {
+        client_out: Vec::new(),
+        server_out: Vec::new(),
+        carry: vec![(1, 0)],
+        chunk: 64,
+        attach_after: 0,
+        proof_after: 0,
+        early: true,
+        fault: Fault::None,
+        close: false,
+    };
+    let mut pair = Pair::new(&plan);
+    let super::stream::App::Stream(a) = &pair.peers[SERVER].conn.app else {
+        panic!("the server is attached");
+    };
+    let kept = a.kept.as_ref().expect("a kept socket");
+    let mut server_tcp = std::fs::File::from(kept.try_clone().expect("dup"));
+    server_tcp.write_all(b"220 banner\r\n").expect("banner");
+    let started = pair.now;
+    for n in 0..100 {
+        pair.step(n, &plan);
+        if pair.peers[CLIENT].got.len() >= 12 {
+            break;
+        }
+    }
+    assert_eq!(pair.peers[CLIENT].decided(), Some(StreamPath::Unclaimed));
+    assert_eq!(pair.peers[CLIENT].got, b"220 banner\r\n");
+    assert!(pair.now - started < CLAIM_BY / 10);
+    // No proof went out: what the client's app writes now is TCP bytes to the server, whose
+    // engine, seeing them where the proof would be, relays them to its app as written.
+    pair.peers[CLIENT].app.write_all(b"EHLO").expect("write");
+    for n in 100..200 {
+        pair.step(n, &plan);
+    }
+    assert_eq!(pair.peers[SERVER].decided(), Some(StreamPath::Tcp));
+    assert_eq!(pair.peers[SERVER].got, b"EHLO");
 }

@@ -32,6 +32,9 @@ pub(super) struct Attached {
     pub(super) kept_ready: Ready,
     /// The accepting side of [`Handshake::Claim`] until its stream is bound.
     pub(super) awaiting: Option<Awaiting>,
+    /// The connecting side attached before CLAIM ([`Attach::claim_by`]): until when it waits
+    /// for it (then: relay over TCP).
+    pub(super) awaiting_claim: Option<Instant>,
     pub(super) local_eof: bool,
     /// The app closed with `SO_LINGER {1, 0}`: the stream fails, without FIN, once what was
     /// posted before reached the peer ([`pump`]).
@@ -172,6 +175,7 @@ impl StreamConn {
             handshake,
             on_event,
             on_bytes,
+            claim_by,
             give_back,
         } = attach;
         // The engine reads an urgent byte inline, so none is ever dropped: one the app sent
@@ -202,6 +206,7 @@ impl StreamConn {
             kept,
             kept_ready: Ready::default(),
             awaiting: None,
+            awaiting_claim: claim_by.filter(|_| handshake == Handshake::Confirm),
             local_eof: false,
             resetting: false,
             local_shut: false,
@@ -222,7 +227,11 @@ impl StreamConn {
             // Gone before the attach. Without CONFIRM neither side moved: relay over TCP.
             match (handshake, attached.kept.take()) {
                 (Handshake::Confirm | Handshake::Claim, Some(kept)) => {
-                    (attached.on_event)(Event::Decided(StreamPath::Tcp));
+                    (attached.on_event)(Event::Decided(if attached.awaiting_claim.is_some() {
+                        StreamPath::Unclaimed
+                    } else {
+                        StreamPath::Tcp
+                    }));
                     self.app = App::Relay(Relay::new(attached.local, kept), attached.on_event);
                 }
                 (_, kept) => {
@@ -245,6 +254,9 @@ impl StreamConn {
             return;
         }
         match handshake {
+            Handshake::Confirm if attached.awaiting_claim.is_some() => {
+                // The proof and CONFIRM go once CLAIM came ([`StreamConn::step_stream`]).
+            }
             Handshake::Open | Handshake::Confirm => {
                 if handshake == Handshake::Confirm
                     && let Some(r) = &mut self.link
@@ -301,6 +313,11 @@ impl StreamConn {
                     fd::Peeked::Nothing => {}
                     // A peer that finished closes its TCP socket while its last bytes may
                     // still be on the stream: a FIN only ends the watch.
+                    // Before CLAIM, the peer's app closed or spoke on TCP: it holds the
+                    // connection without the registration (another process accepted it).
+                    fd::Peeked::Fin | fd::Peeked::Bytes if a.awaiting_claim.is_some() => {
+                        self.relay_instead(fds);
+                    }
                     fd::Peeked::Fin => {
                         a.watch_kept = false;
                         fds.unwatch_kept = true;
@@ -336,7 +353,8 @@ impl StreamConn {
         let (Some(link), App::Stream(a)) = (self.link.as_mut(), &mut self.app) else {
             return;
         };
-        if a.awaiting.is_some() || link.poll(Instant::now()).is_err() {
+        if a.awaiting.is_some() || a.awaiting_claim.is_some() || link.poll(Instant::now()).is_err()
+        {
             return;
         }
         a.local_ready.writable = true;
@@ -371,6 +389,36 @@ impl StreamConn {
         }
     }
 
+    /// The connecting side attached before CLAIM ([`Attach::claim_by`]): once CLAIM came (the
+    /// link took it), its secret on the kept TCP connection (the proof), then CONFIRM. From
+    /// the proof on this side is committed to the stream: a proof that cannot be written whole
+    /// fails the connection (reset), never a TCP stream with stray bytes. True when the proof
+    /// was written now.
+    fn give_proof(&mut self, fds: &mut Fds) -> bool {
+        let (Some(link), App::Stream(a)) = (self.link.as_mut(), &mut self.app) else {
+            return false;
+        };
+        if a.awaiting_claim.is_none() {
+            return false;
+        }
+        let Some(secret) = link.claim_seen() else {
+            return false;
+        };
+        let given = match &a.kept {
+            Some(kept) => proof::give(kept, &secret),
+            None => Err(io::Error::other("no TCP connection")),
+        };
+        if let Err(e) = given {
+            self.fail_reset(format!("writing the proof: {e}"), fds);
+            return false;
+        }
+        a.awaiting_claim = None;
+        link.confirm();
+        self.shared.set_on_stream();
+        (a.on_event)(Event::Decided(StreamPath::Rdma));
+        true
+    }
+
     /// Gives up the stream of a [`Handshake::Claim`] connection not bound yet: the client
     /// stayed on TCP (or is not the RDMA peer), so the local side is relayed over the kept
     /// socket.
@@ -383,11 +431,16 @@ impl StreamConn {
             kept,
             mut on_event,
             awaiting,
+            awaiting_claim,
             ..
         } = a;
         match kept {
             Some(kept) => {
-                on_event(Event::Decided(StreamPath::Tcp));
+                on_event(Event::Decided(if awaiting_claim.is_some() {
+                    StreamPath::Unclaimed
+                } else {
+                    StreamPath::Tcp
+                }));
                 // A proof that comes after all must not reach the app (the relay's guard).
                 let relay = match awaiting {
                     Some(w) => Relay::guarded(local, kept, w.secret, Instant::now() + GUARD_WAIT),
@@ -417,7 +470,7 @@ impl StreamConn {
     /// TCP then fails too); the CM side is torn down by the loop.
     pub(super) fn fail(&mut self, why: String, fds: &mut Fds) {
         if let App::Stream(a) = &self.app
-            && a.awaiting.is_some_and(|w| !w.proven)
+            && (a.awaiting.is_some_and(|w| !w.proven) || a.awaiting_claim.is_some())
         {
             let broken = a
                 .kept
@@ -425,7 +478,8 @@ impl StreamConn {
                 .is_some_and(|k| matches!(fd::peek(k), fd::Peeked::Failed(_)));
             if !broken {
                 // Not bound: the RDMA peer broke the rules, gave up or never proved it holds
-                // the TCP connection, whose client is on TCP.
+                // the TCP connection, whose client is on TCP; or, on the connecting side, no
+                // proof was written: both sides are on TCP.
                 self.relay_instead(fds);
                 return;
             }
@@ -447,10 +501,11 @@ impl StreamConn {
         let app = std::mem::replace(&mut self.app, App::Done);
         match app {
             App::Stream(mut a) => {
-                if a.awaiting.is_some() {
+                let undecided = a.awaiting.is_some() || a.awaiting_claim.is_some();
+                if undecided {
                     (a.on_event)(Event::Decided(StreamPath::Broken));
                 }
-                let path = if a.awaiting.is_some() {
+                let path = if undecided {
                     StreamPath::Broken
                 } else {
                     StreamPath::Rdma
@@ -488,6 +543,11 @@ impl StreamConn {
             && a.awaiting.is_some_and(|w| w.deadline <= now)
         {
             self.fail(String::from("no proof and CONFIRM in time"), fds);
+        }
+        if let App::Stream(a) = &self.app
+            && a.awaiting_claim.is_some_and(|t| t <= now)
+        {
+            self.fail(String::from("no CLAIM in time"), fds);
         }
     }
 
@@ -533,7 +593,15 @@ impl StreamConn {
         if !self.stream_usable() {
             return;
         }
-        match self.step_stream(now, draining) {
+        let mut stepped = self.step_stream(now, draining);
+        if matches!(stepped, Ok(false)) && self.give_proof(fds) {
+            // What the app wrote while CLAIM was on its way goes at once.
+            stepped = self.step_stream(now, draining);
+        }
+        if !self.stream_usable() {
+            return;
+        }
+        match stepped {
             Ok(true) => self.finish_stream(fds),
             Ok(false) => {}
             Err(why) => {
@@ -586,17 +654,15 @@ impl StreamConn {
             return Ok(false);
         };
         link.poll(now)?;
-        // The connecting side waits for CLAIM before it attaches: told once it came, and
-        // nothing to tell after the attach.
-        if matches!(app, App::Unattached)
-            && let Some(secret) = link.claim_seen()
-        {
-            shared.claimed(secret);
-        }
         let App::Stream(a) = app else {
             link.credit_if_due();
             return Ok(false);
         };
+        if a.awaiting_claim.is_some() {
+            // Nothing moves before the proof ([`StreamConn::give_proof`]).
+            link.credit_if_due();
+            return Ok(false);
+        }
         if let Some(w) = a.awaiting {
             // Bound once the TCP client proved it holds our CLAIM's secret and the RDMA peer
             // confirmed; until then nothing the peer sent reaches the app.
@@ -698,6 +764,7 @@ impl StreamConn {
         }
         if let App::Stream(a) = &self.app {
             at(a.awaiting.map(|w| w.deadline));
+            at(a.awaiting_claim);
             if self.stream_usable() {
                 at(self
                     .link
@@ -804,6 +871,7 @@ mod tests {
             kept: None,
             handshake: Handshake::Open,
             on_bytes: None,
+            claim_by: None,
             give_back,
             on_event: Box::new(move |e| {
                 let text = match e {

@@ -13,12 +13,17 @@
 //!    socket after the peer can accept it (a thread of this process that waits on the fd once
 //!    the server's `accept()` returned waits on the socketpair, where the stream's bytes and
 //!    EOF come).
-//! 5. The kernel connect of the kept socket (a non-blocking one: its handshake is awaited),
-//!    then the accepting process's CLAIM, one deadline N for both. CLAIM: its secret goes out
-//!    as the first bytes of the TCP connection (the proof that binds the stream to this
-//!    connection), then CONFIRM. Nothing: the stream is aborted (the server, without the proof
-//!    and CONFIRM, stays on TCP), the TCP socket goes back on the app's number
-//!    ([`unswap`]) and the connection stays plain TCP.
+//! 5. The kernel connect of the kept socket (a non-blocking one: its handshake is awaited,
+//!    within N). `connect()` returns when the TCP connection is established, as without the
+//!    shim: the engine takes the connection ([`Attach::claim_by`]) and waits for the accepting
+//!    process's CLAIM beside it, the app's bytes held in the socketpair meanwhile, until one
+//!    deadline N from the kernel connect. CLAIM: its secret goes out as the first bytes of the
+//!    TCP connection (the proof that binds the stream to this connection), then CONFIRM.
+//!    Nothing by then (the app accepts late, or another process accepted), or the server's app
+//!    speaking TCP first: no proof, no CONFIRM, and the engine relays the socketpair over the
+//!    TCP socket (`TIMEOUT`; the server, without the proof and CONFIRM, stays on TCP). A
+//!    kernel connect that fails or does not complete puts the TCP socket back on the app's
+//!    number ([`unswap`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
@@ -34,7 +39,7 @@ use rdma_streams_transport::wire::TransportReject;
 use super::engine::engine;
 use super::events::{count_bytes, on_event, record};
 use super::spare;
-use super::swap::{Swapped, reset, swap, unswap};
+use super::swap::{Swapped, swap, unswap};
 use super::{NEGATIVE, negotiate_timeout, note, now};
 use crate::fdtable::{self, COUNTED};
 use crate::log::{Level, log_at};
@@ -200,28 +205,9 @@ fn upgrade(
             }
         }
     }
-    let Ok(secret) = conn.wait_claim(deadline) else {
-        // Another process accepted the connection (pre-fork), or the app accepts late: no
-        // proof, no CONFIRM, so the server relays over TCP, and this side is its TCP socket.
-        give_up(s);
-        let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
-        count_tcp(fd, peer, Reason::Timeout);
-        return (rc, err);
-    };
-    // The proof: the secret the RDMA peer sent, as the first bytes of this TCP connection,
-    // which only this socket can put there. From here this side is committed to the stream.
-    if let Err(e) = sys::send_all_now(tcp, secret.bytes()) {
-        // The connection failed under us (or the proof went out in part): this TCP connection
-        // cannot be one the app can trust any more. Fail it like a reset.
-        log_at!(
-            Level::Info,
-            "client fd {fd}: sending the proof failed ({e}): resetting"
-        );
-        give_up(s);
-        reset(fd);
-        count_tcp(fd, peer, Reason::RdmaError);
-        return (rc, err);
-    }
+    // The TCP connection is up: `connect()` returns as it would without the shim. The engine
+    // waits for CLAIM beside it and writes the proof when it comes; without it by the deadline
+    // it relays over TCP (counted `TIMEOUT` then, [`super::events`]).
     super::set_direct(fd, conn);
     conn.attach(
         s.local,
@@ -230,6 +216,7 @@ fn upgrade(
             handshake: Handshake::Confirm,
             on_event: on_event(Role::Client, fd, Some(peer), s.broken),
             on_bytes: Some(count_bytes),
+            claim_by: Some(deadline),
             give_back: None,
         },
     );

@@ -22,12 +22,15 @@ pub fn record(role: Role, fd: c_int, peer: Option<SocketAddr>, path: Path, reaso
 }
 
 /// The path and reason a decided stream is counted with. A server whose client did not CONFIRM
-/// relays over TCP because the client gave up (`TIMEOUT`); a client whose stream died between
-/// CLAIM and its CONFIRM relays too (`RDMA_ERROR`).
+/// relays over TCP because the client gave up (`TIMEOUT`), and so does a client whose CLAIM did
+/// not come (the server accepted late, or in another process); a client whose stream died
+/// before it was attached relays too (`RDMA_ERROR`).
 pub fn decided(role: Role, path: StreamPath) -> (Path, Reason) {
     match (path, role) {
         (StreamPath::Rdma, _) => (Path::Rdma, Reason::Upgraded),
-        (StreamPath::Tcp, Role::Server) => (Path::Tcp, Reason::Timeout),
+        (StreamPath::Tcp, Role::Server) | (StreamPath::Unclaimed, _) => {
+            (Path::Tcp, Reason::Timeout)
+        }
         (StreamPath::Tcp, Role::Client) | (StreamPath::Broken, _) => (Path::Tcp, Reason::RdmaError),
     }
 }
@@ -52,8 +55,15 @@ pub fn on_event(
     broken: Arc<AtomicBool>,
 ) -> Box<dyn FnMut(Event) + Send> {
     Box::new(move |event| match event {
-        Event::Decided(path) => {
-            let (path, reason) = decided(role, path);
+        Event::Decided(decision) => {
+            let (path, reason) = decided(role, decision);
+            if decision == StreamPath::Unclaimed
+                && let Some(p) = peer
+            {
+                // As for a connect that waited for its CLAIM in vain: the next ones to this
+                // peer stay TCP at once for a while.
+                let _ = super::NEGATIVE.insert(p, reason, super::now());
+            }
             record(role, fd, peer, path, reason);
         }
         Event::Ended(end) => {
@@ -102,6 +112,10 @@ mod tests {
         assert_eq!(
             decided(Role::Client, StreamPath::Tcp),
             (Path::Tcp, Reason::RdmaError)
+        );
+        assert_eq!(
+            decided(Role::Client, StreamPath::Unclaimed),
+            (Path::Tcp, Reason::Timeout)
         );
         assert_eq!(
             decided(Role::Server, StreamPath::Broken),

@@ -295,6 +295,7 @@ pub fn claim_and_swap(fd: c_int, peer: SocketAddr) -> Claim {
                     handshake: Handshake::Claim,
                     on_event: on_event(Role::Server, fd, Some(peer), s.broken),
                     on_bytes: Some(count_bytes),
+                    claim_by: None,
                     give_back: None,
                 },
             );

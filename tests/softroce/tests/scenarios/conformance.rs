@@ -147,7 +147,8 @@ fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let fallen = answers(
         &ctx.sh(&format!(
             "{} {py} {} {a} 11200 fallback",
-            shimmed(ctx, "fb", "")?,
+            // Shorter than the probe's FALLBACK_ACCEPT_AFTER: no CLAIM comes in time.
+            shimmed(ctx, "fb", "STREAMSHIM_NEGOTIATE_MS=300")?,
             probe.display()
         ))?
         .stdout,

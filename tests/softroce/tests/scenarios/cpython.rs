@@ -25,19 +25,7 @@ pub const SCENARIOS: &[Scenario] = &[Scenario {
 /// Tests that end otherwise under the shim, each with why (docs/shim-conformance.md lists
 /// them too). The run fails when one of them ends as it does without the shim, so the list
 /// stays true as they are fixed.
-const KNOWN: &[(&str, &str)] = &[
-    (
-        "test.test_ftplib.TestFTPClass.test_makeport",
-        "the server's active-mode data connection goes to a client that never calls accept(): \
-         under the shim connect() waits for the peer's accept up to the negotiation bound \
-         before it stays on TCP, where TCP's completes from the backlog, and the client's \
-         read timeout passes first",
-    ),
-    (
-        "test.test_ftplib.TestTLS_FTPClassMixin.test_makeport",
-        "as test.test_ftplib.TestFTPClass.test_makeport",
-    ),
-];
+const KNOWN: &[(&str, &str)] = &[];
 
 /// Debian's interpreter, whose test package `libpython3.11-testsuite` installs (`make deps`).
 const PYTHON: &str = "/usr/bin/python3";

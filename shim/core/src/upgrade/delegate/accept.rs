@@ -59,7 +59,15 @@ pub(super) fn answer(tcp: OwnedFd, answer_on: OwnedFd) {
         return;
     }
     drop(app);
-    attach(&pending.conn, local, tcp, Role::Server, peer, answer_on);
+    attach(
+        &pending.conn,
+        local,
+        tcp,
+        Role::Server,
+        peer,
+        answer_on,
+        None,
+    );
 }
 
 /// What a child's claim came to.

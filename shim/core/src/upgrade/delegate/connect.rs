@@ -1,28 +1,25 @@
 //! A fork child's `connect()`: the engine's process negotiates for the child's socket, the
-//! child makes its own kernel connect, and the engine's process takes CLAIM and writes the
-//! proof on its copy of the socket ([`super`]; the steps are `client.rs`'s).
+//! child makes its own kernel connect, and the engine's process attaches the connection, whose
+//! engine takes CLAIM and writes the proof on its copy of the socket ([`super`]; the steps are
+//! `client.rs`'s).
 //!
 //! The conversation, on the request's reply pair:
 //!
 //! | from | message | when |
 //! | --- | --- | --- |
 //! | child | CONNECT{peer} with the socket (bound: its address is the HELLO's) | at `connect()` |
-//! | engine's process | PLAIN with the reason | the RDMA connect failed: the child connects over TCP |
+//! | engine's process | PLAIN with the reason | the peer is in its negative cache, or the RDMA connect failed: the child connects over TCP |
 //! | engine's process | ESTABLISHED with the app's socketpair end | the server registered the connection |
 //! | child | CONNECTED | it put the socketpair end on the app's number, then its kernel connect is established (else it puts the socket back and closes the pair) |
-//! | engine's process | TIMEOUT | no CLAIM in the bound (or no CONNECTED): TCP, nothing sent |
-//! | child | UNSWAPPED | after TIMEOUT: the app's number names the TCP socket again |
-//! | engine's process | FORWARDED | what the app wrote to the socketpair meanwhile went out on TCP |
-//! | engine's process | RESET | the proof could not be sent whole: the child resets the socket |
-//! | engine's process | SWAPPED | proof sent; then it attaches the socketpair's other end |
+//! | engine's process | SWAPPED | it attached the socketpair's other end: the engine waits for CLAIM beside the app, writes the proof, or relays over TCP |
 //!
 //! The child's number moves to the socketpair before its kernel connect, as in-process
 //! (`client.rs`): the server's `accept()` returns while the child still waits, and a thread of
 //! the child that waits on the fd from then on must wait on what the stream fills. Nothing
 //! reaches the TCP connection before CONNECTED, so every answer before it leaves the child a
 //! plain socket; after it, a child that hears nothing it can trust (the engine's process died,
-//! or did not answer within its bound and a margin) resets the socket rather than hand the app
-//! a connection the proof may have gone out on.
+//! or did not answer within a margin) resets the socket rather than hand the app a connection
+//! two processes may read.
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -48,18 +45,14 @@ use crate::upgrade::{NEGATIVE, negotiate_timeout, now};
 const PLAIN: u8 = 0x80;
 const ESTABLISHED: u8 = 2;
 const CONNECTED: u8 = 3;
-const TIMEOUT: u8 = 4;
-const RESET: u8 = 5;
 const SWAPPED: u8 = 6;
-const UNSWAPPED: u8 = 7;
-const FORWARDED: u8 = 8;
 
 /// Children's connects negotiated at once; more stay TCP (`UNSUPPORTED`) until one ends.
 const MAX_IN_FLIGHT: usize = 64;
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
 /// In the engine's process: serves a child's connect of `tcp` to `peer` on a thread of its own
-/// (it waits on the network for up to twice the negotiation bound).
+/// (it waits on the network for up to the negotiation bound, and for the child's kernel connect).
 pub(super) fn spawn(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
     if IN_FLIGHT.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
         IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
@@ -96,6 +89,12 @@ fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
         let _ = plain_reply(&answer_on, Reason::Unsupported);
         return;
     };
+    // Its children's fallbacks are counted here: a destination that failed for one of them
+    // stays TCP at once for all.
+    if NEGATIVE.check(peer, now()).is_some() {
+        let _ = plain_reply(&answer_on, Reason::NegativeCache);
+        return;
+    }
     let bound = negotiate_timeout();
     let conn = match open_stream(peer, client, bound) {
         Ok(conn) => conn,
@@ -119,30 +118,12 @@ fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
     }
     drop(app);
     // The child's swap and kernel connect (a non-blocking one waits up to the bound there).
-    match next(&answer_on, bound + REPLY_MARGIN) {
-        Heard::Said(CONNECTED, None) => {}
-        Heard::Said(..) | Heard::Closed => {
-            conn.abort();
-            return;
-        }
-        Heard::Silent => {
-            conn.abort();
-            let _ = reply(&answer_on, TIMEOUT, None);
-            return;
-        }
-    }
-    let Ok(secret) = conn.wait_claim(now() + bound) else {
+    // Anything else, or silence (the child resets the socket then), and the stream goes.
+    if !matches!(
+        next(&answer_on, bound + REPLY_MARGIN),
+        Heard::Said(CONNECTED, None)
+    ) {
         conn.abort();
-        hand_back(&answer_on, &local, &tcp);
-        return;
-    };
-    if let Err(e) = sys::send_all_now(tcp.as_raw_fd(), secret.bytes()) {
-        log_at!(
-            Level::Info,
-            "connect for a fork child to {peer}: sending the proof failed ({e})"
-        );
-        conn.abort();
-        let _ = reply(&answer_on, RESET, None);
         return;
     }
     if reply(&answer_on, SWAPPED, None).is_err() {
@@ -150,19 +131,17 @@ fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
         conn.abort();
         return;
     }
-    attach(&conn, local, tcp, Role::Client, peer, answer_on);
-}
-
-/// No CLAIM: the connection stays TCP. Once the child has put its TCP socket back on the app's
-/// number, what the app wrote to the socketpair meanwhile goes out on the TCP connection.
-fn hand_back(answer_on: &OwnedFd, local: &OwnedFd, tcp: &OwnedFd) {
-    if reply(answer_on, TIMEOUT, None).is_err() {
-        return;
-    }
-    if let Heard::Said(UNSWAPPED, None) = next(answer_on, REPLY_MARGIN) {
-        crate::upgrade::swap::forward_written(-1, local, tcp);
-        let _ = reply(answer_on, FORWARDED, None);
-    }
+    // The child's `connect()` returns now; the engine waits for CLAIM beside its app.
+    let claim_by = now() + bound;
+    attach(
+        &conn,
+        local,
+        tcp,
+        Role::Client,
+        peer,
+        answer_on,
+        Some(claim_by),
+    );
 }
 
 /// In a fork child: `connect(fd, peer)` for a capable ancestor's policy. Returns the kernel
@@ -213,8 +192,8 @@ pub fn connect(
     rc
 }
 
-/// The child's steps after ESTABLISHED: the swap onto `app`, the kernel connect, CLAIM's
-/// outcome. Returns the kernel connect's (result, errno).
+/// The child's steps after ESTABLISHED: the swap onto `app`, the kernel connect, the engine's
+/// process's attach. Returns the kernel connect's (result, errno).
 #[allow(clippy::too_many_arguments)]
 fn upgrade(
     fd: c_int,
@@ -284,20 +263,10 @@ fn upgrade(
         count_tcp(fd, peer, Reason::RdmaError);
         return (rc, err);
     }
-    match next(mine, bound + REPLY_MARGIN) {
-        Heard::Said(TIMEOUT, None) => {
-            // Another process accepted the connection, or the server accepts late. The engine's
-            // process sends what the app wrote meanwhile once the number names TCP again.
-            give_up();
-            if reply(mine, UNSWAPPED, None).is_ok() {
-                let _ = next(mine, REPLY_MARGIN);
-            }
-            let _ = NEGATIVE.insert(peer, Reason::Timeout, now());
-            count_tcp(fd, peer, Reason::Timeout);
-        }
-        // Upgraded: the number names the socketpair already.
+    match next(mine, REPLY_MARGIN) {
+        // Attached: the number names the socketpair already.
         Heard::Said(SWAPPED, None) => {}
-        // RESET, a gone or silent engine's process: the proof may have gone out.
+        // A gone or silent engine's process: it may have attached the socket.
         _ => {
             log_at!(
                 Level::Info,
@@ -323,7 +292,6 @@ mod tests {
     #[derive(Clone, Copy, Debug)]
     enum Engine {
         Plain,
-        TimeoutAfterConnected,
         GoneAfterConnected,
         Swapped,
     }
@@ -358,15 +326,6 @@ mod tests {
         assert!(fdtable::get(fd) & fdtable::SWAPPED != 0, "{how:?}: swapped");
         assert_eq!(sys::peer_addr(fd), None, "{how:?}: a socketpair end");
         match how {
-            Engine::TimeoutAfterConnected => {
-                reply(&answer_on, TIMEOUT, None).unwrap();
-                assert!(matches!(
-                    next(&answer_on, Duration::from_secs(2)),
-                    Heard::Said(UNSWAPPED, None)
-                ));
-                hand_back_tail(&answer_on, &local, &tcp);
-                None
-            }
             Engine::GoneAfterConnected => None,
             _ => {
                 reply(&answer_on, SWAPPED, None).unwrap();
@@ -376,29 +335,18 @@ mod tests {
         }
     }
 
-    /// What `hand_back` does after UNSWAPPED.
-    fn hand_back_tail(answer_on: &OwnedFd, local: &OwnedFd, tcp: &OwnedFd) {
-        crate::upgrade::swap::forward_written(-1, local, tcp);
-        reply(answer_on, FORWARDED, None).unwrap();
-    }
-
     /// In a fork child (the channel is the child's own): every outcome of the conversation
     /// leaves the app a plain TCP connection, a reset one, or its socketpair end on the fd.
     #[test]
     fn a_childs_connect_follows_the_engines_answer() {
         // A listener per case: a fallback puts its destination in the negative cache.
-        let listeners: Vec<TcpListener> = (0..4)
+        let listeners: Vec<TcpListener> = (0..3)
             .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
             .collect();
         let child = sys::fork_for_test(|| {
-            for (how, l) in [
-                Engine::Plain,
-                Engine::TimeoutAfterConnected,
-                Engine::GoneAfterConnected,
-                Engine::Swapped,
-            ]
-            .into_iter()
-            .zip(&listeners)
+            for (how, l) in [Engine::Plain, Engine::GoneAfterConnected, Engine::Swapped]
+                .into_iter()
+                .zip(&listeners)
             {
                 let addr = l.local_addr().unwrap();
                 let (chan, server) = fdpass::seqpacket_pair().unwrap();
@@ -414,7 +362,7 @@ mod tests {
                 let swapped = fdtable::get(fd) & fdtable::SWAPPED != 0;
                 let mut b = [0u8; 1];
                 match how {
-                    Engine::Plain | Engine::TimeoutAfterConnected => {
+                    Engine::Plain => {
                         assert!(!swapped && sys::peer_addr(fd) == Some(addr), "{how:?}");
                     }
                     Engine::GoneAfterConnected => {

@@ -37,7 +37,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use libc::c_int;
 use rdma_streams_transport::engine::{Attach, Conn, Event, Handshake};
@@ -176,7 +176,7 @@ fn next(on: &OwnedFd, bound: Duration) -> Heard {
 }
 
 /// Attaches a child's connection to its stream with `tcp` as the kept socket; `notice` hears
-/// of a reset.
+/// of a reset; `claim_by`: a connect's engine waits for CLAIM until then ([`Attach::claim_by`]).
 fn attach(
     conn: &Conn,
     local: OwnedFd,
@@ -184,6 +184,7 @@ fn attach(
     role: Role,
     peer: SocketAddr,
     notice: OwnedFd,
+    claim_by: Option<Instant>,
 ) {
     // The child's install sets the socket's linger as a swap does (one socket, two numbers).
     let kept = Arc::new(tcp);
@@ -212,6 +213,7 @@ fn attach(
                 inner(event);
             }),
             on_bytes: Some(count_bytes),
+            claim_by,
             give_back: None,
         },
     );

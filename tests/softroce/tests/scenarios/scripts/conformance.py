@@ -5,15 +5,18 @@ compares the lines.
 
 Usage: conformance.py HOST FIRST_PORT MODE [ROW ...]
   MODE upgraded: the server accepts in a thread before the client connects (the shim upgrades);
-  MODE fallback: the client connects before the server accepts, in one thread (the shim's
-                 negotiation gives up and the connection stays TCP).
+  MODE fallback: the client connects, and the server accepts FALLBACK_ACCEPT_AFTER later, in
+                 one thread; under a negotiation bound shorter than that the shim's client
+                 gets no CLAIM in time and the connection stays TCP (relayed by the client's
+                 engine; the server's registration is gone when it accepts).
   Without the shim both modes are plain TCP. Each row listens on its own port (FIRST_PORT + i),
   so no row's fallback puts the next row's destination in the shim's negative cache.
 
 A row is a function of (client, server) sockets, connected to each other, that returns a short
 text: what the calls answered. A new row is one function in ROWS. A row may set up the client
 socket and the listener before the connection exists (its `before_client` and `before_listener`
-attributes, functions of the socket).
+attributes, functions of the socket), and ask for the connect before the accept in both modes
+(its `connect_first` attribute).
 """
 
 import ctypes
@@ -30,6 +33,11 @@ import threading
 import time
 
 WAIT = 2.0  # seconds a row waits for bytes that should arrive
+# Seconds between the connect and the accept in fallback mode (the host's own check of the
+# probe, on plain TCP, shortens it).
+FALLBACK_ACCEPT_AFTER = float(os.environ.get("CONFORMANCE_ACCEPT_AFTER", "1.0"))
+# How long the last pair's connect() took.
+CONNECTED_IN = [0.0]
 
 
 def err(e):
@@ -444,6 +452,19 @@ def oob_inline(c, s):
     return repr(recv_exact(s, 5))
 
 
+def connect_before_accept(c, s):
+    """`connect()` before the peer's app calls `accept()`: TCP completes it from the backlog,
+    without the app (the pair connected first and timed it); bytes then go both ways."""
+    c.sendall(b"early")
+    s.settimeout(WAIT)
+    got = call(lambda: s.recv(10))
+    s.settimeout(None)
+    return "%s %r" % (CONNECTED_IN[0] < WAIT, got)
+
+
+connect_before_accept.connect_first = True
+
+
 def siocatmark(c, s):
     c.sendall(b"ab")
     c.send(b"!", socket.MSG_OOB)
@@ -674,6 +695,7 @@ def tcp_info_counts_bytes(c, s):
 
 
 ROWS = [
+    connect_before_accept,
     sendto_with_address,
     sendmsg_with_address,
     send_plain,
@@ -747,7 +769,7 @@ def pair(host, port, mode, row):
     c = socket.socket()
     getattr(row, "before_client", lambda _: None)(c)
     try:
-        if mode == "upgraded":
+        if mode == "upgraded" and not getattr(row, "connect_first", False):
             got = []
             t = threading.Thread(target=lambda: got.append(ls.accept()[0]))
             t.start()
@@ -756,7 +778,11 @@ def pair(host, port, mode, row):
             t.join(WAIT * 5)
             s = got[0]
         else:
+            t = time.monotonic()
             c.connect((host, port))
+            CONNECTED_IN[0] = time.monotonic() - t
+            if mode != "upgraded":
+                time.sleep(FALLBACK_ACCEPT_AFTER)
             s, _ = ls.accept()
     finally:
         ls.close()
