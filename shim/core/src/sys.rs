@@ -691,7 +691,7 @@ pub fn close_raw_for_test(fd: c_int) {
 /// SIGPIPE (`MSG_DONTWAIT | MSG_NOSIGNAL`): a few bytes on a connection whose send buffer is
 /// empty. Part of them sent, or none, is an error.
 #[cfg(test)]
-pub fn send_all_now(fd: c_int, bytes: &[u8]) -> std::io::Result<()> {
+pub fn send_all_now_for_test(fd: c_int, bytes: &[u8]) -> std::io::Result<()> {
     loop {
         // SAFETY: `bytes` is readable for its length; the kernel copies it.
         let n = unsafe {

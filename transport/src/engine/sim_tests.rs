@@ -364,6 +364,25 @@ impl Pair {
     }
 }
 
+impl Plan {
+    /// A fixed run for the tests of one case: the apps send `client_out` and `server_out`,
+    /// `carry` requests per side per step, the client attaches and proves as soon as CLAIM
+    /// came, no fault, and the apps close once they wrote everything. Cases change the rest.
+    fn fixed(client_out: Vec<u8>, server_out: Vec<u8>, carry: (usize, usize)) -> Plan {
+        Plan {
+            client_out,
+            server_out,
+            carry: vec![carry],
+            chunk: 64,
+            attach_after: 0,
+            proof_after: 0,
+            early: false,
+            fault: Fault::None,
+            close: true,
+        }
+    }
+}
+
 fn bytes(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
@@ -501,15 +520,9 @@ fn a_cut_link_or_any_failed_request_ends_both_sides_with_no_wrong_byte() {
 #[test]
 fn probes_find_a_silent_dead_peer() {
     let plan = Plan {
-        client_out: Vec::new(),
-        server_out: Vec::new(),
-        carry: vec![(4, 4)],
         chunk: 1,
-        attach_after: 0,
-        proof_after: 0,
-        early: false,
-        fault: Fault::None,
         close: false,
+        ..Plan::fixed(Vec::new(), Vec::new(), (4, 4))
     };
     let mut pair = Pair::new(&plan);
     let mut n = 0;
@@ -546,15 +559,9 @@ fn probes_find_a_silent_dead_peer() {
 #[test]
 fn a_client_that_stays_on_tcp_is_relayed() {
     let plan = Plan {
-        client_out: Vec::new(),
-        server_out: b"hello from the server".to_vec(),
-        carry: vec![(2, 2)],
-        chunk: 64,
         attach_after: usize::MAX / 2,
         proof_after: usize::MAX / 2,
-        early: false,
-        fault: Fault::None,
-        close: true,
+        ..Plan::fixed(Vec::new(), b"hello from the server".to_vec(), (2, 2))
     };
     let mut pair = Pair::new(&plan);
     let client_tcp = pair.client_tcp.take().expect("not attached");
@@ -581,15 +588,12 @@ fn a_client_that_stays_on_tcp_is_relayed() {
 #[test]
 fn no_proof_by_the_deadline_relays_and_nothing_of_the_stream_reaches_the_app() {
     let plan = Plan {
-        client_out: b"stream bytes that must not arrive".to_vec(),
-        server_out: Vec::new(),
-        carry: vec![(3, 3)],
-        chunk: 64,
-        attach_after: 0,
         proof_after: usize::MAX / 2,
-        early: false,
-        fault: Fault::None,
-        close: true,
+        ..Plan::fixed(
+            b"stream bytes that must not arrive".to_vec(),
+            Vec::new(),
+            (3, 3),
+        )
     };
     let mut pair = Pair::new(&plan);
     let started = pair.now;
@@ -615,15 +619,9 @@ fn no_proof_by_the_deadline_relays_and_nothing_of_the_stream_reaches_the_app() {
 #[test]
 fn a_flush_reports_every_posted_byte_acknowledged() {
     let plan = Plan {
-        client_out: bytes(3000, 1),
-        server_out: Vec::new(),
-        carry: vec![(4, 4)],
         chunk: 1000,
-        attach_after: 0,
-        proof_after: 0,
-        early: false,
-        fault: Fault::None,
         close: false,
+        ..Plan::fixed(bytes(3000, 1), Vec::new(), (4, 4))
     };
     let mut pair = Pair::new(&plan);
     let mut n = 0;
@@ -673,15 +671,9 @@ fn a_flush_reports_every_posted_byte_acknowledged() {
 #[test]
 fn a_client_attached_before_its_claim_relays_when_none_comes() {
     let plan = Plan {
-        client_out: bytes(5000, 3),
-        server_out: bytes(7000, 4),
-        carry: vec![(1, 0)],
         chunk: 700,
-        attach_after: 0,
-        proof_after: 0,
         early: true,
-        fault: Fault::None,
-        close: true,
+        ..Plan::fixed(bytes(5000, 3), bytes(7000, 4), (1, 0))
     };
     let mut pair = Pair::new(&plan);
     let started = pair.now;
@@ -707,15 +699,9 @@ fn a_client_attached_before_its_claim_relays_when_none_comes() {
 #[test]
 fn bytes_on_tcp_before_the_claim_end_the_wait_at_once() {
     let plan = Plan {
-        client_out: Vec::new(),
-        server_out: Vec::new(),
-        carry: vec![(1, 0)],
-        chunk: 64,
-        attach_after: 0,
-        proof_after: 0,
         early: true,
-        fault: Fault::None,
         close: false,
+        ..Plan::fixed(Vec::new(), Vec::new(), (1, 0))
     };
     let mut pair = Pair::new(&plan);
     let super::stream::App::Stream(a) = &pair.peers[SERVER].conn.app else {

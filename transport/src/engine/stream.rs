@@ -46,6 +46,29 @@ pub(super) struct Attached {
     pub(super) on_bytes: Option<fn(u64, u64)>,
 }
 
+impl Attached {
+    /// No path is agreed yet: the accepting side waits for the proof and CONFIRM, or the
+    /// connecting side for CLAIM.
+    fn undecided(&self) -> bool {
+        self.awaiting.is_some() || self.awaiting_claim.is_some()
+    }
+
+    /// Neither side is committed to the stream: no proof was taken (accepting side) or written
+    /// (connecting side), so both are still on TCP and a relay loses nothing.
+    fn uncommitted(&self) -> bool {
+        self.awaiting.is_some_and(|w| !w.proven) || self.awaiting_claim.is_some()
+    }
+
+    /// The path a relay that starts now is reported as.
+    fn relayed_path(&self) -> StreamPath {
+        if self.awaiting_claim.is_some() {
+            StreamPath::Unclaimed
+        } else {
+            StreamPath::Tcp
+        }
+    }
+}
+
 /// What an accepting side ([`Handshake::Claim`]) waits for before its stream carries a byte:
 /// the proof on the TCP connection ([`super::proof`]) and the peer's CONFIRM.
 #[derive(Debug, Clone, Copy)]
@@ -227,11 +250,8 @@ impl StreamConn {
             // Gone before the attach. Without CONFIRM neither side moved: relay over TCP.
             match (handshake, attached.kept.take()) {
                 (Handshake::Confirm | Handshake::Claim, Some(kept)) => {
-                    (attached.on_event)(Event::Decided(if attached.awaiting_claim.is_some() {
-                        StreamPath::Unclaimed
-                    } else {
-                        StreamPath::Tcp
-                    }));
+                    let path = attached.relayed_path();
+                    (attached.on_event)(Event::Decided(path));
                     self.app = App::Relay(Relay::new(attached.local, kept), attached.on_event);
                 }
                 (_, kept) => {
@@ -353,8 +373,7 @@ impl StreamConn {
         let (Some(link), App::Stream(a)) = (self.link.as_mut(), &mut self.app) else {
             return;
         };
-        if a.awaiting.is_some() || a.awaiting_claim.is_some() || link.poll(Instant::now()).is_err()
-        {
+        if a.undecided() || link.poll(Instant::now()).is_err() {
             return;
         }
         a.local_ready.writable = true;
@@ -426,21 +445,17 @@ impl StreamConn {
         let App::Stream(a) = std::mem::replace(&mut self.app, App::Done) else {
             return;
         };
+        let path = a.relayed_path();
         let Attached {
             local,
             kept,
             mut on_event,
             awaiting,
-            awaiting_claim,
             ..
         } = a;
         match kept {
             Some(kept) => {
-                on_event(Event::Decided(if awaiting_claim.is_some() {
-                    StreamPath::Unclaimed
-                } else {
-                    StreamPath::Tcp
-                }));
+                on_event(Event::Decided(path));
                 // A proof that comes after all must not reach the app (the relay's guard).
                 let relay = match awaiting {
                     Some(w) => Relay::guarded(local, kept, w.secret, Instant::now() + GUARD_WAIT),
@@ -470,7 +485,7 @@ impl StreamConn {
     /// TCP then fails too); the CM side is torn down by the loop.
     pub(super) fn fail(&mut self, why: String, fds: &mut Fds) {
         if let App::Stream(a) = &self.app
-            && (a.awaiting.is_some_and(|w| !w.proven) || a.awaiting_claim.is_some())
+            && a.uncommitted()
         {
             let broken = a
                 .kept
@@ -501,7 +516,7 @@ impl StreamConn {
         let app = std::mem::replace(&mut self.app, App::Done);
         match app {
             App::Stream(mut a) => {
-                let undecided = a.awaiting.is_some() || a.awaiting_claim.is_some();
+                let undecided = a.undecided();
                 if undecided {
                     (a.on_event)(Event::Decided(StreamPath::Broken));
                 }

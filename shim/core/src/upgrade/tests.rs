@@ -231,7 +231,7 @@ fn an_undone_swap_leaves_the_number_as_it_was() {
     );
     let (kept_fd, local) = (s.kept.as_raw_fd(), s.local.as_raw_fd());
     // Another app thread writes to the number during the connect.
-    sys::send_all_now(fd, b"early").unwrap();
+    sys::send_all_now_for_test(fd, b"early").unwrap();
     swap::unswap(fd, s, before).unwrap();
     let mut got = [0u8; 5];
     std::io::Read::read_exact(&mut server, &mut got).unwrap();
