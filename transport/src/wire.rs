@@ -301,6 +301,9 @@ pub enum ControlKind {
     /// From this stream position on, the first byte of the next data write, the sender writes
     /// into the ring the peer offered last.
     Switch(u64),
+    /// The accepting side's bytes move to the stream (the shim's server side, once bound): it
+    /// sent this many over TCP before; every later one comes on the stream.
+    Moved(u64),
 }
 
 /// One control message: a type and the sender's receive counters.
@@ -326,13 +329,17 @@ impl Control {
             ControlKind::Urgent(_) => 5,
             ControlKind::Ring(_) => 6,
             ControlKind::Switch(_) => 7,
+            ControlKind::Moved(_) => 8,
         };
         b[8..16].copy_from_slice(&self.consumed.to_be_bytes());
         b[16..24].copy_from_slice(&self.reposted.to_be_bytes());
         if let ControlKind::Claim(secret) = self.kind {
             b[24..24 + SECRET_LEN].copy_from_slice(secret.bytes());
         }
-        if let ControlKind::Urgent(position) | ControlKind::Switch(position) = self.kind {
+        if let ControlKind::Urgent(position)
+        | ControlKind::Switch(position)
+        | ControlKind::Moved(position) = self.kind
+        {
             b[24..32].copy_from_slice(&position.to_be_bytes());
         }
         if let ControlKind::Ring(ring) = self.kind {
@@ -369,6 +376,7 @@ impl Control {
                 receives: 0,
             }),
             7 => ControlKind::Switch(word(24)),
+            8 => ControlKind::Moved(word(24)),
             _ => return None,
         };
         Some(Control {
@@ -478,6 +486,7 @@ mod tests {
                 receives: 0,
             }),
             ControlKind::Switch(1 << 40),
+            ControlKind::Moved(u64::MAX - 1),
         ] {
             let c = Control {
                 kind,

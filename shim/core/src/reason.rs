@@ -119,11 +119,14 @@ pub enum Reason {
     /// Registered memory would not survive `fork()` here (no copy-on-fork in the kernel and
     /// `ibv_fork_init` failed).
     ForkUnsafe = 14,
+    /// The connection ended, or was reset, on TCP before it moved to its stream: its bytes
+    /// went over TCP as they came (a connection shorter than the stream's setup).
+    EndedFirst = 15,
 }
 
 impl Reason {
     /// Every reason, in code order (`ALL[i].code() == i`).
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::Upgraded,
         Reason::Disabled,
         Reason::NoProvider,
@@ -139,6 +142,7 @@ impl Reason {
         Reason::Unsupported,
         Reason::Iwarp,
         Reason::ForkUnsafe,
+        Reason::EndedFirst,
     ];
 
     /// Number of reasons (length of [`Reason::ALL`]).
@@ -162,6 +166,7 @@ impl Reason {
             Reason::Unsupported => "UNSUPPORTED",
             Reason::Iwarp => "IWARP",
             Reason::ForkUnsafe => "FORK_UNSAFE",
+            Reason::EndedFirst => "ENDED_FIRST",
         }
     }
 
@@ -194,6 +199,7 @@ impl Reason {
             12 => Some(Reason::Unsupported),
             13 => Some(Reason::Iwarp),
             14 => Some(Reason::ForkUnsafe),
+            15 => Some(Reason::EndedFirst),
             _ => None,
         }
     }
@@ -267,6 +273,7 @@ mod tests {
                 "UNSUPPORTED",
                 "IWARP",
                 "FORK_UNSAFE",
+                "ENDED_FIRST",
             ]
         );
     }

@@ -17,6 +17,7 @@
 //!  "server":{"total":{"rdma":0,"tcp":0},"rdma":{},"tcp":{}},
 //!  "total":{"rdma":3,"tcp":1},
 //!  "rdma_bytes":{"sent":1048576,"received":512,"direct":500,"direct_written":1048000},
+//!  "tcp_bytes_before_move":{"sent":300,"received":4096},
 //!  "rdma_closed":2,"rdma_resets":0,"pinned_peak":4399104,"spare_connects":2}
 //! ```
 
@@ -57,6 +58,8 @@ pub struct Stats {
     rdma_bytes_direct: AtomicU64,
     rdma_bytes_direct_written: AtomicU64,
     spare_connects: AtomicU64,
+    before_move_sent: AtomicU64,
+    before_move_received: AtomicU64,
 }
 
 static GLOBAL: Stats = Stats::new();
@@ -80,6 +83,8 @@ impl Stats {
             rdma_bytes_direct: AtomicU64::new(0),
             rdma_bytes_direct_written: AtomicU64::new(0),
             spare_connects: AtomicU64::new(0),
+            before_move_sent: AtomicU64::new(0),
+            before_move_received: AtomicU64::new(0),
         }
     }
 
@@ -99,6 +104,13 @@ impl Stats {
     /// Counts one connection with the path implied by the reason ([`Reason::path`]).
     pub fn record_reason(&self, role: Role, reason: Reason) {
         self.record(role, reason.path(), reason);
+    }
+
+    /// Counts bytes of a connection with a stream that went over TCP before its move.
+    pub fn add_before_move(&self, sent: u64, received: u64) {
+        self.before_move_sent.fetch_add(sent, Ordering::Relaxed);
+        self.before_move_received
+            .fetch_add(received, Ordering::Relaxed);
     }
 
     /// Adds bytes the app sent over an upgraded (RDMA) connection.
@@ -159,6 +171,8 @@ impl Stats {
         self.rdma_resets.store(0, Ordering::Relaxed);
         self.pinned_peak.store(0, Ordering::Relaxed);
         self.spare_connects.store(0, Ordering::Relaxed);
+        self.before_move_sent.store(0, Ordering::Relaxed);
+        self.before_move_received.store(0, Ordering::Relaxed);
     }
 
     /// A connect took a spare connection (its RDMA connect made ahead).
@@ -219,6 +233,10 @@ impl Stats {
             rdma_resets: self.rdma_resets.load(Ordering::Relaxed),
             pinned_peak: self.pinned_peak.load(Ordering::Relaxed),
             spare_connects: self.spare_connects.load(Ordering::Relaxed),
+            tcp_bytes_before_move: MovedBytes {
+                sent: self.before_move_sent.load(Ordering::Relaxed),
+                received: self.before_move_received.load(Ordering::Relaxed),
+            },
         }
     }
 
@@ -283,6 +301,15 @@ pub struct ByteCounts {
     pub direct_written: u64,
 }
 
+/// Bytes of upgraded connections that went over TCP before their move to the stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MovedBytes {
+    /// Written by the app, sent to the peer.
+    pub sent: u64,
+    /// Received from the peer, read by the app.
+    pub received: u64,
+}
+
 /// A copy of the counters, as written to the stats file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatsSnapshot {
@@ -308,6 +335,11 @@ pub struct StatsSnapshot {
     /// Connects that took a spare connection (their RDMA connect made ahead).
     #[serde(default)]
     pub spare_connects: u64,
+    /// Bytes of connections with a stream that went over TCP before their move to it, or before
+    /// they turned out to stay on TCP (the first bytes, which never wait for the stream;
+    /// absent in files of older shims: 0).
+    #[serde(default)]
+    pub tcp_bytes_before_move: MovedBytes,
 }
 
 impl StatsSnapshot {
@@ -483,6 +515,8 @@ mod tests {
         s.note_pinned_peak(4096);
         s.note_pinned_peak(1024);
         s.add_spare_connect();
+        s.add_before_move(300, 4000);
+        s.add_before_move(0, 96);
         let snap = s.snapshot_with_pid(4242);
         assert_eq!(snap.role(Role::Client).get(Path::Rdma, Reason::Upgraded), 3);
         assert_eq!(
@@ -502,7 +536,8 @@ mod tests {
             "rdma_closed": 2,
             "rdma_resets": 1,
             "pinned_peak": 4096,
-            "spare_connects": 1
+            "spare_connects": 1,
+            "tcp_bytes_before_move": {"sent": 300, "received": 4096}
         });
         assert_eq!(v, expected);
         let back: StatsSnapshot = serde_json::from_value(v).unwrap();

@@ -23,8 +23,8 @@
 //!
 //! Checks: every shimmed process's `STREAMSHIM_STATS` must count each of its connections
 //! `rdma UPGRADED` (and nothing else), else the run fails and is left out. The shimmed rstream
-//! runs' receivers must have counted every byte rstream moved (`rdma_bytes` received: rstream
-//! itself takes an early EOF for progress); a run that lost bytes keeps its rate and fails the
+//! runs' receivers must have counted every byte rstream moved (`rdma_bytes` and
+//! `tcp_bytes_before_move` received: rstream itself takes an early EOF for progress); a run that lost bytes keeps its rate and fails the
 //! last row. Goals (from the issue), judged on this run:
 //! - upgraded shim >= 0.8 x rstream, one stream; > rstream, four streams;
 //! - every shimmed run upgraded, delivered every byte and succeeded;
@@ -225,8 +225,12 @@ fn shim_counts(dir: &Path, prefix: &str, role: &str) -> (BTreeMap<String, u64>, 
                 }
             }
         }
-        sent += v["rdma_bytes"]["sent"].as_u64().unwrap_or(0);
-        received += v["rdma_bytes"]["received"].as_u64().unwrap_or(0);
+        // What the upgraded connections carried: over their streams, and over TCP before
+        // their move (the first bytes).
+        for counts in ["rdma_bytes", "tcp_bytes_before_move"] {
+            sent += v[counts]["sent"].as_u64().unwrap_or(0);
+            received += v[counts]["received"].as_u64().unwrap_or(0);
+        }
     }
     (out, sent, received, files)
 }
@@ -257,7 +261,8 @@ fn direct_shares(dir: &Path) -> (Option<f64>, Option<f64>) {
 }
 
 /// Fails unless the `prefix` processes' `role` counted exactly `n` connections `rdma
-/// UPGRADED`; returns their rdma_bytes (sent, received).
+/// UPGRADED`; returns the bytes their connections carried (sent, received: `rdma_bytes` and
+/// `tcp_bytes_before_move`).
 fn expect_upgraded(dir: &Path, prefix: &str, role: &str, n: u64) -> Result<(u64, u64), String> {
     let (got, sent, received, files) = shim_counts(dir, prefix, role);
     let want: BTreeMap<String, u64> = [("rdma UPGRADED".to_owned(), n)].into();
@@ -578,7 +583,8 @@ fn measure(r: &RunDir, k: &Knobs) -> Result<Sample, String> {
                 // rstream moves COUNT x SIZE each way plus 16 bytes of its own handshake. It
                 // cannot see a stream that ends early: its blocking receive loop takes a read
                 // of 0 (EOF) as progress and goes on, so the receivers' counts (bytes that
-                // arrived over RDMA, STREAMSHIM_STATS rdma_bytes) are what tells.
+                // arrived over RDMA and over TCP before the move, STREAMSHIM_STATS
+                // rdma_bytes and tcp_bytes_before_move) are what tells.
                 let each_way = (r.count * SIZE as f64) as u64 * n + 16 * n;
                 if s_received < each_way || c_received < each_way {
                     s.problems.push(format!(

@@ -4,15 +4,16 @@
 //! fails that stream alone (the accepting side of the shim then relays its TCP connection, which
 //! the peer never proved it holds).
 //!
-//! | handshake | CLAIM from the peer | CONFIRM from the peer | stream bytes and FIN from the peer |
-//! | --- | --- | --- | --- |
-//! | `Open` (the gateway) | never | never | from the start |
-//! | `Confirm` (the shim's connecting side) | once, before our CONFIRM | never | after our CONFIRM |
-//! | `Claim` (the shim's accepting side) | never | once, after our CLAIM | after its CONFIRM |
+//! | handshake | CLAIM from the peer | CONFIRM from the peer | MOVED from the peer | stream bytes and FIN from the peer |
+//! | --- | --- | --- | --- | --- |
+//! | `Open` (the gateway) | never | never | never | from the start |
+//! | `Confirm` (the shim's connecting side) | once, before our CONFIRM | never | once, after our CONFIRM | after its MOVED |
+//! | `Claim` (the shim's accepting side) | never | once, after our CLAIM | never | after its CONFIRM |
 //!
 //! RC keeps each direction in order, so a peer that follows the protocol never breaks these
-//! rules: the accepting side writes its first byte after the CONFIRM, which the connecting
-//! side posts after it saw CLAIM and before its own first byte.
+//! rules: the accepting side sends MOVED, then its first stream byte, once bound, which is
+//! after the CONFIRM, which the connecting side posts after it saw CLAIM and before its own
+//! first stream byte.
 
 use super::Handshake;
 use crate::wire::{ControlKind, Secret};
@@ -26,6 +27,9 @@ pub(super) enum Violation {
     /// CONFIRM on a connection that takes none, before our CLAIM, or a second one.
     #[error("a CONFIRM the connection does not take ({0})")]
     Confirm(&'static str),
+    /// MOVED on a connection that takes none, before our CONFIRM, or a second one.
+    #[error("a MOVED the connection does not take ({0})")]
+    Moved(&'static str),
     /// Stream bytes or FIN before the stream may carry them.
     #[error("stream bytes before the stream was confirmed")]
     EarlyData,
@@ -46,6 +50,8 @@ pub(super) struct Binding {
     claimed: Option<Secret>,
     /// Accepting side: the peer's CONFIRM came.
     confirm_seen: bool,
+    /// Connecting side: the peer's MOVED came, with the count of its bytes sent over TCP.
+    moved: Option<u64>,
     /// The peer's FIN came.
     fin: bool,
 }
@@ -58,6 +64,7 @@ impl Binding {
             confirmed: false,
             claimed: None,
             confirm_seen: false,
+            moved: None,
             fin: false,
         }
     }
@@ -106,6 +113,17 @@ impl Binding {
                     Err(Violation::Confirm("not an accepting side"))
                 }
             },
+            ControlKind::Moved(count) => match self.handshake {
+                Handshake::Confirm if !self.confirmed => Err(Violation::Moved("before CONFIRM")),
+                Handshake::Confirm if self.moved.is_some() => Err(Violation::Moved("a second")),
+                Handshake::Confirm => {
+                    self.moved = Some(count);
+                    Ok(())
+                }
+                Handshake::Open | Handshake::Claim => {
+                    Err(Violation::Moved("not a connecting side"))
+                }
+            },
         }
     }
 
@@ -121,7 +139,7 @@ impl Binding {
     fn bound(&self) -> Result<(), Violation> {
         let open = match self.handshake {
             Handshake::Open => true,
-            Handshake::Confirm => self.confirmed,
+            Handshake::Confirm => self.confirmed && self.moved.is_some(),
             Handshake::Claim => self.confirm_seen,
         };
         if open {
@@ -149,6 +167,12 @@ impl Binding {
     /// The peer's CONFIRM came (the accepting side).
     pub(super) fn confirm_seen(&self) -> bool {
         self.confirm_seen
+    }
+
+    /// The count of bytes the peer sent over TCP before its move, once its MOVED came (the
+    /// connecting side).
+    pub(super) fn moved(&self) -> Option<u64> {
+        self.moved
     }
 
     /// The peer's FIN came.
@@ -193,7 +217,15 @@ mod tests {
         assert_eq!(b.claim(), Some(S));
         assert!(b.on_control(ControlKind::Claim(S)).is_err(), "a second");
         assert_eq!(b.on_data(), Err(Violation::EarlyData), "before CONFIRM");
+        assert!(
+            b.on_control(ControlKind::Moved(3)).is_err(),
+            "MOVED before CONFIRM"
+        );
         b.confirm_sent();
+        assert_eq!(b.on_data(), Err(Violation::EarlyData), "before MOVED");
+        assert_eq!(b.on_control(ControlKind::Moved(3)), Ok(()));
+        assert_eq!(b.moved(), Some(3));
+        assert!(b.on_control(ControlKind::Moved(3)).is_err(), "a second");
         assert_eq!(b.on_data(), Ok(()));
     }
 
@@ -220,6 +252,10 @@ mod tests {
         assert_eq!(b.on_control(ControlKind::Confirm), Ok(()));
         assert!(b.confirm_seen());
         assert!(b.on_control(ControlKind::Confirm).is_err(), "a second");
+        assert!(
+            b.on_control(ControlKind::Moved(0)).is_err(),
+            "never a MOVED"
+        );
         assert_eq!(b.on_data(), Ok(()));
         assert_eq!(b.on_control(ControlKind::Fin), Ok(()));
         assert!(b.peer_fin());

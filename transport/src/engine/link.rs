@@ -776,6 +776,17 @@ impl Link {
         self.control(ControlKind::Confirm);
     }
 
+    /// Queues our MOVED (the accepting side of the shim, once bound): `count` bytes of ours
+    /// went over TCP, every later one goes on the stream.
+    pub(super) fn moved(&mut self, count: u64) {
+        self.control(ControlKind::Moved(count));
+    }
+
+    /// The count of the peer's MOVED, once it came (the connecting side).
+    pub(super) fn moved_seen(&self) -> Option<u64> {
+        self.binding.moved()
+    }
+
     /// Queues a control message (sent as soon as the send queue has room).
     pub(super) fn control(&mut self, kind: ControlKind) {
         self.sender.queue_control(kind);

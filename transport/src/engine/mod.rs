@@ -334,6 +334,9 @@ pub enum StreamPath {
     Unclaimed,
     /// Neither: the connection failed before a path was agreed (the kept socket was reset).
     Broken,
+    /// The connection ended on TCP, or was reset there, before it moved to its stream: it was
+    /// TCP all along (a connection shorter than the stream's setup).
+    Unmoved,
 }
 
 /// How a connection ended.
@@ -359,6 +362,16 @@ pub struct End {
     pub reset: bool,
 }
 
+/// The path bytes of a connection with a stream took ([`Attach::on_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carried {
+    /// The stream.
+    Stream,
+    /// The kept TCP socket, before that direction moved to the stream, or before the
+    /// connection turned out to stay on TCP (the first bytes, which never wait for the stream).
+    BeforeMove,
+}
+
 /// Options of [`Conn::attach`].
 pub struct Attach {
     /// A kernel TCP socket of the same connection (the shim's), watched while the stream runs
@@ -370,9 +383,9 @@ pub struct Attach {
     pub handshake: Handshake,
     /// Called on the engine thread with each [`Event`]; must not block.
     pub on_event: Box<dyn FnMut(Event) + Send>,
-    /// Called on the engine thread as bytes move over the stream (sent, received since the
+    /// Called on the engine thread as bytes move (the path, then sent and received since the
     /// last call), so counts are current even when the process exits before the stream ends.
-    pub on_bytes: Option<fn(u64, u64)>,
+    pub on_bytes: Option<fn(Carried, u64, u64)>,
     /// [`Handshake::Confirm`] only: the connecting side attached before its CLAIM came (its
     /// app's `connect()` returned with the TCP connection's). The engine reads nothing of
     /// `local` until CLAIM comes, at the latest by then; it then writes the CLAIM's secret on

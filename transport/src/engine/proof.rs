@@ -1,178 +1,144 @@
 //! The proof that binds a stream to its TCP connection (docs/shim-protocol.md, "Binding"): the
 //! accepting side's CLAIM carries a fresh [`Secret`]; the connecting side, and only after it
-//! received CLAIM, writes the secret as the first bytes of its kernel TCP connection. Only the
-//! real TCP endpoint can put bytes into that connection (the kernel's sequence checks keep
-//! off-path senders out), so a stream whose RDMA peer merely claimed the client's address never
-//! binds.
+//! received CLAIM, writes the secret on its kernel TCP connection right behind the bytes its app
+//! sent there so far (they went at once: the first bytes never wait for the stream), and its
+//! direction moves to the stream at that point. Only the real TCP endpoint can put bytes into
+//! that connection (the kernel's sequence checks keep off-path senders out), so a stream whose
+//! RDMA peer merely claimed the client's address never binds.
 //!
-//! The connecting side's engine writes the secret ([`give`]) once CLAIM came, on a kept socket
-//! nothing else writes to (the app's number names the socketpair).
-//!
-//! The accepting side looks at the kept TCP socket without taking anything
-//! ([`look`], `MSG_PEEK`): the secret whole is taken off the socket ([`take`]) and the stream
-//! binds; anything else is the client speaking TCP (a plain client, or one that gave up), and
-//! stays on the socket for the relay, untouched.
+//! The accepting side relays what arrives on the TCP connection to its app while it searches it
+//! for the secret ([`Scan`]): bytes that may be the secret's start (at most 15, the end of what
+//! arrived) wait for the next ones; every other byte goes on at once. Found, the secret is taken
+//! out (the app never sees it) and marks where the client's direction moved to the stream;
+//! nothing may follow it on the TCP connection. A relay that gave up waiting for the proof keeps
+//! searching for a while (its guard): a proof found then fails the connection instead of
+//! reaching the app.
 
-use std::io;
-use std::os::fd::{AsFd, AsRawFd};
-
-use nix::sys::socket::{MsgFlags, recv, send};
+use std::time::Instant;
 
 use crate::wire::{SECRET_LEN, Secret};
 
-/// What the first bytes of a TCP connection say about `secret`.
-#[derive(Debug)]
-pub(super) enum Look {
-    /// Fewer bytes than the secret so far, all of them its start (none yet, too): wait.
-    Partial,
-    /// The secret, whole.
-    Whole,
-    /// Something else: the client speaks TCP.
-    Other,
-    /// The client closed its side without a byte.
-    Eof,
-    /// The connection failed (reset).
-    Failed(io::Error),
+/// The search for the secret in the bytes of one direction (see the module docs).
+#[derive(Debug, Clone)]
+pub(super) struct Scan {
+    secret: Secret,
+    /// The last bytes searched may be the secret's start: they wait (`< SECRET_LEN`).
+    held: usize,
+    /// A guard: the search ends then, and a secret found before is a failure.
+    guard_until: Option<Instant>,
 }
 
-/// Looks at the first bytes of `fd` (a TCP socket) without taking them.
-pub(super) fn look(fd: impl AsFd, secret: &Secret) -> Look {
-    let mut buf = [0u8; SECRET_LEN];
-    match recv(
-        fd.as_fd().as_raw_fd(),
-        &mut buf,
-        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
-    ) {
-        Ok(0) => Look::Eof,
-        Ok(n) => {
-            let got = buf.get(..n).unwrap_or(&[]);
-            if got != secret.bytes().get(..n).unwrap_or(&[]) {
-                Look::Other
-            } else if n == SECRET_LEN {
-                Look::Whole
-            } else {
-                Look::Partial
-            }
+/// What a search found in the bytes given.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Found {
+    /// Not the secret; the last [`Scan::held`] bytes may be its start.
+    No,
+    /// The secret starts at this offset of the bytes given.
+    At(usize),
+}
+
+impl Scan {
+    /// A search while the connection waits for its proof.
+    pub(super) fn new(secret: Secret) -> Scan {
+        Scan {
+            secret,
+            held: 0,
+            guard_until: None,
         }
-        Err(nix::Error::EAGAIN | nix::Error::EINTR) => Look::Partial,
-        Err(e) => Look::Failed(io::Error::from_raw_os_error(e as i32)),
     }
-}
 
-/// Takes the secret off `fd`, once [`look`] saw it whole (it is there: a peek showed it, and
-/// only this thread reads the socket).
-pub(super) fn take(fd: impl AsFd) -> io::Result<()> {
-    let mut buf = [0u8; SECRET_LEN];
-    match recv(fd.as_fd().as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
-        Ok(SECRET_LEN) => Ok(()),
-        Ok(n) => Err(io::Error::other(format!(
-            "took {n} bytes of the proof, not {SECRET_LEN}"
-        ))),
-        Err(e) => Err(io::Error::from_raw_os_error(e as i32)),
+    /// A guard's search: it ends at `until`.
+    pub(super) fn guard(secret: Secret, until: Instant) -> Scan {
+        Scan {
+            guard_until: Some(until),
+            ..Scan::new(secret)
+        }
     }
-}
 
-/// Writes `secret` on `fd` (the connecting side's kept TCP socket) at once and whole. Nothing
-/// else writes to that socket, so its send buffer has room for the 16 bytes unless the
-/// connection failed. An error or a part written leaves a TCP connection that cannot be
-/// trusted: the caller resets it.
-pub(super) fn give(fd: impl AsFd, secret: &Secret) -> io::Result<()> {
-    match send(
-        fd.as_fd().as_raw_fd(),
-        secret.bytes(),
-        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-    ) {
-        Ok(SECRET_LEN) => Ok(()),
-        Ok(n) => Err(io::Error::other(format!(
-            "sent {n} bytes of the proof, not {SECRET_LEN}"
-        ))),
-        Err(e) => Err(io::Error::from_raw_os_error(e as i32)),
+    /// This search as a guard until `until` (a connection that gave up waiting).
+    pub(super) fn into_guard(self, until: Instant) -> Scan {
+        Scan {
+            guard_until: Some(until),
+            ..self
+        }
+    }
+
+    /// When a guard ends.
+    pub(super) fn guard_until(&self) -> Option<Instant> {
+        self.guard_until
+    }
+
+    /// How many of the last bytes searched wait for the next ones.
+    pub(super) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The bytes held may go on (the source ended, or an urgent byte is among them: the secret
+    /// is never urgent).
+    pub(super) fn release(&mut self) {
+        self.held = 0;
+    }
+
+    /// Searches `window`: the bytes held so far, then the bytes that arrived since.
+    pub(super) fn feed(&mut self, window: &[u8]) -> Found {
+        let secret = self.secret.bytes();
+        if window.len() >= SECRET_LEN
+            && let Some(at) = window
+                .windows(SECRET_LEN)
+                .position(|w| w == secret.as_slice())
+        {
+            self.held = 0;
+            return Found::At(at);
+        }
+        self.held = (1..SECRET_LEN.min(window.len() + 1))
+            .rev()
+            .find(|&k| window.ends_with(&secret[..k]))
+            .unwrap_or(0);
+        Found::No
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
-    use std::net::{Shutdown, TcpListener, TcpStream};
-
-    fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
-        (c, s)
-    }
-
-    fn wait_readable(s: &TcpStream) {
-        let mut b = [0u8; 1];
-        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-            .unwrap();
-        let _ = s.peek(&mut b);
-    }
 
     const SECRET: Secret = Secret(*b"0123456789abcdef");
 
     #[test]
-    fn the_secret_whole_binds_and_is_taken_off_the_connection() {
-        let (mut client, server) = pair();
-        assert!(
-            matches!(look(&server, &SECRET), Look::Partial),
-            "nothing yet"
+    fn the_secret_is_found_wherever_it_starts_and_its_start_is_held() {
+        let mut s = Scan::new(SECRET);
+        assert_eq!(s.feed(b"GET / HTTP/1.0\r\n"), Found::No);
+        assert_eq!(s.held(), 0);
+        assert_eq!(s.feed(b"xx0123"), Found::No);
+        assert_eq!(s.held(), 4, "the secret's start waits");
+        assert_eq!(s.feed(b"0123456789abcdef"), Found::At(0));
+        let mut s = Scan::new(SECRET);
+        assert_eq!(s.feed(b"a00123456789abcdef"), Found::At(2));
+        assert_eq!(s.held(), 0);
+    }
+
+    #[test]
+    fn bytes_that_only_start_like_it_go_on() {
+        let mut s = Scan::new(SECRET);
+        assert_eq!(s.feed(b"012"), Found::No);
+        assert_eq!(s.held(), 3);
+        assert_eq!(s.feed(b"012X"), Found::No);
+        assert_eq!(s.held(), 0);
+        // A full-length miss whose end starts the secret again.
+        assert_eq!(s.feed(b"0123456789abcde0"), Found::No);
+        assert_eq!(s.held(), 1);
+        s.release();
+        assert_eq!(s.held(), 0);
+    }
+
+    #[test]
+    fn a_guard_says_until_when() {
+        let until = Instant::now();
+        assert_eq!(Scan::guard(SECRET, until).guard_until(), Some(until));
+        assert_eq!(Scan::new(SECRET).guard_until(), None);
+        assert_eq!(
+            Scan::new(SECRET).into_guard(until).guard_until(),
+            Some(until)
         );
-        client.write_all(&SECRET.0[..5]).unwrap();
-        wait_readable(&server);
-        assert!(matches!(look(&server, &SECRET), Look::Partial));
-        client.write_all(&SECRET.0[5..]).unwrap();
-        client.write_all(b"after").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(matches!(look(&server, &SECRET), Look::Whole));
-        take(&server).unwrap();
-        let mut rest = [0u8; 5];
-        (&server).read_exact(&mut rest).unwrap();
-        assert_eq!(&rest, b"after", "only the secret was taken");
-    }
-
-    #[test]
-    fn the_proof_given_is_the_secret_whole_and_a_failed_socket_says_so() {
-        let (client, server) = pair();
-        give(&client, &SECRET).unwrap();
-        wait_readable(&server);
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(matches!(look(&server, &SECRET), Look::Whole));
-        let (client, server) = pair();
-        socket_reset(server);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        // The peer's RST: the first send after it fails.
-        let _ = give(&client, &SECRET);
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(give(&client, &SECRET).is_err());
-    }
-
-    #[test]
-    fn anything_else_stays_for_the_relay() {
-        let (mut client, server) = pair();
-        client.write_all(b"0123X").unwrap();
-        wait_readable(&server);
-        assert!(matches!(look(&server, &SECRET), Look::Other));
-        let mut got = [0u8; 5];
-        (&server).read_exact(&mut got).unwrap();
-        assert_eq!(&got, b"0123X", "nothing was taken");
-    }
-
-    #[test]
-    fn eof_and_reset_are_told_apart() {
-        let (client, server) = pair();
-        client.shutdown(Shutdown::Write).unwrap();
-        wait_readable(&server);
-        assert!(matches!(look(&server, &SECRET), Look::Eof));
-        let (client, server) = pair();
-        socket_reset(client);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(matches!(look(&server, &SECRET), Look::Failed(_)));
-    }
-
-    fn socket_reset(s: TcpStream) {
-        crate::fd::reset(s.as_fd());
-        drop(s);
     }
 }

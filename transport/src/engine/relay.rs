@@ -1,17 +1,24 @@
 //! Relaying between two kernel stream sockets, byte for byte: the shim's connection whose app
 //! fd was already swapped when the peer turned out to stay on TCP (the app's socketpair end on
-//! one side, the kept TCP socket on the other).
+//! one side, the kept TCP socket on the other), and every shimmed connection's first bytes,
+//! which go over TCP at once while its stream is set up beside it ([`Pipes`], held by the
+//! stream until both directions moved: docs/shim-protocol.md, "The move").
 //!
 //! Each direction has one buffer and one reader and writer over ordered streams, so bytes can
 //! be neither reordered nor duplicated. EOF on one side becomes `shutdown(SHUT_WR)` on the other
 //! once the buffer is written out; an error on either side tears both down (the TCP side with an
 //! RST).
 //!
+//! A direction that moves to the stream stops reading its source at a byte count
+//! ([`Pipes::stop_up`], [`Pipes::stop_down_at`]) and writes out what it holds; the connecting
+//! side's proof goes out behind it ([`Pipes::inject_up`]), and the accepting side finds it in
+//! the bytes from the TCP side ([`super::proof::Scan`]).
+//!
 //! A relay that an accepting side starts after it sent CLAIM and gave up waiting for the proof
-//! is *guarded* ([`Relay::guarded`]): if the first bytes from the TCP side are that CLAIM's
-//! secret, the client moved to the stream after all (its proof came late), and those bytes are
-//! not the app's: the relay fails (both sides reset) instead of handing them on. Bytes that are
-//! the secret's start wait for the rest, at most until the guard's deadline.
+//! is *guarded* ([`Relay::guarded`]): if the bytes from the TCP side bring that CLAIM's secret,
+//! the client moved to the stream after all (its proof came late), and what follows is not the
+//! app's: the relay fails (both sides reset) instead of handing it on. Bytes that are the
+//! secret's start wait for the rest, at most until the guard's deadline.
 //!
 //! The app's abortive close (`SO_LINGER {1, 0}`, which the hooks set on the kept socket too)
 //! resets the far side once the bytes before it are written, as TCP sends an RST behind them;
@@ -30,16 +37,17 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::proof::{self, Look};
+use super::proof::{Found, Scan};
 use crate::fd;
 use crate::rdma::unread_by_peer;
-use crate::wire::Secret;
+use crate::wire::{SECRET_LEN, Secret};
 
 const BUFFER: usize = 64 * 1024;
 
 /// One direction.
 #[derive(Debug)]
 struct Direction {
+    /// `BUFFER` bytes for the source's, and room behind them for the proof.
     buf: Box<[u8]>,
     start: usize,
     end: usize,
@@ -47,9 +55,21 @@ struct Direction {
     done: bool,
     /// The source was closed with a reset (see [`Toward::reset_if_closed`]).
     reset: bool,
+    /// Bytes written to the destination.
     moved: u64,
+    /// Bytes read from the source.
+    taken: u64,
     /// Where in `buf` the urgent byte not written yet is (only the latest, as TCP keeps one).
     urgent: Option<usize>,
+    /// The source is read no further than this many bytes in all (the direction moves to the
+    /// stream there).
+    stop: Option<u64>,
+    /// The source's EOF is not passed on while set (it goes the way the move says).
+    hold_eof: bool,
+    /// The bytes from the source are searched for the proof.
+    scan: Option<Scan>,
+    /// The search found the proof: the source's bytes before it are all that come this way.
+    found: bool,
 }
 
 impl Direction {
@@ -61,14 +81,78 @@ impl Direction {
 
     fn new() -> Direction {
         Direction {
-            buf: vec![0; BUFFER].into_boxed_slice(),
+            buf: vec![0; BUFFER + SECRET_LEN].into_boxed_slice(),
             start: 0,
             end: 0,
             eof: false,
             done: false,
             reset: false,
             moved: 0,
+            taken: 0,
             urgent: None,
+            stop: None,
+            hold_eof: false,
+            scan: None,
+            found: false,
+        }
+    }
+
+    /// Nothing read is left to write.
+    fn drained(&self) -> bool {
+        self.start == self.end
+    }
+
+    /// The source's bytes written out: an injected proof is not the source's, and comes
+    /// after them.
+    fn app_moved(&self) -> u64 {
+        self.moved.min(self.taken)
+    }
+
+    /// Bytes that may be read now (`BUFFER` at most).
+    fn room(&self) -> usize {
+        let by_stop = self
+            .stop
+            .map_or(usize::MAX, |s| s.saturating_sub(self.taken) as usize);
+        BUFFER.saturating_sub(self.end).min(by_stop)
+    }
+
+    /// Bytes that wait for the proof's search.
+    fn held(&self) -> usize {
+        self.scan.as_ref().map_or(0, Scan::held)
+    }
+
+    /// Searches the bytes read since `before` (with those held) for the proof.
+    fn search(&mut self, before: usize) -> io::Result<()> {
+        let Some(scan) = &mut self.scan else {
+            return Ok(());
+        };
+        let from = before - scan.held();
+        match scan.feed(&self.buf[from..self.end]) {
+            Found::No => {
+                if self.urgent.is_some_and(|u| u + scan.held() >= self.end) {
+                    scan.release();
+                }
+                Ok(())
+            }
+            Found::At(at) => {
+                let at = from + at;
+                if scan.guard_until().is_some() {
+                    return Err(io::Error::other(
+                        "the client moved to the stream after its proof was given up on",
+                    ));
+                }
+                if at + SECRET_LEN != self.end || self.urgent.is_some_and(|u| u >= at) {
+                    return Err(io::Error::other(
+                        "bytes behind the proof on the TCP connection",
+                    ));
+                }
+                // The secret is not the app's, and the client's bytes go on the stream after it.
+                self.end = at;
+                self.scan = None;
+                self.stop = Some(self.taken);
+                self.found = true;
+                Ok(())
+            }
         }
     }
 }
@@ -80,17 +164,24 @@ pub(super) struct Ready {
     pub(super) writable: bool,
 }
 
-/// A relay between `local` and `far`.
+impl Ready {
+    /// Unknown readiness: try both ways once.
+    pub(super) fn unknown() -> Ready {
+        Ready {
+            readable: true,
+            writable: true,
+        }
+    }
+}
+
+/// The two directions between a local side and a far side, without the fds (see the module
+/// docs): a [`Relay`]'s, or a stream's before its move.
 #[derive(Debug)]
-pub(super) struct Relay {
-    pub(super) local: OwnedFd,
-    pub(super) far: Arc<OwnedFd>,
-    pub(super) local_ready: Ready,
-    pub(super) far_ready: Ready,
+pub(super) struct Pipes {
+    /// Local -> far.
     up: Direction,
+    /// Far -> local.
     down: Direction,
-    /// The far side's first bytes must not be this secret (see the module docs).
-    guard: Option<(Secret, Instant)>,
     /// Stepped at least once ([`Relay::stepped`]).
     stepped: bool,
     /// The app's receive low-water mark ([`Relay::set_low_water`]).
@@ -110,117 +201,162 @@ pub(super) enum Step {
     Failed(io::Error),
 }
 
-impl Relay {
-    pub(super) fn new(local: OwnedFd, far: Arc<OwnedFd>) -> Relay {
+impl Pipes {
+    pub(super) fn new(local: BorrowedFd<'_>, far: BorrowedFd<'_>) -> Pipes {
         // Urgent bytes are read inline and found at the mark (see the module docs).
-        let _ = fd::set_urgent_inline(local.as_fd(), true);
-        let _ = fd::set_urgent_inline(far.as_fd(), true);
-        let local_is_unix = fd::is_local_socket(local.as_fd());
-        Relay {
-            local,
-            far,
-            // Unknown readiness: try both sides once.
-            local_ready: Ready {
-                readable: true,
-                writable: true,
-            },
-            far_ready: Ready {
-                readable: true,
-                writable: true,
-            },
+        let _ = fd::set_urgent_inline(local, true);
+        let _ = fd::set_urgent_inline(far, true);
+        Pipes {
             up: Direction::new(),
             down: Direction::new(),
-            guard: None,
             stepped: false,
             low_water: 1,
-            local_is_unix,
+            local_is_unix: fd::is_local_socket(local),
         }
     }
 
-    /// A relay whose far side's first bytes must not be `secret` (see the module docs); bytes
-    /// that are its start wait for the rest until `until`.
-    pub(super) fn guarded(
-        local: OwnedFd,
-        far: Arc<OwnedFd>,
-        secret: Secret,
-        until: Instant,
-    ) -> Relay {
-        Relay {
-            guard: Some((secret, until)),
-            ..Relay::new(local, far)
+    /// The connecting side before its move: the app's EOF waits for the move (a proof cannot
+    /// follow a FIN, and the stream carries it if the move comes).
+    pub(super) fn hold_up_eof(&mut self) {
+        self.up.hold_eof = true;
+    }
+
+    /// Before the peer's move: the far side's EOF waits. Where the peer moves, its FIN comes on
+    /// the stream (an EOF on TCP there is its engine letting go of the socket, which may come
+    /// before the stream's word of the move); where it does not, the relay that follows passes
+    /// it on ([`Pipes::resume`]).
+    pub(super) fn hold_down_eof(&mut self) {
+        self.down.hold_eof = true;
+    }
+
+    /// The accepting side before its move: the far side's bytes are searched for `secret`.
+    pub(super) fn scan_down(&mut self, scan: Scan) {
+        self.down.scan = Some(scan);
+    }
+
+    /// The proof was found in the far side's bytes (and taken out of them).
+    pub(super) fn proof_found(&self) -> bool {
+        self.down.found
+    }
+
+    /// The local side's bytes move to the stream from here: the local side is read no
+    /// further; what was read is written out. The count of bytes read from it.
+    pub(super) fn stop_up(&mut self) -> u64 {
+        self.up.stop = Some(self.up.taken);
+        self.up.taken
+    }
+
+    /// Writes `bytes` (the proof) to the far side after what was read from the local side,
+    /// once the local side is read no further ([`Pipes::stop_up`]).
+    pub(super) fn inject_up(&mut self, bytes: &[u8]) {
+        let d = &mut self.up;
+        if d.end + bytes.len() > d.buf.len() {
+            d.buf.copy_within(d.start..d.end, 0);
+            d.end -= d.start;
+            d.urgent = d.urgent.map(|u| u - d.start);
+            d.start = 0;
+        }
+        // Reads stop BUFFER bytes in, so the room behind them holds the proof.
+        if let Some(room) = d.buf.get_mut(d.end..d.end + bytes.len()) {
+            room.copy_from_slice(bytes);
+            d.end += bytes.len();
         }
     }
 
-    /// The app's `SO_RCVLOWAT` on its end: fewer bytes from the far side than this (at most
-    /// half the buffer) wait here while the app's end holds none unread, as TCP keeps its
-    /// socket unreadable below the mark (a socketpair end's `poll` ignores it).
-    pub(super) fn set_low_water(&mut self, bytes: usize) {
-        self.low_water = bytes.max(1);
+    /// The far side's bytes move to the stream after `count` of them: an Err when more came
+    /// already (a peer that broke the protocol).
+    pub(super) fn stop_down_at(&mut self, count: u64) -> io::Result<()> {
+        if self.down.taken > count {
+            return Err(io::Error::other(format!(
+                "{} bytes came on TCP before the move, {count} announced",
+                self.down.taken
+            )));
+        }
+        self.down.stop = Some(count);
+        Ok(())
     }
 
-    /// Whether the relay was stepped since it started. One that was not must be stepped
-    /// without waiting for an event: bytes written before it started (a server's banner)
-    /// raise none.
-    pub(super) fn stepped(&self) -> bool {
-        self.stepped
+    /// The local side is read no further here: its next bytes go on the stream.
+    pub(super) fn up_stopped(&self) -> bool {
+        self.up.stop.is_some()
     }
 
-    /// When the guard stops waiting for the rest of the secret's start (the engine steps the
-    /// relay then).
-    pub(super) fn deadline(&self) -> Option<Instant> {
-        self.guard.map(|(_, until)| until)
+    /// The local side's bytes go on the stream now (it is read no further, everything read
+    /// was written out, and no FIN of it is still to write).
+    pub(super) fn up_moved(&self) -> bool {
+        let d = &self.up;
+        d.stop.is_some() && d.drained() && (!d.eof || d.done || d.hold_eof)
     }
 
-    /// Bytes local -> far and far -> local.
-    pub(super) fn moved(&self) -> (u64, u64) {
-        (self.up.moved, self.down.moved)
+    /// The far side's bytes come from the stream now (all those before the move were written
+    /// to the local side).
+    pub(super) fn down_moved(&self) -> bool {
+        let d = &self.down;
+        d.stop == Some(d.taken) && d.drained()
     }
 
-    /// True while bytes the local side wrote are still buffered or unread (for the exit flush).
-    pub(super) fn unflushed(&self) -> bool {
-        !self.up.done
+    /// The local side ended (read to its EOF).
+    pub(super) fn up_eof(&self) -> bool {
+        self.up.eof
     }
 
-    /// The far side's FIN came (all of its bytes were read): a failure after it is not a reset
-    /// of the local side's direction, as for TCP after the peer's FIN.
-    pub(super) fn far_finished(&self) -> bool {
+    /// The far side ended (read to its EOF).
+    pub(super) fn down_eof(&self) -> bool {
         self.down.eof
+    }
+
+    /// The far side is still read here (not yet at its move).
+    pub(super) fn reads_far(&self) -> bool {
+        !self.down.eof && self.down.stop != Some(self.down.taken)
+    }
+
+    /// Goes on as a plain relay, as TCP: every direction read to its end, the app's EOF
+    /// passed on, and a search for the proof kept only as a guard until `guard_until`.
+    pub(super) fn resume(&mut self, guard_until: Instant) {
+        for d in [&mut self.up, &mut self.down] {
+            d.stop = None;
+            d.hold_eof = false;
+            d.scan = d.scan.take().map(|s| s.into_guard(guard_until));
+        }
+    }
+
+    /// The local side's bytes and the far side's bytes written out (not the proof).
+    pub(super) fn moved(&self) -> (u64, u64) {
+        (self.up.app_moved(), self.down.app_moved())
     }
 
     /// Moves what it can without blocking. `draining`: a local side with nothing to read
     /// counts as EOF (the process is exiting).
-    pub(super) fn step(&mut self, draining: bool) -> Step {
+    pub(super) fn step(
+        &mut self,
+        local: BorrowedFd<'_>,
+        far: BorrowedFd<'_>,
+        local_ready: &mut Ready,
+        far_ready: &mut Ready,
+        draining: bool,
+    ) -> Step {
         self.stepped = true;
-        if let Some((secret, until)) = self.guard {
-            match proof::look(self.far.as_fd(), &secret) {
-                Look::Whole => {
-                    return self.fail(io::Error::other(
-                        "the client moved to the stream after its proof was given up on",
-                    ));
-                }
-                // The secret's start: the far side is not read until the rest comes or the
-                // deadline passes (a TCP client whose first bytes happen to match).
-                Look::Partial if Instant::now() < until => self.far_ready.readable = false,
-                // The look took the far side's error: reading it again would say EOF.
-                Look::Failed(e) => return self.fail(e),
-                _ => self.guard = None,
-            }
+        if let Some(scan) = &mut self.down.scan
+            && scan.guard_until().is_some_and(|t| t <= Instant::now())
+        {
+            // A guard's end: bytes held for it go on.
+            self.down.scan = None;
         }
-        if self.down.eof && self.far_ready.readable {
+        if self.down.eof && far_ready.readable {
             // After its FIN the far side is not read: a reset (the local side wrote to a peer
             // that had closed) ends the relay now, not at the next write.
-            self.far_ready.readable = false;
-            if let Some(e) = fd::take_error(self.far.as_fd()) {
-                return self.fail(e);
+            far_ready.readable = false;
+            if let Some(e) = fd::take_error(far) {
+                return Step::Failed(e);
             }
         }
         loop {
             let a = match pass(
                 &mut self.up,
-                self.local.as_fd(),
-                &mut self.local_ready,
-                self.far.as_fd(),
-                &mut self.far_ready,
+                local,
+                local_ready,
+                far,
+                far_ready,
                 Toward {
                     draining,
                     low_water: 1,
@@ -229,14 +365,14 @@ impl Relay {
                 },
             ) {
                 Ok(p) => p,
-                Err(e) => return self.fail(e),
+                Err(e) => return Step::Failed(e),
             };
             let b = match pass(
                 &mut self.down,
-                self.far.as_fd(),
-                &mut self.far_ready,
-                self.local.as_fd(),
-                &mut self.local_ready,
+                far,
+                far_ready,
+                local,
+                local_ready,
                 Toward {
                     draining: false,
                     low_water: self.low_water,
@@ -245,12 +381,12 @@ impl Relay {
                 },
             ) {
                 Ok(p) => p,
-                Err(e) => return self.fail(e),
+                Err(e) => return Step::Failed(e),
             };
             if self.up.reset {
                 // The app's abortive close: an RST behind the bytes, no FIN (the far side is
                 // closed with a zero linger when the engine lets go of it).
-                fd::reset(self.far.as_fd());
+                fd::reset(far);
                 return Step::Failed(io::Error::new(
                     io::ErrorKind::ConnectionReset,
                     "the app closed with a reset (SO_LINGER 0)",
@@ -262,6 +398,101 @@ impl Relay {
             if !a && !b {
                 return Step::Idle;
             }
+        }
+    }
+}
+
+/// A relay between `local` and `far`.
+#[derive(Debug)]
+pub(super) struct Relay {
+    pub(super) local: OwnedFd,
+    pub(super) far: Arc<OwnedFd>,
+    pub(super) local_ready: Ready,
+    pub(super) far_ready: Ready,
+    pipes: Pipes,
+}
+
+impl Relay {
+    pub(super) fn new(local: OwnedFd, far: Arc<OwnedFd>) -> Relay {
+        let pipes = Pipes::new(local.as_fd(), far.as_fd());
+        Relay::resume(local, far, pipes)
+    }
+
+    /// A relay whose far side's bytes must not bring `secret` (see the module docs); bytes
+    /// that are its start wait for the rest until `until`.
+    pub(super) fn guarded(
+        local: OwnedFd,
+        far: Arc<OwnedFd>,
+        secret: Secret,
+        until: Instant,
+    ) -> Relay {
+        let mut relay = Relay::new(local, far);
+        relay.pipes.scan_down(Scan::guard(secret, until));
+        relay
+    }
+
+    /// A relay that takes over `pipes` (a stream's first bytes, relayed before its move) with
+    /// what they hold. Readiness is unknown: both sides are tried once.
+    pub(super) fn resume(local: OwnedFd, far: Arc<OwnedFd>, pipes: Pipes) -> Relay {
+        Relay {
+            local,
+            far,
+            local_ready: Ready::unknown(),
+            far_ready: Ready::unknown(),
+            pipes,
+        }
+    }
+
+    /// The app's `SO_RCVLOWAT` on its end: fewer bytes from the far side than this (at most
+    /// half the buffer) wait here while the app's end holds none unread, as TCP keeps its
+    /// socket unreadable below the mark (a socketpair end's `poll` ignores it).
+    pub(super) fn set_low_water(&mut self, bytes: usize) {
+        self.pipes.low_water = bytes.max(1);
+    }
+
+    /// Whether the relay was stepped since it started. One that was not must be stepped
+    /// without waiting for an event: bytes written before it started (a server's banner)
+    /// raise none.
+    pub(super) fn stepped(&self) -> bool {
+        self.pipes.stepped
+    }
+
+    /// When the guard stops waiting for the rest of the secret's start (the engine steps the
+    /// relay then).
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        self.pipes.down.scan.as_ref().and_then(Scan::guard_until)
+    }
+
+    /// Bytes local -> far and far -> local.
+    pub(super) fn moved(&self) -> (u64, u64) {
+        self.pipes.moved()
+    }
+
+    /// True while bytes the local side wrote are still buffered or unread (for the exit flush).
+    pub(super) fn unflushed(&self) -> bool {
+        !self.pipes.up.done
+    }
+
+    /// The far side's FIN came (all of its bytes were read): a failure after it is not a reset
+    /// of the local side's direction, as for TCP after the peer's FIN.
+    pub(super) fn far_finished(&self) -> bool {
+        self.pipes.down.eof
+    }
+
+    /// Moves what it can without blocking. `draining`: a local side with nothing to read
+    /// counts as EOF (the process is exiting).
+    pub(super) fn step(&mut self, draining: bool) -> Step {
+        match self.pipes.step(
+            self.local.as_fd(),
+            self.far.as_fd(),
+            &mut self.local_ready,
+            &mut self.far_ready,
+            draining,
+        ) {
+            // The app's abortive close reset the far side already: no FIN before the RST.
+            Step::Failed(e) if self.pipes.up.reset => Step::Failed(e),
+            Step::Failed(e) => self.fail(e),
+            other => other,
         }
     }
 
@@ -306,30 +537,38 @@ fn pass(
         reset_if_closed,
     } = toward;
     let mut progressed = false;
-    if !d.eof && d.end < d.buf.len() && src_ready.readable {
+    let room = d.room();
+    if !d.eof && room > 0 && src_ready.readable {
         // At the mark the read gives the urgent byte alone (see the module docs).
         let urgent = fd::at_mark(src);
-        let want = if urgent { d.end + 1 } else { d.buf.len() };
+        let want = d.end + if urgent { 1 } else { room };
+        let before = d.end;
         match fd::read(src, &mut d.buf[d.end..want]) {
             Ok(0) => {
                 d.eof = true;
                 progressed = true;
+                if let Some(scan) = &mut d.scan {
+                    scan.release();
+                }
             }
             Ok(n) => {
                 if urgent {
                     d.urgent = Some(d.end);
                 }
                 d.end += n;
+                d.taken += n as u64;
                 progressed = true;
                 // An urgent byte right behind these is taken now, so that one send writes
                 // them and it (see below): the app never finds the bytes without the mark.
-                if !urgent && d.end < d.buf.len() && fd::at_mark(src) {
+                if !urgent && d.room() > 0 && fd::at_mark(src) {
                     let at = d.end;
                     if let Ok(1) = fd::read(src, &mut d.buf[at..at + 1]) {
                         d.urgent = Some(at);
                         d.end += 1;
+                        d.taken += 1;
                     }
                 }
+                d.search(before)?;
             }
             Err(e) if fd::transient(&e) => {
                 src_ready.readable = false;
@@ -341,20 +580,22 @@ fn pass(
             Err(e) => return Err(e),
         }
     }
+    // What may be written: not the bytes held for the proof's search.
+    let end = d.end - d.held();
     // Below the reader's mark, with nothing unread on its side and more to come, bytes wait.
     let held = low_water > 1
         && !d.eof
         && d.urgent.is_none()
-        && d.end - d.start < low_water.min(BUFFER / 2)
+        && end - d.start < low_water.min(BUFFER / 2)
         && unread_by_peer(dst.as_raw_fd()).ok() == Some(0);
-    if d.start < d.end && dst_ready.writable && !held {
+    if d.start < end && dst_ready.writable && !held {
         // The bytes before the urgent one, then the urgent byte (`MSG_OOB`): in one send to an
         // AF_UNIX side, in two to TCP, where a partial send of both in one call would mark a
         // byte before it.
         let urgent = d.urgent.filter(|&u| u >= d.start);
         let before = d.moved;
         let mut wrote = Ok(());
-        let upto = urgent.unwrap_or(d.end);
+        let upto = urgent.unwrap_or(end);
         if let Some(u) = urgent
             && urgent_in_one
         {
@@ -386,7 +627,7 @@ fn pass(
             d.urgent = None;
         }
     }
-    if d.end == d.buf.len() && d.start > 0 {
+    if d.end >= BUFFER && d.start > 0 {
         d.buf.copy_within(d.start..d.end, 0);
         d.end -= d.start;
         d.urgent = d.urgent.map(|u| u - d.start);
@@ -397,6 +638,9 @@ fn pass(
             d.reset = true;
             d.done = true;
             return Ok(true);
+        }
+        if d.hold_eof {
+            return Ok(progressed);
         }
         fd::shutdown_quietly(dst, Shutdown::Write);
         d.done = true;
@@ -582,7 +826,7 @@ mod tests {
         // An orderly close is a FIN.
         let (mut r, app, mut peer) = tcp_relay();
         drop(app);
-        let step = step_until(&mut r, |_, r| r.up.done);
+        let step = step_until(&mut r, |_, r| r.pipes.up.done);
         assert!(!matches!(step, Step::Failed(_)), "{step:?}");
         assert_eq!(peer.read(&mut more).unwrap(), 0);
     }

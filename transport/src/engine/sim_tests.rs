@@ -15,7 +15,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -139,6 +139,36 @@ impl Peer {
         }
     }
 
+    /// An echo server's app: what it read goes back, and its side closes after the peer's EOF
+    /// once everything went back.
+    fn run_echo(&mut self) {
+        loop {
+            let mut buf = [0u8; 8192];
+            let before = (self.got.len(), self.written);
+            if !self.eof && !self.broken {
+                match self.app.read(&mut buf) {
+                    Ok(0) => self.eof = true,
+                    Ok(n) => self.got.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) => self.broken = true,
+                }
+            }
+            while self.written < self.got.len() && !self.broken {
+                match self.app.write(&self.got[self.written..]) {
+                    Ok(n) => self.written += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => self.broken = true,
+                }
+            }
+            if (self.got.len(), self.written) == before {
+                break;
+            }
+        }
+        if self.eof && self.written == self.got.len() {
+            let _ = self.app.shutdown(Shutdown::Write);
+        }
+    }
+
     /// One round of the event loop for this connection: readiness, timers, progress; true
     /// once its stream is over (the loop then disconnects it).
     fn step(&mut self, now: Instant) -> bool {
@@ -213,6 +243,18 @@ struct Plan {
     fault: Fault,
     /// The apps close their sending side once they wrote everything.
     close: bool,
+    /// The server's app echoes what it reads (instead of sending `server_out`) and closes its
+    /// side after the client's EOF, as a request/response server does.
+    echo: bool,
+    /// Steps before the client's app writes its first byte.
+    client_waits: usize,
+    /// Every this many steps the server's engine runs first (0: never), so that it can act on
+    /// a completion before the client's engine polled the message it completes (as two
+    /// machines may).
+    server_first_every: usize,
+    /// The client's engine and app do not run in these steps (a descheduled process), while
+    /// the fabric and the server go on.
+    client_stalls: std::ops::Range<usize>,
 }
 
 /// The two sides and their fabric.
@@ -312,11 +354,23 @@ impl Pair {
         if self.peers[CLIENT].conn.error.is_some() {
             self.attach_client(None);
         }
-        for side in [CLIENT, SERVER] {
+        let order = if plan.server_first_every > 0 && n.is_multiple_of(plan.server_first_every) {
+            [SERVER, CLIENT]
+        } else {
+            [CLIENT, SERVER]
+        };
+        for side in order {
+            if side == CLIENT && plan.client_stalls.contains(&n) {
+                continue;
+            }
             let peer = &mut self.peers[side];
             let over = peer.step(self.now);
-            if peer.local.is_none() {
-                peer.run_app(plan.chunk, plan.close);
+            if peer.local.is_none() && (side == SERVER || n >= plan.client_waits) {
+                if side == SERVER && plan.echo {
+                    peer.run_echo();
+                } else {
+                    peer.run_app(plan.chunk, plan.close);
+                }
             }
             // The loop disconnects a connection whose stream is over: its queue pair goes,
             // with whatever it posted that had not arrived, and the peer hears DISCONNECTED
@@ -379,6 +433,10 @@ impl Plan {
             early: false,
             fault: Fault::None,
             close: true,
+            echo: false,
+            client_waits: 0,
+            server_first_every: 0,
+            client_stalls: 0..0,
         }
     }
 }
@@ -412,6 +470,10 @@ fn plan(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Plan> {
                 early,
                 fault,
                 close: true,
+                echo: false,
+                client_waits: 0,
+                server_first_every: 2,
+                client_stalls: 0..0,
             },
         )
 }
@@ -554,33 +616,60 @@ fn probes_find_a_silent_dead_peer() {
 }
 
 /// The client never proves: it speaks TCP on its connection (it did not take the upgrade).
-/// The server relays it over TCP and its app gets the bytes; CONFIRM never came, so nothing
-/// of the RDMA stream reaches the app.
+/// Its bytes reach the server's app at once, and the reply reaches it, while the server still
+/// waits for a proof; at the deadline the server gives its stream up and relays on. CONFIRM
+/// never came, so nothing of the RDMA stream reaches the app.
 #[test]
-fn a_client_that_stays_on_tcp_is_relayed() {
+fn a_client_that_stays_on_tcp_is_relayed_without_waiting() {
     let plan = Plan {
         attach_after: usize::MAX / 2,
         proof_after: usize::MAX / 2,
+        close: false,
         ..Plan::fixed(Vec::new(), b"hello from the server".to_vec(), (2, 2))
     };
     let mut pair = Pair::new(&plan);
     let client_tcp = pair.client_tcp.take().expect("not attached");
     let mut tcp = std::fs::File::from(client_tcp.try_clone().expect("dup"));
+    let _ = crate::fd::set_nonblocking(client_tcp.as_fd());
     tcp.write_all(b"GET / HTTP/1.0\r\n\r\n").expect("write");
     let mut reply = Vec::new();
-    for n in 0..2_000 {
+    let mut n = 0;
+    while reply.len() < plan.server_out.len() || pair.peers[SERVER].got.len() < 18 {
+        assert!(n < 50, "the first bytes waited");
         pair.step(n, &plan);
         let mut buf = [0u8; 256];
         if let Ok(k) = tcp.read(&mut buf) {
             reply.extend_from_slice(&buf[..k]);
         }
-        if reply.len() >= plan.server_out.len() && pair.peers[SERVER].got.len() >= 18 {
-            break;
-        }
+        n += 1;
     }
-    assert_eq!(pair.peers[SERVER].decided(), Some(StreamPath::Tcp));
+    assert_eq!(
+        pair.peers[SERVER].decided(),
+        None,
+        "still waiting for a proof"
+    );
     assert_eq!(pair.peers[SERVER].got, b"GET / HTTP/1.0\r\n\r\n");
     assert_eq!(reply, plan.server_out);
+    while pair.peers[SERVER].decided().is_none() {
+        assert!(n < 5_000, "no decision");
+        pair.step(n, &plan);
+        n += 1;
+    }
+    assert_eq!(pair.peers[SERVER].decided(), Some(StreamPath::Tcp));
+    // Relayed on: more bytes both ways.
+    tcp.write_all(b"more").expect("write");
+    pair.peers[SERVER].app.write_all(b"back").expect("write");
+    let mut back = Vec::new();
+    for _ in 0..50 {
+        pair.step(n, &plan);
+        n += 1;
+        let mut buf = [0u8; 16];
+        if let Ok(k) = tcp.read(&mut buf) {
+            back.extend_from_slice(&buf[..k]);
+        }
+    }
+    assert_eq!(back, b"back");
+    assert!(pair.peers[SERVER].got.ends_with(b"more"));
 }
 
 /// CONFIRM came, the proof never does: at the deadline the server gives the stream up and
@@ -693,39 +782,177 @@ fn a_client_attached_before_its_claim_relays_when_none_comes() {
     }
 }
 
-/// A client waiting for its CLAIM whose peer's app speaks first on the TCP connection (a
-/// process that accepted without the registration: a banner) relays at once, banner first,
-/// without waiting for its deadline and without a proof.
+/// The first bytes never wait for the stream: a client attached before its CLAIM gets its
+/// server's banner at once, and its answer reaches the server's app at once, over TCP, while
+/// CLAIM is still on its way (here it never comes: the server's requests are not carried). At
+/// its deadline the client gives the stream up without a proof and both relay on.
 #[test]
-fn bytes_on_tcp_before_the_claim_end_the_wait_at_once() {
+fn a_banner_and_its_answer_cross_before_the_claim() {
     let plan = Plan {
         early: true,
         close: false,
         ..Plan::fixed(Vec::new(), Vec::new(), (1, 0))
     };
     let mut pair = Pair::new(&plan);
-    let super::stream::App::Stream(a) = &pair.peers[SERVER].conn.app else {
-        panic!("the server is attached");
-    };
-    let kept = a.kept.as_ref().expect("a kept socket");
-    let mut server_tcp = std::fs::File::from(kept.try_clone().expect("dup"));
-    server_tcp.write_all(b"220 banner\r\n").expect("banner");
-    let started = pair.now;
-    for n in 0..100 {
+    pair.peers[SERVER]
+        .app
+        .write_all(b"220 banner\r\n")
+        .expect("banner");
+    let mut n = 0;
+    while pair.peers[CLIENT].got.len() < 12 {
+        assert!(n < 20, "the banner waited");
         pair.step(n, &plan);
-        if pair.peers[CLIENT].got.len() >= 12 {
-            break;
-        }
+        n += 1;
+    }
+    assert_eq!(pair.peers[CLIENT].got, b"220 banner\r\n");
+    assert_eq!(
+        pair.peers[CLIENT].decided(),
+        None,
+        "still waiting for CLAIM"
+    );
+    pair.peers[CLIENT].app.write_all(b"EHLO").expect("write");
+    while pair.peers[SERVER].got.len() < 4 {
+        assert!(n < 40, "the answer waited");
+        pair.step(n, &plan);
+        n += 1;
+    }
+    assert_eq!(pair.peers[SERVER].got, b"EHLO");
+    while pair.peers[CLIENT].decided().is_none() {
+        assert!(n < 5_000, "no decision");
+        pair.step(n, &plan);
+        n += 1;
     }
     assert_eq!(pair.peers[CLIENT].decided(), Some(StreamPath::Unclaimed));
-    assert_eq!(pair.peers[CLIENT].got, b"220 banner\r\n");
-    assert!(pair.now - started < CLAIM_BY / 10);
-    // No proof went out: what the client's app writes now is TCP bytes to the server, whose
-    // engine, seeing them where the proof would be, relays them to its app as written.
-    pair.peers[CLIENT].app.write_all(b"EHLO").expect("write");
-    for n in 100..200 {
+    assert!(n as u32 * TICK >= CLAIM_BY, "gave up before the deadline");
+    pair.peers[CLIENT].app.write_all(b" more").expect("write");
+    for _ in 0..50 {
         pair.step(n, &plan);
+        n += 1;
     }
-    assert_eq!(pair.peers[SERVER].decided(), Some(StreamPath::Tcp));
-    assert_eq!(pair.peers[SERVER].got, b"EHLO");
+    assert_eq!(pair.peers[SERVER].got, b"EHLO more");
+}
+
+/// The move: both apps write from the start, CLAIM and the proof are held back for a while
+/// (the fabric carries nothing), so each direction's first bytes go over TCP and the rest on
+/// the stream; each app gets every byte once, in order, and both paths carried some.
+#[test]
+fn bytes_before_and_after_the_move_arrive_once_and_in_order() {
+    let plan = Plan {
+        chunk: 3000,
+        early: true,
+        ..Plan::fixed(bytes(2_000_000, 5), bytes(1_500_000, 6), (4, 4))
+    };
+    let held = Plan {
+        carry: vec![(0, 0)],
+        ..plan.clone()
+    };
+    let mut pair = Pair::new(&plan);
+    for n in 0..3 {
+        pair.step(n, &held);
+    }
+    assert_eq!(pair.peers[CLIENT].decided(), None, "no CLAIM yet");
+    assert!(
+        !pair.peers[SERVER].got.is_empty() && !pair.peers[CLIENT].got.is_empty(),
+        "the first bytes went over TCP"
+    );
+    let steps = pair.run(&plan).expect("both ended");
+    check(&pair, &plan).expect("every byte once, in order");
+    assert!(steps > 0);
+    for (side, out) in [(CLIENT, &plan.client_out), (SERVER, &plan.server_out)] {
+        let (on_stream, _, _) = pair.peers[side].link().byte_counts();
+        assert!(
+            on_stream > 0 && on_stream < out.len() as u64,
+            "side {side}: {on_stream} of {} on the stream",
+            out.len()
+        );
+    }
+}
+
+/// Request and response, each as short as a connection per request makes them: the client
+/// writes its request and ends its side at once, the server echoes and closes after the
+/// client's EOF, at random interleavings and sizes (from one byte). The request and the reply
+/// may cross entirely over TCP before the move, or partly, or on the stream; the client gets
+/// its request back whole every time.
+#[test]
+fn a_request_and_its_echo_arrive_whole_whatever_the_move_point() {
+    fuzz::run(
+        "in-process echo across the move",
+        48,
+        Duration::from_secs(120),
+        || {
+            (
+                1usize..50_000,
+                proptest::collection::vec((0usize..4, 0usize..4), 1..8),
+                1usize..10_000,
+                0usize..30,
+                0usize..4,
+                (0usize..40, 0usize..40),
+            )
+                .prop_map(
+                    |(len, carry, chunk, client_waits, server_first_every, (at, steps))| Plan {
+                        chunk,
+                        early: true,
+                        echo: true,
+                        client_waits,
+                        server_first_every,
+                        client_stalls: at..at + steps,
+                        carry: carry.into_iter().chain([(1, 1)]).collect(),
+                        ..Plan::fixed(bytes(len, 7), Vec::new(), (1, 1))
+                    },
+                )
+        },
+        |plan| {
+            let mut pair = Pair::new(&plan);
+            pair.run(&plan)?;
+            let [client, server] = &pair.peers;
+            prop_assert_eq!(&server.got, &plan.client_out);
+            prop_assert_eq!(&client.got, &plan.client_out);
+            for peer in &pair.peers {
+                let end = peer.end().unwrap_or_else(unreachable);
+                prop_assert_eq!(end.error, None);
+            }
+            Ok(())
+        },
+    );
+}
+
+/// The server may finish (its reply and FIN on the stream, acknowledged by the client's
+/// device) and let go of its TCP socket while the client's engine has not run yet: the client
+/// then finds the TCP connection's EOF before it reads the server's word of the move on the
+/// stream. That EOF is not the server app's: the reply comes whole from the stream. Swept over
+/// when the client's app writes, when its engine stalls and in which order the engines run.
+#[test]
+fn an_echo_whose_server_let_go_of_tcp_before_the_client_ran_arrives_whole() {
+    let mut bad = Vec::new();
+    for client_waits in 0..4 {
+        for at in 0..12 {
+            for server_first_every in 0..2 {
+                let plan = Plan {
+                    chunk: 100,
+                    early: true,
+                    echo: true,
+                    client_waits,
+                    server_first_every,
+                    client_stalls: at..at + 30,
+                    ..Plan::fixed(bytes(160, 7), Vec::new(), (1, 1))
+                };
+                let mut pair = Pair::new(&plan);
+                let ran = pair.run(&plan);
+                if ran.is_err() || pair.peers[CLIENT].got != plan.client_out {
+                    bad.push((
+                        client_waits,
+                        at,
+                        server_first_every,
+                        pair.peers[CLIENT].events(),
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} runs lost the reply: {:?}",
+        bad.len(),
+        bad.first()
+    );
 }

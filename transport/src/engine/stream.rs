@@ -1,7 +1,8 @@
 //! One connection's life on the engine thread (net/smc's connection state and `smc_close.c`):
 //! its CM phase, its [`Link`] once set up, and what its local side does ([`App`]): unattached,
-//! pumping the stream, waiting for the binding, relaying over TCP, done. Every transition is
-//! here: attach, the proof on the kept socket, relay instead, fail, the orderly finish.
+//! relaying its first bytes over TCP while the binding is made and each direction moves to the
+//! stream, pumping the stream, relaying over TCP, done. Every transition is here: attach, the
+//! proof, the move, relay instead, fail, the orderly finish.
 
 use std::io;
 use std::net::Shutdown;
@@ -10,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::link::Link;
-use super::proof::{self, Look};
-use super::relay::{Ready, Relay, Step};
+use super::proof::Scan;
+use super::relay::{Pipes, Ready, Relay, Step};
 use super::shared::ConnShared;
-use super::{Attach, End, EngineConfig, Event, Handshake, StreamPath};
+use super::{Attach, Carried, End, EngineConfig, Event, Handshake, StreamPath};
 use crate::fd;
 use crate::rdma::CmId;
 use crate::wire::{ControlKind, RingInfo, Secret};
@@ -43,7 +44,10 @@ pub(super) struct Attached {
     pub(super) sent: u64,
     pub(super) received: u64,
     pub(super) on_event: Box<dyn FnMut(Event) + Send>,
-    pub(super) on_bytes: Option<fn(u64, u64)>,
+    pub(super) on_bytes: Option<fn(Carried, u64, u64)>,
+    /// The shim's connection before both directions moved to the stream: its bytes go over
+    /// the kept TCP socket meanwhile (docs/shim-protocol.md, "The move").
+    pub(super) handover: Option<Pipes>,
 }
 
 impl Attached {
@@ -57,6 +61,25 @@ impl Attached {
     /// (connecting side), so both are still on TCP and a relay loses nothing.
     fn uncommitted(&self) -> bool {
         self.awaiting.is_some_and(|w| !w.proven) || self.awaiting_claim.is_some()
+    }
+
+    /// The pipes of a handover over the kept socket (readiness unknown: both tried once).
+    fn pipes(&mut self) -> Option<Pipes> {
+        let kept = self.kept.as_ref()?;
+        self.kept_ready = Ready::unknown();
+        Some(Pipes::new(self.local.as_fd(), kept.as_fd()))
+    }
+
+    /// The stream may hand the peer's bytes to the app: every byte the peer sent over TCP
+    /// before its move was handed on.
+    fn down_on_stream(&self) -> bool {
+        self.handover.as_ref().is_none_or(Pipes::down_moved)
+    }
+
+    /// The app's bytes go on the stream: its direction moved (what it wrote before still goes
+    /// out over TCP, ahead of them at the peer).
+    fn up_on_stream(&self) -> bool {
+        self.handover.as_ref().is_none_or(Pipes::up_stopped)
     }
 
     /// The path a relay that starts now is reported as.
@@ -77,8 +100,8 @@ pub(super) struct Awaiting {
     pub(super) deadline: Instant,
     /// The secret our CLAIM carried.
     pub(super) secret: Secret,
-    /// The secret came first on the TCP connection and was taken off it: the client committed
-    /// to the stream.
+    /// The secret came on the TCP connection and was taken out of it: the client committed to
+    /// the stream.
     pub(super) proven: bool,
 }
 
@@ -237,6 +260,7 @@ impl StreamConn {
             received: 0,
             on_event,
             on_bytes,
+            handover: None,
         };
         if !alive {
             if attached.kept.is_none()
@@ -275,13 +299,27 @@ impl StreamConn {
         }
         match handshake {
             Handshake::Confirm if attached.awaiting_claim.is_some() => {
-                // The proof and CONFIRM go once CLAIM came ([`StreamConn::step_stream`]).
+                // The app's first bytes go over TCP at once; the proof and CONFIRM once CLAIM
+                // came ([`StreamConn::client_moves`]).
+                if let Some(mut pipes) = attached.pipes() {
+                    pipes.hold_up_eof();
+                    pipes.hold_down_eof();
+                    attached.handover = Some(pipes);
+                }
             }
             Handshake::Open | Handshake::Confirm => {
-                if handshake == Handshake::Confirm
-                    && let Some(r) = &mut self.link
-                {
-                    r.confirm();
+                if handshake == Handshake::Confirm {
+                    // CLAIM came before the attach, and the caller wrote the proof: the app's
+                    // bytes go on the stream from the start, the server's come over TCP until
+                    // its move.
+                    if let Some(mut pipes) = attached.pipes() {
+                        pipes.stop_up();
+                        pipes.hold_down_eof();
+                        attached.handover = Some(pipes);
+                    }
+                    if let Some(r) = &mut self.link {
+                        r.confirm();
+                    }
                 }
                 self.shared.set_on_stream();
                 (attached.on_event)(Event::Decided(StreamPath::Rdma));
@@ -299,6 +337,13 @@ impl StreamConn {
                     secret,
                     proven: false,
                 });
+                // Both apps' bytes go over TCP until the move; the client's are searched for
+                // the proof on the way.
+                if let Some(mut pipes) = attached.pipes() {
+                    pipes.scan_down(Scan::new(secret));
+                    pipes.hold_down_eof();
+                    attached.handover = Some(pipes);
+                }
             }
         }
         self.app = App::Stream(attached);
@@ -325,7 +370,8 @@ impl StreamConn {
             App::Stream(a) => {
                 a.kept_ready.readable |= readable;
                 a.kept_ready.writable |= writable;
-                if !a.watch_kept || !readable {
+                if a.handover.as_ref().is_some_and(Pipes::reads_far) || !a.watch_kept || !readable {
+                    // Before its move the peer's bytes come this way: the handover reads them.
                     return;
                 }
                 let Some(kept) = &a.kept else { return };
@@ -333,22 +379,15 @@ impl StreamConn {
                     fd::Peeked::Nothing => {}
                     // A peer that finished closes its TCP socket while its last bytes may
                     // still be on the stream: a FIN only ends the watch.
-                    // Before CLAIM, the peer's app closed or spoke on TCP: it holds the
-                    // connection without the registration (another process accepted it).
-                    fd::Peeked::Fin | fd::Peeked::Bytes if a.awaiting_claim.is_some() => {
-                        self.relay_instead(fds);
-                    }
                     fd::Peeked::Fin => {
                         a.watch_kept = false;
                         fds.unwatch_kept = true;
                     }
                     fd::Peeked::Bytes => {
-                        if a.awaiting.is_some_and(|w| !w.proven) {
-                            // The proof, or the client speaking TCP.
-                            self.check_proof(fds);
-                        } else {
-                            self.fail("bytes arrived on the kept TCP connection".into(), fds);
-                        }
+                        self.fail(
+                            "bytes arrived on the kept TCP connection after the move".into(),
+                            fds,
+                        );
                     }
                     fd::Peeked::Failed(e) => {
                         // The peer's RST comes after its last bytes reached this side (it
@@ -373,7 +412,7 @@ impl StreamConn {
         let (Some(link), App::Stream(a)) = (self.link.as_mut(), &mut self.app) else {
             return;
         };
-        if a.undecided() || link.poll(Instant::now()).is_err() {
+        if a.undecided() || !a.down_on_stream() || link.poll(Instant::now()).is_err() {
             return;
         }
         a.local_ready.writable = true;
@@ -382,38 +421,69 @@ impl StreamConn {
         }
     }
 
-    /// The accepting side waits for the proof: looks at the kept TCP socket's first bytes
-    /// ([`super::proof`]). The secret binds (it is taken off the socket); anything else, or the
-    /// client's EOF, is the client on TCP (relay); a failed socket fails the connection.
-    fn check_proof(&mut self, fds: &mut Fds) {
+    /// Relays the first bytes over the kept TCP socket until both directions moved to the
+    /// stream (docs/shim-protocol.md, "The move"); on the accepting side, the search for the
+    /// proof among the client's bytes. A failure before either side committed ends the
+    /// connection as TCP's would end (it was TCP so far); one after fails it (reset).
+    fn step_handover(&mut self, draining: bool, fds: &mut Fds) {
         let App::Stream(a) = &mut self.app else {
             return;
         };
-        let (Some(w), Some(kept)) = (a.awaiting.as_mut(), a.kept.as_ref()) else {
+        let (Some(pipes), Some(kept)) = (a.handover.as_mut(), a.kept.as_ref()) else {
             return;
         };
-        if w.proven {
+        let before = pipes.moved();
+        let step = pipes.step(
+            a.local.as_fd(),
+            kept.as_fd(),
+            &mut a.local_ready,
+            &mut a.kept_ready,
+            draining,
+        );
+        let after = pipes.moved();
+        let (up, down) = (after.0 - before.0, after.1 - before.1);
+        a.sent += up;
+        a.received += down;
+        if up + down > 0
+            && let Some(count) = a.on_bytes
+        {
+            count(Carried::BeforeMove, up, down);
+        }
+        if let Step::Failed(e) = step {
+            let why = format!("on TCP before the move: {e}");
+            if a.uncommitted() {
+                // As a relay's failure: the TCP side is reset, the app told.
+                fd::reset(kept.as_fd());
+                self.relay_as(Some(StreamPath::Unmoved), fds);
+                self.end_relay(Some(why), fds);
+            } else {
+                self.fail_reset(why, fds);
+            }
             return;
         }
-        match proof::look(kept, &w.secret) {
-            Look::Partial => {}
-            Look::Whole => match proof::take(kept) {
-                Ok(()) => w.proven = true,
-                Err(e) => self.fail(format!("taking the proof: {e}"), fds),
-            },
-            Look::Other | Look::Eof => self.relay_instead(fds),
-            Look::Failed(e) => {
-                self.fail_reset(format!("the kept TCP connection failed: {e}"), fds);
-            }
+        if let Some(w) = &mut a.awaiting
+            && pipes.proof_found()
+        {
+            w.proven = true;
+        }
+        if a.awaiting.is_some_and(|w| !w.proven) && pipes.down_eof() {
+            // The client ended its side on TCP without the proof: it stays there.
+            self.relay_instead(fds);
+            return;
+        }
+        if pipes.up_moved() && pipes.down_moved() {
+            a.handover = None;
         }
     }
 
     /// The connecting side attached before CLAIM ([`Attach::claim_by`]): once CLAIM came (the
-    /// link took it), its secret on the kept TCP connection (the proof), then CONFIRM. From
-    /// the proof on this side is committed to the stream: a proof that cannot be written whole
-    /// fails the connection (reset), never a TCP stream with stray bytes. True when the proof
-    /// was written now.
-    fn give_proof(&mut self, fds: &mut Fds) -> bool {
+    /// link took it), its direction moves to the stream: the app's socketpair is read no
+    /// further for TCP, the secret goes out on the kept TCP connection behind the bytes read
+    /// so far (the proof), then CONFIRM, and the app's next bytes go on the stream. From the
+    /// proof on this side is committed to the stream: a proof that cannot be written whole
+    /// fails the connection (reset), never a TCP stream with stray bytes. True when it moved
+    /// now.
+    fn client_moves(&mut self, fds: &mut Fds) -> bool {
         let (Some(link), App::Stream(a)) = (self.link.as_mut(), &mut self.app) else {
             return false;
         };
@@ -423,14 +493,14 @@ impl StreamConn {
         let Some(secret) = link.claim_seen() else {
             return false;
         };
-        let given = match &a.kept {
-            Some(kept) => proof::give(kept, &secret),
-            None => Err(io::Error::other("no TCP connection")),
-        };
-        if let Err(e) = given {
-            self.fail_reset(format!("writing the proof: {e}"), fds);
+        let Some(pipes) = a.handover.as_mut() else {
+            self.fail_reset(String::from("writing the proof: no TCP connection"), fds);
             return false;
-        }
+        };
+        pipes.stop_up();
+        pipes.inject_up(secret.bytes());
+        // An app that ended its side before CLAIM came: its FIN goes on the stream.
+        a.local_eof |= pipes.up_eof();
         a.awaiting_claim = None;
         link.confirm();
         self.shared.set_on_stream();
@@ -442,24 +512,35 @@ impl StreamConn {
     /// stayed on TCP (or is not the RDMA peer), so the local side is relayed over the kept
     /// socket.
     fn relay_instead(&mut self, fds: &mut Fds) {
+        self.relay_as(None, fds);
+    }
+
+    /// [`StreamConn::relay_instead`], reported as `path` (None: as [`Attached::relayed_path`]).
+    fn relay_as(&mut self, path: Option<StreamPath>, fds: &mut Fds) {
         let App::Stream(a) = std::mem::replace(&mut self.app, App::Done) else {
             return;
         };
-        let path = a.relayed_path();
+        let path = path.unwrap_or_else(|| a.relayed_path());
         let Attached {
             local,
             kept,
             mut on_event,
             awaiting,
+            handover,
             ..
         } = a;
         match kept {
             Some(kept) => {
                 on_event(Event::Decided(path));
                 // A proof that comes after all must not reach the app (the relay's guard).
-                let relay = match awaiting {
-                    Some(w) => Relay::guarded(local, kept, w.secret, Instant::now() + GUARD_WAIT),
-                    None => Relay::new(local, kept),
+                let guard_until = Instant::now() + GUARD_WAIT;
+                let relay = match (handover, awaiting) {
+                    (Some(mut pipes), _) => {
+                        pipes.resume(guard_until);
+                        Relay::resume(local, kept, pipes)
+                    }
+                    (None, Some(w)) => Relay::guarded(local, kept, w.secret, guard_until),
+                    (None, None) => Relay::new(local, kept),
                 };
                 self.app = App::Relay(relay, on_event);
             }
@@ -596,21 +677,18 @@ impl StreamConn {
         draining: bool,
         fds: &mut Fds,
     ) {
-        if let App::Stream(a) = &self.app
-            && a.awaiting.is_some_and(|w| !w.proven)
-            && self.stream_usable()
-        {
-            // Also here, not only on the kept socket's events: the proof may have come before
-            // the socket was watched.
-            self.check_proof(fds);
-        }
+        self.step_handover(draining, fds);
         self.step_relay(draining, fds);
         if !self.stream_usable() {
             return;
         }
         let mut stepped = self.step_stream(now, draining);
-        if matches!(stepped, Ok(false)) && self.give_proof(fds) {
-            // What the app wrote while CLAIM was on its way goes at once.
+        if matches!(stepped, Ok(false)) && self.client_moves(fds) {
+            // The proof goes out at once, and what the app wrote since on the stream.
+            self.step_handover(draining, fds);
+            if !self.stream_usable() {
+                return;
+            }
             stepped = self.step_stream(now, draining);
         }
         if !self.stream_usable() {
@@ -630,7 +708,7 @@ impl StreamConn {
     }
 
     fn step_relay(&mut self, draining: bool, fds: &mut Fds) {
-        let App::Relay(relay, on_event) = &mut self.app else {
+        let App::Relay(relay, _) = &mut self.app else {
             return;
         };
         relay.set_low_water(self.shared.low_water());
@@ -638,6 +716,14 @@ impl StreamConn {
             Step::Idle => return,
             Step::Finished => None,
             Step::Failed(e) => Some(e.to_string()),
+        };
+        self.end_relay(error, fds);
+    }
+
+    /// The relay ended (with `error`, or in order): reported as TCP's end, and let go of.
+    fn end_relay(&mut self, error: Option<String>, fds: &mut Fds) {
+        let App::Relay(relay, on_event) = &mut self.app else {
+            return;
         };
         let (sent, received) = relay.moved();
         // As for TCP: a failure after the far side's FIN reads EOF, and a write answers EPIPE.
@@ -686,8 +772,22 @@ impl StreamConn {
                 return Ok(false);
             }
             a.awaiting = None;
+            // The server's own bytes move to the stream here: the client reads this many
+            // over TCP first (an app that ended its side on TCP: its FIN follows on the
+            // stream).
+            if let Some(pipes) = a.handover.as_mut() {
+                let count = pipes.stop_up();
+                a.local_eof |= pipes.up_eof();
+                link.moved(count);
+            } else {
+                link.moved(0);
+            }
             shared.set_on_stream();
             (a.on_event)(Event::Decided(StreamPath::Rdma));
+        }
+        if let (Some(count), Some(pipes)) = (link.moved_seen(), a.handover.as_mut()) {
+            // The server's bytes come over TCP up to its move, then on the stream.
+            pipes.stop_down_at(count).map_err(|e| e.to_string())?;
         }
         link.adjust_rings(now);
         pump(link, a, draining).map_err(|e| format!("local side: {e}"))?;
@@ -697,7 +797,7 @@ impl StreamConn {
         // on has nowhere to go (the closed local side answers EPIPE, or a reset when it held
         // unread bytes of the app).
         let peer_left = *peer_gone || link.is_quiet();
-        Ok(inbound_done && (link.fin_done() || peer_left))
+        Ok(inbound_done && (link.fin_done() || peer_left) && a.handover.is_none())
     }
 
     /// Both directions finished: the local side is closed and the end reported; the loop
@@ -818,15 +918,21 @@ fn end_local(local: OwnedFd, reset: bool, fds: &mut Fds) {
 /// The stream's pump: what arrived to the local side, the local side's bytes to the peer, the
 /// half-closes and the credits.
 fn pump(link: &mut Link, a: &mut Attached, draining: bool) -> io::Result<()> {
-    link.set_reading(true);
-    let received = link.deliver_to(&a.local, &mut a.local_ready)? + link.take_read_bytes();
-    if link.peer_fin() && !link.has_pending() && !a.local_shut {
-        fd::shutdown_quietly(a.local.as_fd(), Shutdown::Write);
-        a.local_shut = true;
+    // Each direction once it moved (before, its bytes go over TCP: [`StreamConn::step_handover`]).
+    let down = a.down_on_stream();
+    let up = a.up_on_stream();
+    link.set_reading(down);
+    let mut received = 0;
+    if down {
+        received = link.deliver_to(&a.local, &mut a.local_ready)? + link.take_read_bytes();
+        if link.peer_fin() && !link.has_pending() && !a.local_shut {
+            fd::shutdown_quietly(a.local.as_fd(), Shutdown::Write);
+            a.local_shut = true;
+        }
     }
     link.credit_if_due();
     let mut sent = link.take_written_bytes();
-    if !a.local_eof {
+    if up && !a.local_eof {
         let (eof, moved) = link.send_from(&a.local, &mut a.local_ready, draining)?;
         sent += moved;
         a.local_eof = eof;
@@ -845,15 +951,15 @@ fn pump(link: &mut Link, a: &mut Attached, draining: bool) -> io::Result<()> {
         ));
     }
     // The app may write straight into the send ring until its side ended.
-    link.set_writing(link.is_ready() && !link.is_quiet() && !a.local_eof);
+    link.set_writing(up && link.is_ready() && !link.is_quiet() && !a.local_eof);
     a.sent += sent;
     a.received += received;
     if (sent > 0 || received > 0)
         && let Some(count) = a.on_bytes
     {
-        count(sent, received);
+        count(Carried::Stream, sent, received);
     }
-    if a.local_eof && !a.resetting && !link.fin_queued() {
+    if up && a.local_eof && !a.resetting && !link.fin_queued() {
         link.control(ControlKind::Fin);
     }
     Ok(())

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use libc::c_int;
-use rdma_streams_transport::engine::{Event, StreamPath};
+use rdma_streams_transport::engine::{Carried, Event, StreamPath};
 
 use crate::log::{Level, log_at};
 use crate::reason::{Path, Reason, Role};
@@ -24,7 +24,8 @@ pub fn record(role: Role, fd: c_int, peer: Option<SocketAddr>, path: Path, reaso
 /// The path and reason a decided stream is counted with. A server whose client did not CONFIRM
 /// relays over TCP because the client gave up (`TIMEOUT`), and so does a client whose CLAIM did
 /// not come (the server accepted late, or in another process); a client whose stream died
-/// before it was attached relays too (`RDMA_ERROR`).
+/// before it was attached relays too (`RDMA_ERROR`). A connection that ended on TCP before its
+/// move was never anything else (`ENDED_FIRST`).
 pub fn decided(role: Role, path: StreamPath) -> (Path, Reason) {
     match (path, role) {
         (StreamPath::Rdma, _) => (Path::Rdma, Reason::Upgraded),
@@ -32,14 +33,21 @@ pub fn decided(role: Role, path: StreamPath) -> (Path, Reason) {
             (Path::Tcp, Reason::Timeout)
         }
         (StreamPath::Tcp, Role::Client) | (StreamPath::Broken, _) => (Path::Tcp, Reason::RdmaError),
+        (StreamPath::Unmoved, _) => (Path::Tcp, Reason::EndedFirst),
     }
 }
 
-/// Counts the bytes a stream moved (as they move: a process may exit before its streams end).
-pub fn count_bytes(sent: u64, received: u64) {
+/// Counts the bytes a connection with a stream moved, by their path (as they move: a process
+/// may exit before its streams end).
+pub fn count_bytes(carried: Carried, sent: u64, received: u64) {
     let stats = Stats::global();
-    stats.add_rdma_bytes_sent(sent);
-    stats.add_rdma_bytes_received(received);
+    match carried {
+        Carried::Stream => {
+            stats.add_rdma_bytes_sent(sent);
+            stats.add_rdma_bytes_received(received);
+        }
+        Carried::BeforeMove => stats.add_before_move(sent, received),
+    }
 }
 
 /// The engine's callback for one swapped connection. An end in a reset (a failure before the

@@ -8,7 +8,7 @@ use anyhow::{Context as _, ensure};
 use rdma_streams_softroce::locate::workspace_root;
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
-use super::support::{WAIT_PORT, expect_counts, file, python, rdma_bytes, shim, shimmed};
+use super::support::{WAIT_PORT, expect_carried, expect_counts, file, python, shim, shimmed};
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -109,12 +109,7 @@ fn curl_http(ctx: &Ctx) -> anyhow::Result<()> {
     same(ctx, &data, &format!("{t}/up.bin"))?;
     expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", 2)])?;
     expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", 2)])?;
-    let (sent, received) = rdma_bytes(ctx, "srv")?;
-    ensure!(
-        sent >= 100_000_000 && received >= 100_000_000,
-        "the server's streams carried {sent} bytes out, {received} in"
-    );
-    Ok(())
+    expect_carried(ctx, "srv", 100_000_000, true)
 }
 
 /// iperf3 with 4 parallel streams, then reversed: a control connection and 4 data connections
@@ -371,12 +366,7 @@ fn qemu(ctx: &Ctx, multifd: u32) -> anyhow::Result<()> {
     let channels = u64::from(multifd) + 1;
     expect_counts(ctx, "src", "client", &[("rdma UPGRADED", channels)])?;
     expect_counts(ctx, "dst", "server", &[("rdma UPGRADED", channels)])?;
-    let (sent, _) = rdma_bytes(ctx, "src")?;
-    ensure!(
-        sent >= 128 << 20,
-        "the source's streams carried only {sent} bytes"
-    );
-    Ok(())
+    expect_carried(ctx, "src", 128 << 20, false)
 }
 
 /// QEMU live migration (128 MiB of random RAM), single stream, both QEMUs under the shim.

@@ -124,13 +124,30 @@ pub fn expect_counts(ctx: &Ctx, tag: &str, role: &str, want: &[(&str, u64)]) -> 
     Ok(())
 }
 
-/// The summed `rdma_bytes` (sent, received) over the stats files of `tag`.
-pub fn rdma_bytes(ctx: &Ctx, tag: &str) -> anyhow::Result<(u64, u64)> {
+/// Checks that the upgraded connections of `tag` carried at least `want` bytes each way that
+/// `both` says (else sent only), counting their first bytes, which go over TCP before the
+/// move (`tcp_bytes_before_move`), and that their streams carried most of them.
+pub fn expect_carried(ctx: &Ctx, tag: &str, want: u64, both: bool) -> anyhow::Result<()> {
+    let stream = summed(ctx, tag, "rdma_bytes")?;
+    let before = summed(ctx, tag, "tcp_bytes_before_move")?;
+    let ways = [("out", stream.0, before.0), ("in", stream.1, before.1)];
+    for (way, on_stream, first) in ways.into_iter().take(if both { 2 } else { 1 }) {
+        ensure!(
+            on_stream + first >= want && on_stream > first,
+            "{tag}'s connections carried {on_stream} bytes {way} on their streams and {first} \
+             over TCP before the move, of at least {want}"
+        );
+    }
+    Ok(())
+}
+
+/// The summed (sent, received) of the byte counts `counts` over the stats files of `tag`.
+fn summed(ctx: &Ctx, tag: &str, counts: &str) -> anyhow::Result<(u64, u64)> {
     let mut sent = 0;
     let mut received = 0;
     for v in stats(ctx, tag)?.values() {
-        sent += v["rdma_bytes"]["sent"].as_u64().unwrap_or(0);
-        received += v["rdma_bytes"]["received"].as_u64().unwrap_or(0);
+        sent += v[counts]["sent"].as_u64().unwrap_or(0);
+        received += v[counts]["received"].as_u64().unwrap_or(0);
     }
     Ok((sent, received))
 }

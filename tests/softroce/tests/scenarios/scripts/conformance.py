@@ -4,7 +4,9 @@ under the shim with the connection upgraded, and under the shim with it fallen b
 compares the lines.
 
 Usage: conformance.py HOST FIRST_PORT MODE [ROW ...]
-  MODE upgraded: the server accepts in a thread before the client connects (the shim upgrades);
+  MODE upgraded: the server accepts in a thread before the client connects (the shim upgrades),
+                 and the row starts MOVE_WAIT later, once the connection moved to its stream
+                 (before, its first bytes go over TCP: an app cannot tell when it moves);
   MODE fallback: the client connects, and the server accepts FALLBACK_ACCEPT_AFTER later, in
                  one thread; under a negotiation bound shorter than that the shim's client
                  gets no CLAIM in time and the connection stays TCP (relayed by the client's
@@ -36,6 +38,8 @@ WAIT = 2.0  # seconds a row waits for bytes that should arrive
 # Seconds between the connect and the accept in fallback mode (the host's own check of the
 # probe, on plain TCP, shortens it).
 FALLBACK_ACCEPT_AFTER = float(os.environ.get("CONFORMANCE_ACCEPT_AFTER", "1.0"))
+# Seconds an upgraded pair waits for its move to the stream before its row runs.
+MOVE_WAIT = 0.3
 # How long the last pair's connect() took.
 CONNECTED_IN = [0.0]
 
@@ -786,6 +790,8 @@ def pair(host, port, mode, row):
             s, _ = ls.accept()
     finally:
         ls.close()
+    if mode == "upgraded":
+        time.sleep(MOVE_WAIT)
     return c, s
 
 
