@@ -40,6 +40,11 @@
  *   flood HOST PORT SRC N HOLD_MS       N connect requests with HELLOs for random ports of SRC,
  *                                       none ever completed (no QP, no RTU); prints the count
  *                                       of accepts, rejects and errors
+ *   listen NAME HOST PORT MS            an RDMA listener at HOST:PORT ("NAME listening") that
+ *                                       accepts the first HELLO as the shim's server would,
+ *                                       never sends CLAIM, holds the connection MS; prints
+ *                                       "NAME accepted client IP:PORT", then "NAME claimed 0,
+ *                                       got N bytes" (what the client wrote on the stream)
  * Every posted write waits for its completion: "NAME write-status N" (0: success, 10: remote
  * access error).
  */
@@ -432,6 +437,101 @@ static void step_connect(char **a)
 		out("%s error timeout", c->name);
 }
 
+/* listen NAME HOST PORT MS: a listener at HOST:PORT in the shim's port space that accepts the
+ * first connect request as the shim's server would (ACCEPT with its HELLO's nonce and a ring
+ * of ours), prints "NAME accepted client IP:PORT", never sends CLAIM, holds the connection MS
+ * and disconnects. */
+static void step_listen(char **a)
+{
+	struct conn *c = add(a[0]);
+	struct sockaddr_in sa;
+	char hp[128];
+	snprintf(hp, sizeof(hp), "%s:%s", a[1], a[2]);
+	parse_addr(hp, &sa);
+	struct rdma_event_channel *own = rdma_create_event_channel();
+	struct rdma_cm_id *lid;
+	if (!own || rdma_create_id(own, &lid, NULL, RDMA_PS_IB) ||
+	    rdma_bind_addr(lid, (struct sockaddr *)&sa) || rdma_listen(lid, 4))
+		die("listening");
+	out("%s listening", c->name);
+	struct rdma_cm_event *ev = NULL;
+	uint64_t end = now_ms() + 60000;
+	while (now_ms() < end) {
+		struct pollfd p = { .fd = own->fd, .events = POLLIN };
+		if (poll(&p, 1, 100) <= 0)
+			continue;
+		if (rdma_get_cm_event(own, &ev))
+			die("rdma_get_cm_event");
+		if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST)
+			break;
+		rdma_ack_cm_event(ev);
+		ev = NULL;
+	}
+	if (!ev) {
+		out("%s no-request", c->name);
+		return;
+	}
+	const uint8_t *d = ev->param.conn.private_data;
+	uint8_t nonce[8] = { 0 };
+	struct sockaddr_in client = { .sin_family = AF_INET };
+	if (d && ev->param.conn.private_data_len >= 20 + 18 && d[0] == 'R' && d[1] == 'S' &&
+	    d[20] == 'S' && d[21] == 1) {
+		c->peer_addr = get64(d + 4);
+		c->peer_rkey = (uint32_t)d[12] << 24 | d[13] << 16 | d[14] << 8 | d[15];
+		c->peer_log = d[16];
+		memcpy(nonce, d + 23, 8);
+		memcpy(&client.sin_port, d + 32, 2);
+		memcpy(&client.sin_addr, d + 34, 4);
+	}
+	c->id = ev->id;
+	c->id->context = c;
+	rdma_ack_cm_event(ev);
+	c->pd = ibv_alloc_pd(c->id->verbs);
+	c->cq = ibv_create_cq(c->id->verbs, 2 * RECVS + 64, NULL, NULL, 0);
+	c->mem = aligned_alloc(4096, RING + 2 * RECVS * CTRL + 4096);
+	memset(c->mem, 0, RING + 2 * RECVS * CTRL);
+	c->mr = ibv_reg_mr(c->pd, c->mem, RING + 2 * RECVS * CTRL,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_qp_init_attr qa = {
+		.send_cq = c->cq, .recv_cq = c->cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 64, .max_recv_wr = RECVS, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	if (!c->pd || !c->cq || !c->mr || rdma_create_qp(c->id, c->pd, &qa))
+		die("verbs setup");
+	for (uint64_t s = 0; s < RECVS; s++)
+		post_recv(c, s);
+	uint8_t pd[56];
+	memset(pd, 0, sizeof(pd));
+	pd[0] = 'R';
+	pd[1] = 'S';
+	pd[2] = 4;
+	pd[3] = 2;
+	put64(pd + 4, (uintptr_t)c->mem);
+	put32(pd + 12, c->mr->rkey);
+	pd[16] = RING_LOG;
+	pd[18] = RECVS;
+	pd[19] = 10;
+	pd[20] = 'S';
+	pd[21] = 2;
+	memcpy(pd + 22, nonce, 8);
+	struct rdma_conn_param p = { .retry_count = 6, .rnr_retry_count = 7, .flow_control = 1 };
+	p.private_data = pd;
+	p.private_data_len = 30;
+	/* Its events (ESTABLISHED, DISCONNECTED) come on the shared channel, as a connect's do. */
+	if (rdma_migrate_id(c->id, channel) || rdma_accept(c->id, &p))
+		die("rdma_accept");
+	end = now_ms() + 10000;
+	while (!c->established && now_ms() < end)
+		pump(10);
+	out("%s %s client %s:%u", c->name, c->established ? "accepted" : "not-established",
+	    inet_ntoa(client.sin_addr), ntohs(client.sin_port));
+	pump(atoi(a[3]));
+	rdma_disconnect(c->id);
+	out("%s claimed %d, got %llu bytes", c->name, c->claimed, (unsigned long long)c->got);
+	rdma_destroy_id(lid);
+	rdma_destroy_event_channel(own);
+}
+
 static void post_write(struct conn *via, uint64_t raddr, uint32_t rkey, const void *data,
 		       uint32_t len, uint32_t imm)
 {
@@ -701,6 +801,9 @@ int main(int argc, char **argv)
 		} else if (!strcmp(s, "flood")) {
 			NEED(5);
 			step_flood(a);
+		} else if (!strcmp(s, "listen")) {
+			NEED(4);
+			step_listen(a);
 		} else {
 			out("fatal unknown step %s", s);
 			return 2;

@@ -5,11 +5,13 @@
 #       echo    reads what comes (to EOF, or 2 s quiet), answers b"reply-to:" + it
 #       banner  sends b"220 banner\r\n" first, then as echo (30 s quiet)
 #       sink    reads to the end (EOF or an error) and reports the bytes' sha256
+#       line    reads a line, answers b"reply-to:" + it at once, then reads to the end
 #     and prints per connection: "peer IP:PORT", then "read N SHA256 FIRST64" and "end eof" or
 #     "end error ERRNO_NAME"
 #   client HOST PORT BIND_IP BIND_PORT MODE   connects from BIND_IP:BIND_PORT (0: any port);
 #       echo    sends b"VICTIM-DATA", prints "got " + the answer
 #       banner  waits for the banner first ("banner after S s"), then as echo
+#       line    sends b"VICTIM-DATA\n", prints "reply after S s: " + the answer's line
 #       stream  sends SIZE bytes of a seeded pattern (env SIZE, default 8 MiB), SHUT_WR, reads the
 #               echo, prints "sent SHA" and "echoed SHA N END"; env PAUSE_FILE: after half the
 #               bytes, creates that file and waits PAUSE seconds (default 5); env PACE: sends
@@ -65,7 +67,16 @@ def server(host, port, mode, n):
         say("peer %s:%d" % peer[:2])
         if mode == "banner":
             c.sendall(b"220 banner\r\n")
-        total, sha, first, end = read_all(c, {"sink": None, "echo": 2.0, "banner": 30.0}[mode])
+        if mode == "line":
+            line = b""
+            while not line.endswith(b"\n"):
+                b = c.recv(1)
+                if not b:
+                    break
+                line += b
+            c.sendall(b"reply-to:" + line)
+        quiet = {"sink": None, "echo": 2.0, "banner": 30.0, "line": 30.0}[mode]
+        total, sha, first, end = read_all(c, quiet)
         say("read %d %s %r" % (total, sha, first))
         say("end " + end)
         if mode in ("echo", "banner"):
@@ -117,6 +128,16 @@ def client(host, port, bind_ip, bind_port, mode):
         s.settimeout(60)
         b = s.recv(64)
         say("banner after %.2f s: %r" % (time.time() - t0, b))
+    if mode == "line":
+        s.sendall(b"VICTIM-DATA\n")
+        s.settimeout(60)
+        got = b""
+        while not got.endswith(b"\n"):
+            b = s.recv(4096)
+            if not b:
+                break
+            got += b
+        say("reply after %.3f s: %r" % (time.time() - t0, got))
     if mode in ("echo", "banner"):
         s.sendall(b"VICTIM-DATA")
         s.shutdown(socket.SHUT_WR)

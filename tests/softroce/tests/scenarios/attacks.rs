@@ -41,6 +41,12 @@ pub const SCENARIOS: &[Scenario] = &[
         timeout: Duration::from_secs(420),
         run: flood,
     },
+    Scenario {
+        name: "attack_a_listener_that_never_claims_holds_no_byte",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(240),
+        run: never_claims,
+    },
 ];
 
 const ATTACKER_C: &str = include_str!("../../tools/attacker.c");
@@ -616,5 +622,71 @@ fn flood(ctx: &Ctx) -> anyhow::Result<()> {
             pin_end >> 20
         );
     }
+    Ok(())
+}
+
+/// A listener that accepts a client's HELLO and never sends CLAIM (an attacker, or another
+/// program, at the RDMA port of a TCP server that runs without the shim): the client's bytes
+/// do not wait for it. A request the client sends at once is answered well within the
+/// client's bound for CLAIM (the bytes went over TCP at once; they used to wait for that
+/// bound), no byte goes to the listener, and the client counts the connection `tcp TIMEOUT`
+/// once its bound passed.
+fn never_claims(ctx: &Ctx) -> anyhow::Result<()> {
+    const BOUND_MS: u64 = 3000;
+    let (a, b) = (ctx.addr_a, ctx.addr_b);
+    let srv_out = ctx.tmp.join("plain-srv.out");
+    let srv = ctx.spawn(&format!(
+        "exec {} {} server {a} 9104 line 1 > {}",
+        python(),
+        victim(ctx)?.display(),
+        srv_out.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9104"))?;
+    let (run, out) = attack(
+        ctx,
+        "mute",
+        &format!("listen l1 {a} 9104 {}", BOUND_MS + 2000),
+    )?;
+    wait_line(ctx, &out, "l1 listening", Duration::from_secs(60))?;
+    let cli = client(
+        ctx,
+        Some("mcli"),
+        &format!("STREAMSHIM_NEGOTIATE_MS={BOUND_MS}"),
+        &format!("client {a} 9104 {b} 0 line"),
+    )?;
+    let text = finished(ctx, "mute", run, &out)?;
+    ensure!(
+        text.contains("l1 accepted"),
+        "the client's HELLO never reached the listener: {text}"
+    );
+    ensure!(
+        text.contains("l1 claimed 0, got 0 bytes"),
+        "the listener got something: {text}"
+    );
+    ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+    let (delay, reply) = cli
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("reply after "))
+        .and_then(|l| l.split_once(" s: "))
+        .and_then(|(s, r)| Some((s.parse::<f64>().ok()?, r.to_owned())))
+        .with_context(|| format!("no reply: {}", cli.stdout))?;
+    ensure!(
+        reply == "b'reply-to:VICTIM-DATA\\n'",
+        "the client got {reply}"
+    );
+    // Half the bound: the request did not wait for CLAIM (it would have waited all of it).
+    ensure!(
+        delay * 1000.0 < BOUND_MS as f64 / 2.0,
+        "the reply came after {delay} s, with {BOUND_MS} ms to wait for CLAIM"
+    );
+    let got = counts(ctx, "mcli", "client")?;
+    ensure!(
+        got.get("tcp TIMEOUT") == Some(&1) && got.len() == 1,
+        "the client counted {got:?}"
+    );
+    ctx.report(format_args!(
+        "a listener that never claims: the reply after {delay:.3} s (bound for CLAIM {BOUND_MS} ms)"
+    ));
     Ok(())
 }
