@@ -306,6 +306,26 @@ static void parse_addr(const char *text, struct sockaddr_in *sa)
 	}
 }
 
+/* The connection's PD, CQ, region (ring, then receive and send slots) and QP on its id's
+ * device, with every receive posted. */
+static void setup_verbs(struct conn *c)
+{
+	c->pd = ibv_alloc_pd(c->id->verbs);
+	c->cq = ibv_create_cq(c->id->verbs, 2 * RECVS + 64, NULL, NULL, 0);
+	c->mem = aligned_alloc(4096, RING + 2 * RECVS * CTRL + 4096);
+	memset(c->mem, 0, RING + 2 * RECVS * CTRL);
+	c->mr = ibv_reg_mr(c->pd, c->mem, RING + 2 * RECVS * CTRL,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_qp_init_attr qa = {
+		.send_cq = c->cq, .recv_cq = c->cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 64, .max_recv_wr = RECVS, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	if (!c->pd || !c->cq || !c->mr || rdma_create_qp(c->id, c->pd, &qa))
+		die("verbs setup");
+	for (uint64_t s = 0; s < RECVS; s++)
+		post_recv(c, s);
+}
+
 /* The transport header (version 4) and the shim's HELLO naming `client`. */
 static int hello(struct conn *c, const struct sockaddr_in *client, uint8_t *pd)
 {
@@ -392,20 +412,7 @@ static void step_connect(char **a)
 		channel = shared;
 		return;
 	}
-	c->pd = ibv_alloc_pd(c->id->verbs);
-	c->cq = ibv_create_cq(c->id->verbs, 2 * RECVS + 64, NULL, NULL, 0);
-	c->mem = aligned_alloc(4096, RING + 2 * RECVS * CTRL + 4096);
-	memset(c->mem, 0, RING + 2 * RECVS * CTRL);
-	c->mr = ibv_reg_mr(c->pd, c->mem, RING + 2 * RECVS * CTRL,
-			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	struct ibv_qp_init_attr qa = {
-		.send_cq = c->cq, .recv_cq = c->cq, .qp_type = IBV_QPT_RC,
-		.cap = { .max_send_wr = 64, .max_recv_wr = RECVS, .max_send_sge = 1, .max_recv_sge = 1 },
-	};
-	if (!c->pd || !c->cq || !c->mr || rdma_create_qp(c->id, c->pd, &qa))
-		die("verbs setup");
-	for (uint64_t s = 0; s < RECVS; s++)
-		post_recv(c, s);
+	setup_verbs(c);
 	uint8_t pd[56];
 	struct rdma_conn_param p = { .retry_count = 6, .rnr_retry_count = 7, .flow_control = 1 };
 	p.private_data = pd;
@@ -486,20 +493,7 @@ static void step_listen(char **a)
 	c->id = ev->id;
 	c->id->context = c;
 	rdma_ack_cm_event(ev);
-	c->pd = ibv_alloc_pd(c->id->verbs);
-	c->cq = ibv_create_cq(c->id->verbs, 2 * RECVS + 64, NULL, NULL, 0);
-	c->mem = aligned_alloc(4096, RING + 2 * RECVS * CTRL + 4096);
-	memset(c->mem, 0, RING + 2 * RECVS * CTRL);
-	c->mr = ibv_reg_mr(c->pd, c->mem, RING + 2 * RECVS * CTRL,
-			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	struct ibv_qp_init_attr qa = {
-		.send_cq = c->cq, .recv_cq = c->cq, .qp_type = IBV_QPT_RC,
-		.cap = { .max_send_wr = 64, .max_recv_wr = RECVS, .max_send_sge = 1, .max_recv_sge = 1 },
-	};
-	if (!c->pd || !c->cq || !c->mr || rdma_create_qp(c->id, c->pd, &qa))
-		die("verbs setup");
-	for (uint64_t s = 0; s < RECVS; s++)
-		post_recv(c, s);
+	setup_verbs(c);
 	uint8_t pd[56];
 	memset(pd, 0, sizeof(pd));
 	pd[0] = 'R';

@@ -56,6 +56,17 @@ def read_all(c, quiet=None):
     return total, h.hexdigest(), got, end
 
 
+def read_line(c, chunk):
+    """Reads to a newline (or EOF), `chunk` bytes at most per recv (1: nothing past it)."""
+    got = b""
+    while not got.endswith(b"\n"):
+        b = c.recv(chunk)
+        if not b:
+            break
+        got += b
+    return got
+
+
 def server(host, port, mode, n):
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -68,13 +79,7 @@ def server(host, port, mode, n):
         if mode == "banner":
             c.sendall(b"220 banner\r\n")
         if mode == "line":
-            line = b""
-            while not line.endswith(b"\n"):
-                b = c.recv(1)
-                if not b:
-                    break
-                line += b
-            c.sendall(b"reply-to:" + line)
+            c.sendall(b"reply-to:" + read_line(c, 1))
         quiet = {"sink": None, "echo": 2.0, "banner": 30.0, "line": 30.0}[mode]
         total, sha, first, end = read_all(c, quiet)
         say("read %d %s %r" % (total, sha, first))
@@ -131,12 +136,7 @@ def client(host, port, bind_ip, bind_port, mode):
     if mode == "line":
         s.sendall(b"VICTIM-DATA\n")
         s.settimeout(60)
-        got = b""
-        while not got.endswith(b"\n"):
-            b = s.recv(4096)
-            if not b:
-                break
-            got += b
+        got = read_line(s, 4096)
         say("reply after %.3f s: %r" % (time.time() - t0, got))
     if mode in ("echo", "banner"):
         s.sendall(b"VICTIM-DATA")
