@@ -68,6 +68,9 @@ pub type SendtoFn =
 /// `int ioctl(int, unsigned long, ...)`, called with its one argument.
 pub type IoctlFn = unsafe extern "C" fn(c_int, libc::c_ulong, *mut c_void) -> c_int;
 
+/// `ssize_t recvmsg(int, struct msghdr *, int)`.
+pub type RecvmsgFn = unsafe extern "C" fn(c_int, *mut libc::msghdr, c_int) -> isize;
+
 /// `ssize_t sendmsg(int, const struct msghdr *, int)`.
 pub type SendmsgFn = unsafe extern "C" fn(c_int, *const libc::msghdr, c_int) -> isize;
 
@@ -149,6 +152,7 @@ originals! {
     WRITE, write, c"write", WriteFn;
     SEND, send, c"send", SendFn;
     SENDTO, sendto, c"sendto", SendtoFn;
+    RECVMSG, recvmsg, c"recvmsg", RecvmsgFn;
     SENDMSG, sendmsg, c"sendmsg", SendmsgFn;
     WRITEV, writev, c"writev", WritevFn;
     SENDMMSG, sendmmsg, c"sendmmsg", SendmmsgFn;

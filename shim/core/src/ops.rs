@@ -470,6 +470,42 @@ pub fn stream_counters(fd: c_int) -> Option<(u64, u64, u64)> {
     upgrade::stream_counters(fd)
 }
 
+/// `recvmsg()` received the descriptors `fds` (`SCM_RIGHTS`): the app's end of an upgraded
+/// connection another process (or this one) handed over answers as its TCP socket from now on
+/// ([`upgrade::adopt`]). Any other descriptor costs a `getsockopt` or two.
+pub fn received(fds: &[c_int], register: &dyn Fn()) {
+    for &fd in fds {
+        let flags = fdtable::get(fd);
+        if flags & SHIM_OWNED != 0 {
+            continue;
+        }
+        if flags != 0 {
+            // The kernel just gave this number out: what the table says of it is about a file
+            // closed behind the hooks' back (libuv closes with a raw `syscall(SYS_close)`).
+            forget_stale(fd, flags);
+        }
+        if !sys::is_unix_stream(fd) {
+            continue;
+        }
+        decision::ensure(register);
+        if decision::settled() == State::PassThrough(Reason::Disabled) {
+            return;
+        }
+        upgrade::adopt(fd);
+    }
+}
+
+/// Forgets what the table says of `fd` (`flags`), a number closed behind the hooks' back.
+fn forget_stale(fd: c_int, flags: u8) {
+    fdtable::clear(fd);
+    if flags & POLLED != 0 {
+        watches::forget(fd);
+    }
+    if flags & SWAPPED != 0 {
+        drop(upgrade::forget_swapped(fd));
+    }
+}
+
 /// At exit (atexit handler or the destructor fallback).
 pub fn at_exit() {
     upgrade::flush_at_exit();

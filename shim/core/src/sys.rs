@@ -362,6 +362,13 @@ pub fn dup_cloexec(fd: c_int) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
+/// Whether `fd` is an `AF_UNIX` `SOCK_STREAM` socket (what a socketpair end handed over with
+/// `SCM_RIGHTS` is).
+pub fn is_unix_stream(fd: c_int) -> bool {
+    int_option(fd, libc::SO_DOMAIN) == Some(libc::AF_UNIX)
+        && int_option(fd, libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+}
+
 /// Whether `fd` is a TCP socket (`SO_PROTOCOL`).
 pub fn is_tcp(fd: c_int) -> bool {
     let mut value: c_int = 0;
@@ -1099,6 +1106,13 @@ pub fn fork_for_test(child: impl FnOnce()) -> libc::pid_t {
         unsafe { libc::_exit(if ok { 0 } else { 101 }) }
     }
     pid
+}
+
+/// Test helper: SIGKILL to our child `pid`.
+#[cfg(test)]
+pub fn kill_for_test(pid: libc::pid_t) {
+    // SAFETY: kill(2) of a child of ours.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
 /// Test helper: the exit code of `pid`, or 128 + the signal that killed it.

@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The hooks `libstreamshim.so` exports, and nothing else.
-pub const HOOKS: [&str; 29] = [
+pub const HOOKS: [&str; 30] = [
     "accept",
     "accept4",
     "close",
@@ -37,6 +37,7 @@ pub const HOOKS: [&str; 29] = [
     "read",
     "recv",
     "recvfrom",
+    "recvmsg",
     "send",
     "sendfile",
     "sendfile64",

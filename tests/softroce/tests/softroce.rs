@@ -57,6 +57,7 @@ fn main() -> ExitCode {
         .chain(scenarios::shim_spare::SCENARIOS)
         .chain(scenarios::shim_memory::SCENARIOS)
         .chain(scenarios::shim_faults::SCENARIOS)
+        .chain(scenarios::shim_handed::SCENARIOS)
         .chain(scenarios::shim_wire::SCENARIOS)
         .chain(scenarios::gateway::SCENARIOS)
         .chain(scenarios::attacks::SCENARIOS)

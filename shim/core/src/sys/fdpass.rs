@@ -4,7 +4,7 @@
 
 use std::io;
 use std::mem::{size_of, size_of_val};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use libc::c_int;
@@ -143,6 +143,142 @@ pub fn wait_readable(fd: BorrowedFd<'_>, bound: Duration) -> bool {
     super::poll_within(fd.as_raw_fd(), libc::POLLIN, bound) != 0
 }
 
+/// The `sockaddr_un` of the abstract name `name` and its length (no NUL byte at its end:
+/// abstract names are counted, not terminated).
+fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: an all-zero sockaddr_un is a valid empty one.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if name.len() + 1 > addr.sun_path.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    // sun_path[0] stays 0: the abstract namespace.
+    for (to, from) in addr.sun_path[1..].iter_mut().zip(name) {
+        *to = *from as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    Ok((addr, libc::socklen_t::try_from(len).unwrap_or(0)))
+}
+
+/// A fresh `AF_UNIX` `SOCK_SEQPACKET` socket, close-on-exec.
+fn seqpacket_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// An `AF_UNIX` `SOCK_SEQPACKET` socket listening (non-blocking, close-on-exec) on the
+/// abstract `name`: abstract names belong to the network namespace and go with the socket, so
+/// nothing is left behind. `EADDRINUSE` when another socket holds the name.
+pub fn listen_abstract(name: &[u8]) -> io::Result<OwnedFd> {
+    let sock = seqpacket_socket()?;
+    let (addr, len) = abstract_addr(name)?;
+    // SAFETY: `addr` is a sockaddr_un of `len` meaningful bytes.
+    if unsafe { libc::bind(sock.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
+        return Err(last_error());
+    }
+    // SAFETY: listen(2) on our own socket.
+    if unsafe { libc::listen(sock.as_raw_fd(), 16) } != 0 {
+        return Err(last_error());
+    }
+    super::set_nonblocking(sock.as_fd())?;
+    Ok(sock)
+}
+
+/// Connects a fresh `SOCK_SEQPACKET` socket (close-on-exec) to the abstract `name`; a name
+/// nobody listens on fails at once (`ECONNREFUSED`), as does a listener whose backlog is full
+/// (`EAGAIN`: the socket is non-blocking for the connect).
+pub fn connect_abstract(name: &[u8]) -> io::Result<OwnedFd> {
+    let sock = seqpacket_socket()?;
+    let (addr, len) = abstract_addr(name)?;
+    super::set_nonblocking(sock.as_fd())?;
+    loop {
+        // SAFETY: `addr` is a sockaddr_un of `len` meaningful bytes.
+        if unsafe { libc::connect(sock.as_raw_fd(), (&raw const addr).cast(), len) } == 0 {
+            return Ok(sock);
+        }
+        let e = last_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// One connection waiting on the non-blocking `listener` (close-on-exec); None: none waits.
+pub fn accept(listener: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    loop {
+        // SAFETY: accept4 without an address on a listening socket of ours.
+        let fd = unsafe {
+            libc::accept4(
+                listener.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: a fresh fd owned by nobody else.
+            return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+        let e = last_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR | libc::ECONNABORTED) => {}
+            Some(libc::EAGAIN) => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// The process id `SO_PEERCRED` names for the `AF_UNIX` socket `sock` (the creator of a
+/// socketpair, the listener of a connected socket, the connecting process of an accepted
+/// one), as this process's pid namespace sees it; None when unknown (0: not visible here).
+pub fn peer_pid(sock: c_int) -> Option<libc::pid_t> {
+    // SAFETY: an all-zero ucred is valid.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(size_of::<libc::ucred>()).unwrap_or(0);
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which holds that many.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
+/// Waits (at most `bound`; forever when None) until `a` or `b` is readable or hung up:
+/// whether each is.
+pub fn wait_either(a: BorrowedFd<'_>, b: BorrowedFd<'_>, bound: Option<Duration>) -> (bool, bool) {
+    let ms = bound.map_or(-1, |d| {
+        c_int::try_from(d.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX)
+    });
+    let mut fds = [
+        libc::pollfd {
+            fd: a.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two pollfds, which `fds` holds, for the call.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if n <= 0 {
+        return (false, false);
+    }
+    (fds[0].revents != 0, fds[1].revents != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +325,43 @@ mod tests {
         assert!(
             recv(b.as_fd(), &mut buf, true).is_err(),
             "nothing more: EAGAIN"
+        );
+    }
+
+    #[test]
+    fn an_abstract_listener_names_its_process_and_goes_with_its_socket() {
+        let name = format!(
+            "rdma-streams/test/{}/{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        );
+        let listener = listen_abstract(name.as_bytes()).unwrap();
+        assert_eq!(
+            listen_abstract(name.as_bytes()).unwrap_err().raw_os_error(),
+            Some(libc::EADDRINUSE)
+        );
+        assert!(accept(listener.as_fd()).unwrap().is_none(), "nobody yet");
+        let client = connect_abstract(name.as_bytes()).unwrap();
+        let me = libc::pid_t::try_from(std::process::id()).unwrap();
+        assert_eq!(peer_pid(client.as_raw_fd()), Some(me));
+        let served = accept(listener.as_fd()).unwrap().expect("a connection");
+        assert_eq!(peer_pid(served.as_raw_fd()), Some(me));
+        send(client.as_raw_fd(), b"\x05", &[], false).unwrap();
+        assert_eq!(
+            wait_either(
+                listener.as_fd(),
+                served.as_fd(),
+                Some(Duration::from_secs(1))
+            ),
+            (false, true)
+        );
+        drop((served, client, listener));
+        assert_eq!(
+            connect_abstract(name.as_bytes())
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::ECONNREFUSED),
+            "the name went with its socket"
         );
     }
 }

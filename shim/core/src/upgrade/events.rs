@@ -77,9 +77,12 @@ pub fn on_event(
         Event::Ended(end) => {
             // The kernel reports the reset on the app's end when the byte is queued; the
             // hooks do when it cannot be.
-            if end.reset && !super::queue_reset(&broken) {
+            let untold = end.reset && !super::queue_reset(&broken);
+            if untold {
                 broken.store(true, Ordering::Release);
             }
+            // Processes the app handed its end to hear it from the engine's process.
+            super::handed::ended(&broken, untold);
             if end.path == StreamPath::Rdma {
                 Stats::global().record_rdma_close(end.error.is_some());
             }

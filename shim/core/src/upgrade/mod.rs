@@ -22,6 +22,7 @@ mod client;
 mod delegate;
 mod engine;
 mod events;
+mod handed;
 mod server;
 mod spare;
 mod swap;
@@ -46,6 +47,7 @@ use crate::sys;
 pub use client::{connect, reason_for};
 pub use engine::{config as engine_config, configure, flush_at_exit};
 pub use events::record;
+pub use handed::adopt;
 pub use server::{
     Claim, Found, Pending, PendingTable, claim_and_swap, close_side_listener, copy_side_listener,
     open_side_listener,
@@ -348,6 +350,7 @@ pub fn after_fork_child() {
     sys::close_inherited_pair_ends();
     server::after_fork_child();
     spare::after_fork_child();
+    handed::after_fork_child();
     drop(SWAPPED_FDS.after_fork());
 }
 

@@ -83,6 +83,8 @@ pub(super) fn install(
     }
     fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
     let broken = Arc::new(AtomicBool::new(false));
+    // Another process the app hands its end to asks this one what it is.
+    super::handed::remember(app_end, &kept, &broken);
     SWAPPED_FDS.lock().insert(
         fd,
         SwappedFd {

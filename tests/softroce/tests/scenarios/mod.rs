@@ -6,6 +6,7 @@ pub mod cpython;
 pub mod gateway;
 pub mod shim_apps;
 pub mod shim_faults;
+pub mod shim_handed;
 pub mod shim_load;
 pub mod shim_memory;
 pub mod shim_nginx;

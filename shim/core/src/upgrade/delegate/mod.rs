@@ -93,7 +93,8 @@ pub fn start() {
         .spawn(move || {
             // The thread's calls go straight to libc, as the engine thread's do.
             std::mem::forget(Guard::enter());
-            serve(&serve_end);
+            let handed = super::handed::listener();
+            serve(&serve_end, handed.as_ref());
         });
     match spawned {
         Ok(_) => CHILD_END.store(child_end.into_raw_fd(), Ordering::Release),
@@ -112,13 +113,21 @@ pub fn has_channel() -> bool {
 
 /// The channel's thread: reads requests one at a time. A claim is answered at once (it waits
 /// on nothing but the registration table's lock); a connect, which waits on the network, gets
-/// a thread of its own ([`connect::serve`]). Ends when the channel fails (never while the
-/// process lives).
-fn serve(sock: &OwnedFd) {
+/// a thread of its own ([`connect::serve`]). Between them it answers other processes' questions
+/// about connections handed to them (`handed`, on its listener). Ends when the channel fails
+/// (never while the process lives).
+fn serve(sock: &OwnedFd, handed: Option<&OwnedFd>) {
     let mut buf = [0u8; 32];
     loop {
-        let got = match fdpass::recv(sock.as_fd(), &mut buf, false) {
+        if let Some(listener) = handed {
+            let (questions, _) = fdpass::wait_either(listener.as_fd(), sock.as_fd(), None);
+            if questions {
+                super::handed::answer(listener);
+            }
+        }
+        let got = match fdpass::recv(sock.as_fd(), &mut buf, handed.is_some()) {
             Ok(got) => got,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => {
                 log_at!(Level::Info, "claim channel failed: {e}");
                 return;
@@ -141,6 +150,12 @@ fn serve(sock: &OwnedFd) {
             _ => log_at!(Level::Debug, "claim channel: an unknown request ignored"),
         }
     }
+}
+
+/// Tells the other end of a notice pair how its stream ended (`reset`, or in order).
+pub(super) fn tell_end(on: &OwnedFd, reset: bool) {
+    let word = if reset { RESET_NOTICE } else { ORDERLY_NOTICE };
+    let _ = reply(on, word, None);
 }
 
 /// Sends `status` (and `fd`) on a conversation's reply pair, without blocking.
@@ -245,6 +260,16 @@ pub struct Notice {
 }
 
 impl Notice {
+    /// The notice read from `fd`, one end of a `SOCK_SEQPACKET` pair whose other end the
+    /// engine's process writes to ([`tell_end`]).
+    pub(super) fn new(fd: OwnedFd) -> Notice {
+        fdtable::set(fd.as_raw_fd(), SHIM_OWNED);
+        Notice {
+            fd,
+            settled: AtomicBool::new(false),
+        }
+    }
+
     /// Whether the stream ended in a reset, once: true when the engine's process said so or
     /// closed the pair without a word (it died, and the stream with it); false for an orderly
     /// end, while the stream runs, and after the first answer.
