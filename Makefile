@@ -26,7 +26,7 @@ CARGO ?= cargo
 APT_PACKAGES := build-essential pkg-config libclang-dev clang libibverbs-dev librdmacm-dev curl iperf3 util-linux \
 	ibverbs-providers rdma-core iproute2 procps binutils qemu-system-x86 socat nftables \
 	linux-image-amd64 busybox-static kmod ibverbs-utils rdmacm-utils perftest gdb \
-	libpython3.11-testsuite nginx-light wrk postgresql-15
+	libpython3.11-testsuite nginx-light wrk postgresql-15 nodejs
 
 # Official Kubernetes schemas (PyPI), for validating every pod the injector patches.
 KUBERNETES_VALIDATE_VERSION := 1.37.0

@@ -1,6 +1,7 @@
 //! The scenarios' programs (`tests/scenarios/scripts/`, written into the guest's work folder by
-//! the scenario that `include_str!`s them): each parses as Python and each is included by a
-//! scenario, so there is no copy and no orphan. Needs no guest (`make check` runs it).
+//! the scenario that `include_str!`s them): each parses (as Python, or as Node.js) and each is
+//! included by a scenario, so there is no copy and no orphan. Needs no guest (`make check` runs
+//! it).
 
 use std::fs;
 use std::path::Path;
@@ -27,7 +28,18 @@ fn every_script_parses_and_a_scenario_includes_it() {
     assert!(!scripts.is_empty());
     for script in &scripts {
         let name = script.file_name().unwrap().to_str().unwrap();
-        assert!(name.ends_with(".py"), "{name}: only Python programs here");
+        // Python programs, and Node.js ones for the scenarios of Node's own servers.
+        let check: &[&str] = if name.ends_with(".py") {
+            &[
+                "python3",
+                "-c",
+                "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])",
+            ]
+        } else if name.ends_with(".js") {
+            &["node", "--check"]
+        } else {
+            panic!("{name}: only Python and Node.js programs here");
+        };
         let included = format!("include_str!(\"scripts/{name}\")");
         assert_eq!(
             sources.matches(&included).count(),
@@ -35,12 +47,7 @@ fn every_script_parses_and_a_scenario_includes_it() {
             "{name}: a scenario should include it once ({included})"
         );
         let out = process::run(
-            Command::new("python3")
-                .args([
-                    "-c",
-                    "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])",
-                ])
-                .arg(script),
+            Command::new(check[0]).args(&check[1..]).arg(script),
             Duration::from_secs(30),
         );
         assert!(out.status.success(), "{name}: {}", out.stderr);
