@@ -127,13 +127,16 @@ pub fn connect(
     let allowed = flags & TCP != 0
         && (decision::settled() == State::Capable || upgrade::through_parent())
         && decision::policy().is_some_and(|p| p.client_allows(peer));
-    if allowed && (flags & POLLED == 0 || watches::followable(fd)) {
+    // Zero-copy sends (`SO_ZEROCOPY` set before the connect) wait for completions only the
+    // kernel's TCP socket gives: that connection stays on it.
+    if allowed && (flags & POLLED == 0 || watches::followable(fd)) && !sys::zero_copy(fd) {
         return upgrade::connect(fd, peer, real);
     }
     let (rc, err) = real(fd);
     if (rc == 0 || err == libc::EINPROGRESS)
         && let Some(reason) = if allowed {
-            // Registered with epoll before connect in a way the swap cannot follow.
+            // Registered with epoll before connect in a way the swap cannot follow, or
+            // zero-copy sends on.
             Some(Reason::Unsupported)
         } else {
             tcp_reason(flags, || false)
@@ -209,7 +212,9 @@ pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, event: Option<(u32, u64)>) {
 }
 
 /// `listen()`: noted; in a capable process a TCP listener also gets an RDMA listener on the
-/// same address and port (the connection manager's IB port space: the upgrade's side channel).
+/// same address and port (the connection manager's IB port space: the upgrade's side channel),
+/// unless zero-copy sends are on for it (its connections inherit `SO_ZEROCOPY`, whose
+/// completions only the kernel's TCP socket gives: clients find no RDMA listener and stay TCP).
 pub fn listen(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
     let rc = real();
     let flags = fdtable::get(fd);
@@ -217,6 +222,7 @@ pub fn listen(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
         fdtable::add(fd, LISTENING);
         if flags & (TCP | SIDE) == TCP
             && decision::settled() == State::Capable
+            && !sys::zero_copy(fd)
             && upgrade::open_side_listener(fd)
         {
             fdtable::add(fd, SIDE);

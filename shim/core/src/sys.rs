@@ -362,6 +362,12 @@ pub fn dup_cloexec(fd: c_int) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
+/// Whether zero-copy sends are on for socket `fd` (`SO_ZEROCOPY`): its `MSG_ZEROCOPY` sends
+/// then wait for completions on the socket's error queue, which a socketpair never gives.
+pub fn zero_copy(fd: c_int) -> bool {
+    int_option(fd, libc::SO_ZEROCOPY).is_some_and(|on| on != 0)
+}
+
 /// Whether `fd` is an `AF_UNIX` `SOCK_STREAM` socket (what a socketpair end handed over with
 /// `SCM_RIGHTS` is).
 pub fn is_unix_stream(fd: c_int) -> bool {

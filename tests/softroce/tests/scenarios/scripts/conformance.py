@@ -18,7 +18,8 @@ A row is a function of (client, server) sockets, connected to each other, that r
 text: what the calls answered. A new row is one function in ROWS. A row may set up the client
 socket and the listener before the connection exists (its `before_client` and `before_listener`
 attributes, functions of the socket), and ask for the connect before the accept in both modes
-(its `connect_first` attribute).
+(its `connect_first` attribute). A row whose connection the shim keeps on TCP by design
+is listed, with its reason, in `STAYS_TCP` of the scenario (conformance.rs).
 """
 
 import ctypes
@@ -642,6 +643,36 @@ def zerocopy_send(c, s):
     return "%s %s %r" % (on, n, recv_exact(s, 2))
 
 
+def zero_copy_completion(sender, receiver):
+    """A MSG_ZEROCOPY send of 2 bytes, what the peer reads, and the send's completion on the
+    error queue (its origin and range; whether the kernel copied varies with the path)."""
+    n = sender.send(b"zc", MSG_ZEROCOPY)
+    got = recv_exact(receiver, 2)
+    p = select.poll()
+    p.register(sender, 0)  # POLLERR is always reported
+    if not p.poll(WAIT * 1000):
+        return "%s %r no completion" % (n, got)
+    _, anc, _, _ = sender.recvmsg(0, 256, socket.MSG_ERRQUEUE)
+    for _, _, d in anc:
+        _, origin, _, _, _, lo, hi = struct.unpack("IBBBBII", d[:16])
+        return "%s %r origin %d range %d-%d" % (n, got, origin, lo, hi)
+    return "%s %r empty error queue" % (n, got)
+
+
+def zerocopy_before_connect(c, s):
+    return zero_copy_completion(c, s)
+
+
+zerocopy_before_connect.before_client = lambda c: c.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)
+
+
+def zerocopy_listener(c, s):
+    return zero_copy_completion(s, c)
+
+
+zerocopy_listener.before_listener = lambda ls: ls.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)
+
+
 def tcp_cork(c, s):
     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
     c.sendall(b"co")
@@ -752,6 +783,8 @@ ROWS = [
     sendmmsg_with_address,
     server_speaks_first,
     zerocopy_send,
+    zerocopy_before_connect,
+    zerocopy_listener,
     tcp_cork,
     tcp_info_counts_bytes,
     options_survive_the_connection,
