@@ -220,6 +220,7 @@ pub fn listen(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
     let flags = fdtable::get(fd);
     if rc == 0 && flags & INET_STREAM != 0 {
         fdtable::add(fd, LISTENING);
+        upgrade::forget_grouped(fd);
         if flags & (TCP | SIDE) == TCP
             && decision::settled() == State::Capable
             && !sys::zero_copy(fd)
@@ -253,6 +254,15 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
         // A registered client: swapped now, counted when it answers the engine's CLAIM (or
         // counted now when it gave up before this accept).
         if upgrade::claim_and_swap(fd, p) != upgrade::Claim::None {
+            return fd;
+        }
+    } else if flags & (LISTENING | SIDE) == LISTENING
+        && decision::settled() == State::Capable
+        && let Some(p) = peer.or_else(|| sys::peer_addr(fd))
+    {
+        peer = Some(p);
+        // An SO_REUSEPORT listener whose RDMA listener another process of its group holds.
+        if upgrade::claim_in_group(listener, fd, p) {
             return fd;
         }
     }
@@ -295,6 +305,8 @@ pub fn close(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
     };
     if flags & SIDE != 0 {
         upgrade::close_side_listener(fd);
+    } else if flags & LISTENING != 0 {
+        upgrade::forget_grouped(fd);
     }
     let rc = real();
     if let Some(kept) = kept {

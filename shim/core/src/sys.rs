@@ -362,6 +362,36 @@ pub fn dup_cloexec(fd: c_int) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
+/// A fresh non-blocking, close-on-exec eventfd.
+pub fn eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: eventfd(2) with constant arguments.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds 1 to the eventfd `fd` (it becomes readable).
+pub fn eventfd_signal(fd: c_int) {
+    let one: u64 = 1;
+    // SAFETY: writes the 8 bytes of `one` to an eventfd.
+    let _ = unsafe { libc::write(fd, (&raw const one).cast(), size_of::<u64>()) };
+}
+
+/// Resets the eventfd `fd` to 0 (not readable), without blocking.
+pub fn eventfd_drain(fd: c_int) {
+    let mut count: u64 = 0;
+    // SAFETY: reads at most 8 bytes into `count`, which holds that many.
+    let _ = unsafe { libc::read(fd, (&raw mut count).cast(), size_of::<u64>()) };
+}
+
+/// Whether `SO_REUSEPORT` is on for socket `fd`.
+pub fn reuse_port(fd: c_int) -> bool {
+    int_option(fd, libc::SO_REUSEPORT).is_some_and(|on| on != 0)
+}
+
 /// Whether zero-copy sends are on for socket `fd` (`SO_ZEROCOPY`): its `MSG_ZEROCOPY` sends
 /// then wait for completions on the socket's error queue, which a socketpair never gives.
 pub fn zero_copy(fd: c_int) -> bool {
@@ -475,7 +505,7 @@ pub fn file_id(fd: c_int) -> Option<FileId> {
 }
 
 /// Closes `fd` with the system call itself (not the hooked `close`).
-fn close_raw(fd: c_int) {
+pub fn close_raw(fd: c_int) {
     // SAFETY: plain integer arguments; `fd` is one this module opened.
     let _ = unsafe { libc::syscall(libc::SYS_close, c_long::from(fd)) };
 }

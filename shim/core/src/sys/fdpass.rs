@@ -253,30 +253,46 @@ pub fn peer_pid(sock: c_int) -> Option<libc::pid_t> {
     (rc == 0 && cred.pid > 0).then_some(cred.pid)
 }
 
-/// Waits (at most `bound`; forever when None) until `a` or `b` is readable or hung up:
-/// whether each is.
-pub fn wait_either(a: BorrowedFd<'_>, b: BorrowedFd<'_>, bound: Option<Duration>) -> (bool, bool) {
+/// Whether the process `SO_PEERCRED` names for `sock` runs as this process's effective user.
+pub fn peer_is_our_user(sock: c_int) -> bool {
+    // SAFETY: an all-zero ucred is valid.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(size_of::<libc::ucred>()).unwrap_or(0);
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which holds that many;
+    // geteuid cannot fail.
+    let (rc, me) = unsafe {
+        (
+            libc::getsockopt(
+                sock,
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&raw mut cred).cast(),
+                &mut len,
+            ),
+            libc::geteuid(),
+        )
+    };
+    rc == 0 && cred.uid == me
+}
+
+/// Waits (at most `bound`; forever when None) until one of `fds` is readable or hung up:
+/// which are (all false when none is by then).
+pub fn wait_any(fds: &[BorrowedFd<'_>], bound: Option<Duration>) -> Vec<bool> {
     let ms = bound.map_or(-1, |d| {
         c_int::try_from(d.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX)
     });
-    let mut fds = [
-        libc::pollfd {
-            fd: a.as_raw_fd(),
+    let mut polled: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
-        },
-        libc::pollfd {
-            fd: b.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    // SAFETY: two pollfds, which `fds` holds, for the call.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-    if n <= 0 {
-        return (false, false);
-    }
-    (fds[0].revents != 0, fds[1].revents != 0)
+        })
+        .collect();
+    let count = libc::nfds_t::try_from(polled.len()).unwrap_or(0);
+    // SAFETY: `polled` holds `count` pollfds for the call.
+    let n = unsafe { libc::poll(polled.as_mut_ptr(), count, ms) };
+    polled.iter().map(|p| n > 0 && p.revents != 0).collect()
 }
 
 #[cfg(test)]
@@ -348,12 +364,11 @@ mod tests {
         assert_eq!(peer_pid(served.as_raw_fd()), Some(me));
         send(client.as_raw_fd(), b"\x05", &[], false).unwrap();
         assert_eq!(
-            wait_either(
-                listener.as_fd(),
-                served.as_fd(),
+            wait_any(
+                &[listener.as_fd(), served.as_fd()],
                 Some(Duration::from_secs(1))
             ),
-            (false, true)
+            [false, true]
         );
         drop((served, client, listener));
         assert_eq!(

@@ -129,9 +129,12 @@ fn hand_out(app: FileId) -> Option<(Arc<OwnedFd>, OwnedFd)> {
     Some((kept, theirs))
 }
 
-/// In a fork child: a table a parent thread held at the fork is replaced by a fresh one.
+/// In a fork child: the parent's entries are forgotten, not dropped (their notice ends were
+/// closed in the child with the other socketpair ends, and their numbers may be reused).
 pub(super) fn after_fork_child() {
-    drop(ENDS.after_fork());
+    if let Some(mut ends) = ENDS.after_fork() {
+        std::mem::forget(std::mem::take(&mut *ends));
+    }
 }
 
 /// In the engine's process: the socket it answers on (closed in fork children, whose
@@ -269,16 +272,8 @@ mod tests {
     #[test]
     fn another_process_asks_with_the_end_and_gets_the_kept_socket() {
         let me = libc::pid_t::try_from(std::process::id()).unwrap();
-        let listener = listener().expect("the name is free");
-        let done = Arc::new(AtomicBool::new(false));
-        let serving = Arc::clone(&done);
-        let server = std::thread::spawn(move || {
-            while !serving.load(std::sync::atomic::Ordering::Acquire) {
-                if fdpass::wait_readable(listener.as_fd(), Duration::from_millis(20)) {
-                    answer(&listener);
-                }
-            }
-        });
+        // The thread that serves fork children answers (started once per process).
+        delegate::start();
         let (app, _engine_end) = sys::socketpair_stream().unwrap();
         let kept = Arc::new(sys::tcp_socket_for_test());
         let broken = Arc::new(AtomicBool::new(false));
@@ -291,8 +286,6 @@ mod tests {
         // An end that is none of its streams: no socket, only the word.
         let (stranger, _x) = sys::socketpair_stream().unwrap();
         assert!(ask(me, stranger.as_raw_fd()).is_none());
-        done.store(true, std::sync::atomic::Ordering::Release);
-        server.join().unwrap();
         // Nobody answers for a process without the name: at once, not after the bound.
         let started = std::time::Instant::now();
         assert!(ask(i32::MAX, app.as_raw_fd()).is_none());

@@ -22,6 +22,7 @@ mod client;
 mod delegate;
 mod engine;
 mod events;
+mod group;
 mod handed;
 mod server;
 mod spare;
@@ -49,8 +50,8 @@ pub use engine::{config as engine_config, configure, flush_at_exit};
 pub use events::record;
 pub use handed::adopt;
 pub use server::{
-    Claim, Found, Pending, PendingTable, claim_and_swap, close_side_listener, copy_side_listener,
-    open_side_listener,
+    Claim, Found, Pending, PendingTable, claim_and_swap, claim_in_group, close_side_listener,
+    copy_side_listener, forget_grouped, open_side_listener,
 };
 pub use spare::set_enabled as set_spare;
 
@@ -351,6 +352,7 @@ pub fn after_fork_child() {
     server::after_fork_child();
     spare::after_fork_child();
     handed::after_fork_child();
+    group::after_fork_child();
     drop(SWAPPED_FDS.after_fork());
 }
 

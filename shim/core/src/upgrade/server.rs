@@ -130,8 +130,18 @@ impl<T> PendingTable<T> {
 static PENDING: ForkSafe<PendingTable<Conn>> =
     ForkSafe::new([const { Mutex::new(PendingTable::new(PENDING_TIMEOUT)) }; SLOTS]);
 /// App listening fd -> its RDMA listener (dup'd listening fds share one).
-static LISTENERS: ForkSafe<BTreeMap<c_int, Arc<Listener>>> =
+static LISTENERS: ForkSafe<BTreeMap<c_int, Arc<Side>>> =
     ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
+/// App `SO_REUSEPORT` listening fd whose RDMA listener another process holds -> its address
+/// ([`super::group`]).
+static GROUPED: ForkSafe<BTreeMap<c_int, SocketAddr>> =
+    ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
+
+/// An RDMA listener of this process, and the door its `SO_REUSEPORT` group asks through.
+struct Side {
+    rdma: Listener,
+    _door: Option<super::group::Door>,
+}
 
 /// What the acceptor decides for a HELLO (pure): it parses, its client address is `from` (the
 /// connect request's own source address; the client binds its RDMA connect to its TCP source
@@ -219,19 +229,33 @@ pub fn open_side_listener(fd: c_int) -> bool {
     // one per worker, as nginx's `reuseport` makes them) share one RDMA listener: whichever
     // accepts a connection claims its registration.
     let mut listeners = LISTENERS.lock();
-    if let Some(shared) = listeners.values().find(|l| l.addr() == local).cloned() {
+    if let Some(shared) = listeners.values().find(|l| l.rdma.addr() == local).cloned() {
         listeners.insert(fd, shared);
         log_at!(Level::Debug, "RDMA listener on {local} shared with fd {fd}");
         return true;
     }
+    let grouped = sys::reuse_port(fd);
     match engine.listen(local, only_v6, BACKLOG, Arc::new(ShimAcceptor)) {
         Ok(listener) => {
-            listeners.insert(fd, Arc::new(listener));
+            // Other processes listening on the port with SO_REUSEPORT claim through it.
+            let door = grouped.then(|| super::group::open(local)).flatten();
+            listeners.insert(
+                fd,
+                Arc::new(Side {
+                    rdma: listener,
+                    _door: door,
+                }),
+            );
             drop(listeners);
             log_at!(Level::Debug, "RDMA listener on {local} (fd {fd})");
             true
         }
         Err(e) => {
+            drop(listeners);
+            if grouped {
+                // Another process of its group may hold it: accepts ask that one.
+                GROUPED.lock().insert(fd, local);
+            }
             log_at!(Level::Info, "no RDMA listener on {local}: {e}");
             false
         }
@@ -242,6 +266,26 @@ pub fn open_side_listener(fd: c_int) -> bool {
 pub fn close_side_listener(fd: c_int) {
     let old = LISTENERS.lock().remove(&fd);
     drop(old);
+}
+
+/// The app closed (or replaced, or listens anew on) a listening fd without an RDMA listener.
+pub fn forget_grouped(fd: c_int) {
+    GROUPED.lock().remove(&fd);
+}
+
+/// `accept()` returned `fd` from `peer` on `listener`, an `SO_REUSEPORT` socket whose RDMA
+/// listener another process of its group holds: that process claims the connection's
+/// registration, as for a fork child ([`super::group`]). False when it cannot be asked or
+/// holds none (the caller counts the connection as TCP).
+pub fn claim_in_group(listener: c_int, fd: c_int, peer: SocketAddr) -> bool {
+    let Some(local) = GROUPED.lock().get(&listener).copied() else {
+        return false;
+    };
+    let Some(door) = super::group::knock(local) else {
+        return false;
+    };
+    let door = std::os::fd::AsRawFd::as_raw_fd(&door);
+    super::delegate::claim_through(door, fd, peer) == super::delegate::Delegated::Done
 }
 
 /// `new` is a copy (dup) of the listening fd `old`. False if `old` has no RDMA listener.
@@ -320,6 +364,7 @@ pub(super) fn after_fork_child() {
     if let Some(mut listeners) = LISTENERS.after_fork() {
         std::mem::forget(std::mem::take(&mut *listeners));
     }
+    drop(GROUPED.after_fork());
     if let Some(mut pending) = PENDING.after_fork() {
         pending.forget_all();
     }

@@ -1,6 +1,7 @@
-//! Connections handed to another process: a server whose primary accepts and sends each
-//! connection to a worker over a unix socket (`SCM_RIGHTS`). The workers' sockets must answer
-//! as the TCP connection, not as the socketpair the upgrade put under it.
+//! Connections that cross processes: a server whose primary accepts and sends each connection
+//! to a worker over a unix socket (`SCM_RIGHTS`), whose workers' sockets must answer as the TCP
+//! connection, not as the socketpair the upgrade put under it; and an `SO_REUSEPORT` group of
+//! separately started servers, of which one holds the port's RDMA listener.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -10,15 +11,25 @@ use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
 use super::support::{WAIT_PORT, expect_counts, file, python, shimmed};
 
-pub const SCENARIOS: &[Scenario] = &[Scenario {
-    name: "shim_node_cluster_workers_see_the_tcp_connection",
-    topology: Topology::Loop,
-    timeout: Duration::from_secs(300),
-    run: node_cluster,
-}];
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "shim_node_cluster_workers_see_the_tcp_connection",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: node_cluster,
+    },
+    Scenario {
+        name: "shim_reuseport_group_of_separate_processes_upgrades_in_each",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(300),
+        run: reuseport_group,
+    },
+];
 
 const NODE_CLUSTER: &str = include_str!("scripts/node_cluster.js");
 const CLIENT: &str = include_str!("scripts/handed_client.py");
+const REUSEPORT_SERVER: &str = include_str!("scripts/reuseport_server.py");
+const LINE_CLIENT: &str = include_str!("scripts/line_client.py");
 
 /// Requests, one connection each.
 const REQUESTS: usize = 8;
@@ -77,6 +88,72 @@ fn node_cluster(ctx: &Ctx) -> anyhow::Result<()> {
         "served by {workers:?}, not by both workers"
     );
     let all = REQUESTS as u64 + 1;
+    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", all)])?;
+    expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", all)])
+}
+
+/// Connections of the `SO_REUSEPORT` group scenario.
+const GROUP_CONNECTIONS: usize = 16;
+
+/// Two echo servers started one after the other, each with its own `SO_REUSEPORT` socket on
+/// one port: the first holds the RDMA listener, the kernel hands each connection to either.
+/// Every client connection upgrades, both servers serve some, and each names its client as
+/// the client names itself.
+fn reuseport_group(ctx: &Ctx) -> anyhow::Result<()> {
+    let a = ctx.addr_a;
+    let server = file(ctx, "reuseport_server.py", REUSEPORT_SERVER)?;
+    let client = file(ctx, "line_client.py", LINE_CLIENT)?;
+    let py = python();
+    let start = |tag: &str| -> anyhow::Result<_> {
+        ctx.spawn(&format!(
+            "{} {py} {} {a} 9200 6",
+            shimmed(ctx, tag, "")?,
+            server.display()
+        ))
+    };
+    let first = start("srv")?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9200"))?;
+    let second = start("srv")?;
+    ctx.sh(
+        "for _ in $(seq 1 400); do [ \"$(ss -ltnH | grep -c ':9200 ')\" = 2 ] && exit 0; \
+         sleep 0.05; done; echo 'the second server never listened' >&2; exit 1",
+    )?;
+    let out = ctx.sh(&format!(
+        "{} {py} {} {a} 9200 {GROUP_CONNECTIONS}",
+        shimmed(ctx, "cli", "")?,
+        client.display()
+    ))?;
+    let mut pids = std::collections::BTreeMap::new();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    ensure!(
+        lines.len() == GROUP_CONNECTIONS,
+        "{} answers of {GROUP_CONNECTIONS}",
+        lines.len()
+    );
+    for (i, line) in lines.iter().enumerate() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [me, pid, peer, hello, n] = f[..] else {
+            anyhow::bail!("an answer of another shape: {line:?}");
+        };
+        ensure!(
+            peer == me && hello == "hello" && n == i.to_string(),
+            "connection {i}: the server saw {peer} and {hello} {n}, the client was {me}"
+        );
+        *pids
+            .entry(pid.parse::<u32>().context(line.to_string())?)
+            .or_insert(0u32) += 1;
+    }
+    ctx.report(format_args!("connections by server pid: {pids:?}"));
+    for (what, run) in [("first", first), ("second", second)] {
+        let done = ctx.wait(&format!("the {what} server"), run)?;
+        ensure!(done.success(), "the {what} server failed");
+        ensure!(
+            !done.stdout.contains("served 0"),
+            "the {what} server served nothing: {:?} (served by {pids:?})",
+            done.stdout
+        );
+    }
+    let all = GROUP_CONNECTIONS as u64;
     expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", all)])?;
     expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", all)])
 }

@@ -89,6 +89,13 @@ pub fn claim(fd: c_int, peer: SocketAddr) -> Delegated {
     if channel < 0 {
         return Delegated::None;
     }
+    claim_through(channel, fd, peer)
+}
+
+/// [`claim`] through `channel`: the claim channel of a fork child, or a conversation at the
+/// door of the process that holds the RDMA listener of this listener's `SO_REUSEPORT` group
+/// ([`crate::upgrade::group`]).
+pub fn claim_through(channel: c_int, fd: c_int, peer: SocketAddr) -> Delegated {
     let Ok((mine, theirs)) = fdpass::seqpacket_pair() else {
         return Delegated::None;
     };

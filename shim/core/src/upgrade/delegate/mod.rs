@@ -52,7 +52,7 @@ use crate::reason::Role;
 use crate::sys::{self, fdpass};
 use crate::watches::Watch;
 
-pub use accept::{Delegated, claim};
+pub use accept::{Delegated, claim, claim_through};
 pub use connect::connect;
 
 /// How much longer than the engine's process's own bound a child waits for its answer (a
@@ -87,13 +87,14 @@ pub fn start() {
     // a gone engine's process reads as EOF at its children's ends.
     fdtable::set_pair_end(serve_end.as_raw_fd());
     fdtable::set(child_end.as_raw_fd(), SHIM_OWNED);
+    // Named before the thread runs: a question can come as soon as a connection is handed on.
+    let handed = super::handed::listener();
     let spawned = std::thread::Builder::new()
         .name(String::from("streamshim-fork"))
         .stack_size(THREAD_STACK)
         .spawn(move || {
             // The thread's calls go straight to libc, as the engine thread's do.
             std::mem::forget(Guard::enter());
-            let handed = super::handed::listener();
             serve(&serve_end, handed.as_ref());
         });
     match spawned {
@@ -114,43 +115,74 @@ pub fn has_channel() -> bool {
 /// The channel's thread: reads requests one at a time. A claim is answered at once (it waits
 /// on nothing but the registration table's lock); a connect, which waits on the network, gets
 /// a thread of its own ([`connect::serve`]). Between them it answers other processes' questions
-/// about connections handed to them (`handed`, on its listener). Ends when the channel fails
+/// about connections handed to them (`handed`, on its listener) and the claims of processes of
+/// its listeners' `SO_REUSEPORT` groups (`group`, on their doors). Ends when the channel fails
 /// (never while the process lives).
 fn serve(sock: &OwnedFd, handed: Option<&OwnedFd>) {
-    let mut buf = [0u8; 32];
     loop {
-        if let Some(listener) = handed {
-            let (questions, _) = fdpass::wait_either(listener.as_fd(), sock.as_fd(), None);
-            if questions {
-                super::handed::answer(listener);
-            }
+        let (wake, doors) = super::group::doors();
+        let mut fds = vec![sock.as_fd()];
+        fds.extend(handed.map(AsFd::as_fd));
+        fds.extend(wake.map(AsFd::as_fd));
+        fds.extend(doors.iter().map(|d| d.as_fd()));
+        let ready = fdpass::wait_any(&fds, None);
+        let mut ready = ready.into_iter();
+        if ready.next() == Some(true) && !serve_one(sock, true) {
+            log_at!(Level::Info, "claim channel closed");
+            return;
         }
-        let got = match fdpass::recv(sock.as_fd(), &mut buf, handed.is_some()) {
-            Ok(got) => got,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => {
-                log_at!(Level::Info, "claim channel failed: {e}");
-                return;
+        if handed.is_some() && ready.next() == Some(true) {
+            super::handed::answer(handed.unwrap_or(sock));
+        }
+        if wake.is_some() {
+            // Drained at the top: the doors are read again.
+            let _ = ready.next();
+        }
+        for (door, waiting) in doors.iter().zip(ready) {
+            if waiting {
+                super::group::answer(door.as_fd());
             }
-        };
-        let mut fds = got.fds.into_iter();
-        let (tcp, reply) = match (got.truncated, fds.next(), fds.next()) {
-            (false, Some(tcp), Some(reply)) => (sys::move_high(tcp), sys::move_high(reply)),
-            _ => {
-                log_at!(Level::Debug, "claim channel: a malformed request ignored");
-                continue;
-            }
-        };
-        match (got.len, buf[0]) {
-            (1, CLAIM) => accept::answer(tcp, reply),
-            (n, CONNECT) => match read_addr(&buf[1..n]) {
-                Ok(peer) => connect::spawn(tcp, reply, peer),
-                Err(_) => log_at!(Level::Debug, "claim channel: a malformed connect ignored"),
-            },
-            _ => log_at!(Level::Debug, "claim channel: an unknown request ignored"),
         }
     }
 }
+
+/// Reads one request from `on` (the claim channel, or a conversation at a door: a claim only,
+/// no connect) and answers it. False when `on` is closed or failed.
+pub(super) fn serve_one(on: &OwnedFd, connects: bool) -> bool {
+    if !connects && !fdpass::wait_readable(on.as_fd(), REQUEST_BOUND) {
+        return true;
+    }
+    let mut buf = [0u8; 32];
+    let got = match fdpass::recv(on.as_fd(), &mut buf, true) {
+        Ok(got) if got.len == 0 => return false,
+        Ok(got) => got,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+        Err(e) => {
+            log_at!(Level::Info, "claim channel failed: {e}");
+            return false;
+        }
+    };
+    let mut fds = got.fds.into_iter();
+    let (tcp, reply) = match (got.truncated, fds.next(), fds.next()) {
+        (false, Some(tcp), Some(reply)) => (sys::move_high(tcp), sys::move_high(reply)),
+        _ => {
+            log_at!(Level::Debug, "claim channel: a malformed request ignored");
+            return true;
+        }
+    };
+    match (got.len, buf[0]) {
+        (1, CLAIM) => accept::answer(tcp, reply),
+        (n, CONNECT) if connects => match read_addr(&buf[1..n]) {
+            Ok(peer) => connect::spawn(tcp, reply, peer),
+            Err(_) => log_at!(Level::Debug, "claim channel: a malformed connect ignored"),
+        },
+        _ => log_at!(Level::Debug, "claim channel: an unknown request ignored"),
+    }
+    true
+}
+
+/// How long a door's conversation may take to send its request once connected.
+const REQUEST_BOUND: Duration = Duration::from_millis(200);
 
 /// Tells the other end of a notice pair how its stream ended (`reset`, or in order).
 pub(super) fn tell_end(on: &OwnedFd, reset: bool) {

@@ -1,0 +1,31 @@
+"""One of an SO_REUSEPORT group of separately started echo servers: answers each line with
+`PID PEER LINE` (the peer as its socket names it), until no connection comes for IDLE seconds;
+then prints how many connections it served.
+
+    python3 reuseport_server.py HOST PORT IDLE
+"""
+
+import os
+import socket
+import sys
+
+host, port, idle = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+ls.bind((host, port))
+ls.listen(64)
+ls.settimeout(idle)
+served = 0
+while True:
+    try:
+        c, _ = ls.accept()
+    except socket.timeout:
+        break
+    c.settimeout(30)
+    with c, c.makefile("rwb") as f:
+        peer = "%s:%d" % c.getpeername()[:2]
+        for line in f:
+            f.write(b"%d %s %s" % (os.getpid(), peer.encode(), line))
+            f.flush()
+    served += 1
+print("served %d" % served, flush=True)
