@@ -21,7 +21,7 @@ use crate::wire::{ControlKind, RingInfo, Secret};
 
 /// How long a relay that gave up on a proof holds TCP bytes that are the secret's start, for the
 /// rest ([`Relay::guarded`]).
-const GUARD_WAIT: Duration = Duration::from_secs(2);
+pub(super) const GUARD_WAIT: Duration = Duration::from_secs(2);
 
 /// An attached local side.
 pub(super) struct Attached {
