@@ -398,40 +398,11 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
         return n;
     }
     // SAFETY: recvmsg succeeded, so `msg` is the caller's msghdr, which the kernel filled.
-    let fds = unsafe { received_fds(&*msg) };
+    let fds = unsafe { sys::fdpass::rights(&*msg) };
     if !fds.is_empty() {
         let _ = guarded(|| ops::received(&fds, &register_callbacks));
     }
     n
-}
-
-/// The descriptors an `SCM_RIGHTS` message in `msg`'s control data carries.
-///
-/// # Safety
-/// `msg` was filled by a successful `recvmsg`: its control buffer holds `msg_controllen`
-/// bytes of well-formed headers.
-unsafe fn received_fds(msg: &libc::msghdr) -> Vec<c_int> {
-    let mut fds = Vec::new();
-    if msg.msg_control.is_null() || msg.msg_controllen == 0 {
-        return fds;
-    }
-    // SAFETY: per the contract, CMSG_FIRSTHDR/NXTHDR walk headers within the control buffer;
-    // each SCM_RIGHTS payload is whole ints, read unaligned.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let header = libc::CMSG_LEN(0) as usize;
-                let count = (*cmsg).cmsg_len.saturating_sub(header) / std::mem::size_of::<c_int>();
-                let data = libc::CMSG_DATA(cmsg).cast::<c_int>();
-                for i in 0..count {
-                    fds.push(data.add(i).read_unaligned());
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(msg, cmsg);
-        }
-    }
-    fds
 }
 
 /// `write`/`send`/`sendto` of an upgraded fd: the start of `buf` straight into the stream's

@@ -257,12 +257,12 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
             return fd;
         }
     } else if flags & (LISTENING | SIDE) == LISTENING
-        && decision::settled() == State::Capable
+        // An SO_REUSEPORT listener whose RDMA listener another process of its group holds.
+        && let Some(local) = upgrade::grouped(listener)
         && let Some(p) = peer.or_else(|| sys::peer_addr(fd))
     {
         peer = Some(p);
-        // An SO_REUSEPORT listener whose RDMA listener another process of its group holds.
-        if upgrade::claim_in_group(listener, fd, p) {
+        if upgrade::claim_in_group(local, fd, p) {
             return fd;
         }
     }

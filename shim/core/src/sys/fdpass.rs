@@ -111,23 +111,12 @@ pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8], nonblocking: bool) -> io::Resu
             return Err(e);
         }
     };
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled `control` up to msg_controllen with well-formed headers; each
-    // SCM_RIGHTS payload is whole ints, read unaligned; every fd it names is new and ours.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let header = libc::CMSG_LEN(0) as usize;
-                let count = (*cmsg).cmsg_len.saturating_sub(header) / size_of::<c_int>();
-                let data = libc::CMSG_DATA(cmsg).cast::<c_int>();
-                for i in 0..count {
-                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);
-        }
-    }
+    // SAFETY: recvmsg filled `control` up to msg_controllen with well-formed headers; every fd
+    // an SCM_RIGHTS message names is new and ours.
+    let mut fds: Vec<OwnedFd> = unsafe { rights(&msg) }
+        .into_iter()
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect();
     if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > MAX_FDS {
         fds.clear();
     }
@@ -136,6 +125,35 @@ pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8], nonblocking: bool) -> io::Resu
         fds,
         truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
     })
+}
+
+/// The descriptors the `SCM_RIGHTS` messages in `msg`'s control data carry.
+///
+/// # Safety
+/// `msg` was filled by a successful `recvmsg`: its control buffer holds `msg_controllen`
+/// bytes of well-formed headers.
+pub unsafe fn rights(msg: &libc::msghdr) -> Vec<c_int> {
+    let mut fds = Vec::new();
+    if msg.msg_control.is_null() || msg.msg_controllen == 0 {
+        return fds;
+    }
+    // SAFETY: per the contract, CMSG_FIRSTHDR/NXTHDR walk headers within the control buffer;
+    // each SCM_RIGHTS payload is whole ints, read unaligned.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let header = libc::CMSG_LEN(0) as usize;
+                let count = (*cmsg).cmsg_len.saturating_sub(header) / size_of::<c_int>();
+                let data = libc::CMSG_DATA(cmsg).cast::<c_int>();
+                for i in 0..count {
+                    fds.push(data.add(i).read_unaligned());
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(msg, cmsg);
+        }
+    }
+    fds
 }
 
 /// Waits until `fd` is readable (or hung up), at most `bound`; false when it is not by then.
@@ -233,10 +251,9 @@ pub fn accept(listener: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     }
 }
 
-/// The process id `SO_PEERCRED` names for the `AF_UNIX` socket `sock` (the creator of a
-/// socketpair, the listener of a connected socket, the connecting process of an accepted
-/// one), as this process's pid namespace sees it; None when unknown (0: not visible here).
-pub fn peer_pid(sock: c_int) -> Option<libc::pid_t> {
+/// The credentials `SO_PEERCRED` gives for the `AF_UNIX` socket `sock` (of the creator of a
+/// socketpair, the listener of a connected socket, the connecting process of an accepted one).
+fn peer_cred(sock: c_int) -> Option<libc::ucred> {
     // SAFETY: an all-zero ucred is valid.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = libc::socklen_t::try_from(size_of::<libc::ucred>()).unwrap_or(0);
@@ -250,29 +267,20 @@ pub fn peer_pid(sock: c_int) -> Option<libc::pid_t> {
             &mut len,
         )
     };
-    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+    (rc == 0).then_some(cred)
+}
+
+/// The process id `SO_PEERCRED` names for `sock`, as this process's pid namespace sees it;
+/// None when unknown (0: not visible here).
+pub fn peer_pid(sock: c_int) -> Option<libc::pid_t> {
+    peer_cred(sock).map(|c| c.pid).filter(|&pid| pid > 0)
 }
 
 /// Whether the process `SO_PEERCRED` names for `sock` runs as this process's effective user.
 pub fn peer_is_our_user(sock: c_int) -> bool {
-    // SAFETY: an all-zero ucred is valid.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = libc::socklen_t::try_from(size_of::<libc::ucred>()).unwrap_or(0);
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which holds that many;
-    // geteuid cannot fail.
-    let (rc, me) = unsafe {
-        (
-            libc::getsockopt(
-                sock,
-                libc::SOL_SOCKET,
-                libc::SO_PEERCRED,
-                (&raw mut cred).cast(),
-                &mut len,
-            ),
-            libc::geteuid(),
-        )
-    };
-    rc == 0 && cred.uid == me
+    // SAFETY: geteuid(2) cannot fail.
+    let me = unsafe { libc::geteuid() };
+    peer_cred(sock).is_some_and(|c| c.uid == me)
 }
 
 /// Waits (at most `bound`; forever when None) until one of `fds` is readable or hung up:

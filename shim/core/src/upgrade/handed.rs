@@ -185,13 +185,10 @@ pub(super) fn answer(listener: &OwnedFd) {
     }
 }
 
-/// `fd` was just received with `SCM_RIGHTS`: if it is the app's end of a stream (this
-/// process's, or another's that answers for it), it answers as that stream's TCP socket from
-/// now on.
+/// `fd`, an `AF_UNIX` stream socket just received with `SCM_RIGHTS` that the fd table knows
+/// nothing of ([`crate::ops::received`]): if it is the app's end of a stream (this process's,
+/// or another's that answers for it), it answers as that stream's TCP socket from now on.
 pub fn adopt(fd: c_int) {
-    if fdtable::get(fd) != 0 || !sys::is_unix_stream(fd) {
-        return;
-    }
     let (Some(pid), Some(app)) = (fdpass::peer_pid(fd), sys::file_id(fd)) else {
         return;
     };
@@ -253,6 +250,16 @@ fn ask(pid: libc::pid_t, end: c_int) -> Option<(OwnedFd, OwnedFd)> {
 mod tests {
     use super::*;
 
+    /// A stream this process remembers: its app end, the engine's end, its kept TCP socket
+    /// and its reset flag.
+    fn stream() -> (OwnedFd, OwnedFd, Arc<OwnedFd>, Arc<AtomicBool>) {
+        let (app, engine_end) = sys::socketpair_stream().unwrap();
+        let kept = Arc::new(sys::tcp_socket_for_test());
+        let broken = Arc::new(AtomicBool::new(false));
+        remember(sys::file_id(app.as_raw_fd()), &kept, &broken);
+        (app, engine_end, kept, broken)
+    }
+
     #[test]
     fn a_stream_is_remembered_while_someone_holds_it_and_only_by_its_own_end() {
         let (app, _other) = sys::socketpair_stream().unwrap();
@@ -274,10 +281,7 @@ mod tests {
         let me = libc::pid_t::try_from(std::process::id()).unwrap();
         // The thread that serves fork children answers (started once per process).
         delegate::start();
-        let (app, _engine_end) = sys::socketpair_stream().unwrap();
-        let kept = Arc::new(sys::tcp_socket_for_test());
-        let broken = Arc::new(AtomicBool::new(false));
-        remember(sys::file_id(app.as_raw_fd()), &kept, &broken);
+        let (app, _engine_end, kept, broken) = stream();
         let (got, notice) = ask(me, app.as_raw_fd()).expect("answered");
         assert_eq!(
             sys::file_id(got.as_raw_fd()),
@@ -325,10 +329,7 @@ mod tests {
 
     #[test]
     fn a_received_end_of_a_stream_answers_as_its_tcp_socket_and_anything_else_stays() {
-        let (app, _engine_end) = sys::socketpair_stream().unwrap();
-        let kept = Arc::new(sys::tcp_socket_for_test());
-        let broken = Arc::new(AtomicBool::new(false));
-        remember(sys::file_id(app.as_raw_fd()), &kept, &broken);
+        let (app, _engine_end, _kept, broken) = stream();
         let copy = sys::dup_cloexec(app.as_raw_fd()).unwrap();
         let fd = std::os::fd::IntoRawFd::into_raw_fd(copy);
         adopt(fd);
@@ -354,10 +355,7 @@ mod tests {
 
     #[test]
     fn a_number_closed_behind_the_hooks_back_and_received_again_answers_afresh() {
-        let (app, _engine_end) = sys::socketpair_stream().unwrap();
-        let kept = Arc::new(sys::tcp_socket_for_test());
-        let broken = Arc::new(AtomicBool::new(false));
-        remember(sys::file_id(app.as_raw_fd()), &kept, &broken);
+        let (app, _engine_end, _kept, _broken) = stream();
         let fd = std::os::fd::IntoRawFd::into_raw_fd(sys::dup_cloexec(app.as_raw_fd()).unwrap());
         crate::ops::received(&[fd], &|| {});
         assert_eq!(fdtable::get(fd) & SWAPPED, SWAPPED);

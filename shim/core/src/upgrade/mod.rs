@@ -51,7 +51,7 @@ pub use events::record;
 pub use handed::adopt;
 pub use server::{
     Claim, Found, Pending, PendingTable, claim_and_swap, claim_in_group, close_side_listener,
-    copy_side_listener, forget_grouped, open_side_listener,
+    copy_side_listener, forget_grouped, grouped, open_side_listener,
 };
 pub use spare::set_enabled as set_spare;
 

@@ -273,14 +273,17 @@ pub fn forget_grouped(fd: c_int) {
     GROUPED.lock().remove(&fd);
 }
 
-/// `accept()` returned `fd` from `peer` on `listener`, an `SO_REUSEPORT` socket whose RDMA
-/// listener another process of its group holds: that process claims the connection's
+/// The address of `listener` when it is an `SO_REUSEPORT` socket whose RDMA listener another
+/// process of its group holds ([`claim_in_group`]).
+pub fn grouped(listener: c_int) -> Option<SocketAddr> {
+    GROUPED.lock().get(&listener).copied()
+}
+
+/// `accept()` returned `fd` from `peer` on a listener on `local`, an `SO_REUSEPORT` socket
+/// whose RDMA listener another process of its group holds: that process claims the connection's
 /// registration, as for a fork child ([`super::group`]). False when it cannot be asked or
 /// holds none (the caller counts the connection as TCP).
-pub fn claim_in_group(listener: c_int, fd: c_int, peer: SocketAddr) -> bool {
-    let Some(local) = GROUPED.lock().get(&listener).copied() else {
-        return false;
-    };
+pub fn claim_in_group(local: SocketAddr, fd: c_int, peer: SocketAddr) -> bool {
     let Some(door) = super::group::knock(local) else {
         return false;
     };

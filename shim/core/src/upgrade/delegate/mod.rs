@@ -120,29 +120,30 @@ pub fn has_channel() -> bool {
 /// (never while the process lives).
 fn serve(sock: &OwnedFd, handed: Option<&OwnedFd>) {
     loop {
+        // The wake-up only makes the loop read the doors again (drained by `doors`).
         let (wake, doors) = super::group::doors();
-        let mut fds = vec![sock.as_fd()];
-        fds.extend(handed.map(AsFd::as_fd));
-        fds.extend(wake.map(AsFd::as_fd));
-        fds.extend(doors.iter().map(|d| d.as_fd()));
-        let ready = fdpass::wait_any(&fds, None);
-        let mut ready = ready.into_iter();
-        if ready.next() == Some(true) && !serve_one(sock, true) {
+        let mut fds: Vec<_> = [Some(sock), handed, wake]
+            .into_iter()
+            .flatten()
+            .chain(doors.iter().map(|d| &**d))
+            .collect();
+        let ready = fdpass::wait_any(&fds.iter().map(|f| f.as_fd()).collect::<Vec<_>>(), None);
+        let waiting = |fd: &OwnedFd| {
+            fds.iter()
+                .zip(&ready)
+                .any(|(f, r)| *r && std::ptr::eq(*f, fd))
+        };
+        if waiting(sock) && !serve_one(sock, true) {
             log_at!(Level::Info, "claim channel closed");
             return;
         }
-        if handed.is_some() && ready.next() == Some(true) {
-            super::handed::answer(handed.unwrap_or(sock));
+        if let Some(listener) = handed.filter(|l| waiting(l)) {
+            super::handed::answer(listener);
         }
-        if wake.is_some() {
-            // Drained at the top: the doors are read again.
-            let _ = ready.next();
+        for door in doors.iter().filter(|d| waiting(d)) {
+            super::group::answer(door.as_fd());
         }
-        for (door, waiting) in doors.iter().zip(ready) {
-            if waiting {
-                super::group::answer(door.as_fd());
-            }
-        }
+        fds.clear();
     }
 }
 
