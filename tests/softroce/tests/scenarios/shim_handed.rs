@@ -104,11 +104,13 @@ fn reuseport_group(ctx: &Ctx) -> anyhow::Result<()> {
     let server = file(ctx, "reuseport_server.py", REUSEPORT_SERVER)?;
     let client = file(ctx, "line_client.py", LINE_CLIENT)?;
     let py = python();
+    let stop = ctx.tmp.join("reuseport.stop");
     let start = |tag: &str| -> anyhow::Result<_> {
         ctx.spawn(&format!(
-            "{} {py} {} {a} 9200 6",
+            "{} {py} {} {a} 9200 {}",
             shimmed(ctx, tag, "")?,
-            server.display()
+            server.display(),
+            stop.display()
         ))
     };
     let first = start("srv")?;
@@ -144,6 +146,7 @@ fn reuseport_group(ctx: &Ctx) -> anyhow::Result<()> {
             .or_insert(0u32) += 1;
     }
     ctx.report(format_args!("connections by server pid: {pids:?}"));
+    std::fs::write(&stop, b"")?;
     for (what, run) in [("first", first), ("second", second)] {
         let done = ctx.wait(&format!("the {what} server"), run)?;
         ensure!(done.success(), "the {what} server failed");

@@ -1,26 +1,27 @@
 """One of an SO_REUSEPORT group of separately started echo servers: answers each line with
-`PID PEER LINE` (the peer as its socket names it), until no connection comes for IDLE seconds;
-then prints how many connections it served.
+`PID PEER LINE` (the peer as its socket names it) until the file STOP exists (no idle timer:
+under a loaded TCG guest a client may start long after the server), then prints how many
+connections it served.
 
-    python3 reuseport_server.py HOST PORT IDLE
+    python3 reuseport_server.py HOST PORT STOP
 """
 
 import os
 import socket
 import sys
 
-host, port, idle = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+host, port, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 ls = socket.socket()
 ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
 ls.bind((host, port))
 ls.listen(64)
-ls.settimeout(idle)
+ls.settimeout(0.2)
 served = 0
-while True:
+while not os.path.exists(stop):
     try:
         c, _ = ls.accept()
     except socket.timeout:
-        break
+        continue
     c.settimeout(30)
     with c, c.makefile("rwb") as f:
         peer = "%s:%d" % c.getpeername()[:2]
