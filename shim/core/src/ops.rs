@@ -169,6 +169,8 @@ pub fn dup(old: c_int, target: Option<c_int>, real: &mut dyn FnMut() -> c_int) -
     }
     if replaced & SIDE != 0 {
         upgrade::close_side_listener(new);
+    } else if replaced & LISTENING != 0 {
+        upgrade::forget_grouped(new);
     }
     if replaced & POLLED != 0 {
         watches::forget(new);
@@ -190,6 +192,8 @@ pub fn dup(old: c_int, target: Option<c_int>, real: &mut dyn FnMut() -> c_int) -
     }
     if flags & SIDE != 0 && !upgrade::copy_side_listener(old, new) {
         copied &= !SIDE;
+    } else if flags & (LISTENING | SIDE) == LISTENING {
+        upgrade::copy_grouped(old, new);
     }
     if copied == 0 {
         fdtable::clear(new);
@@ -257,12 +261,13 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
             return fd;
         }
     } else if flags & (LISTENING | SIDE) == LISTENING
-        // An SO_REUSEPORT listener whose RDMA listener another process of its group holds.
-        && let Some(local) = upgrade::grouped(listener)
+        // An SO_REUSEPORT listener whose RDMA listener another process of its group holds
+        // (or held, until this process took it over).
+        && let Some(group) = upgrade::grouped(listener)
         && let Some(p) = peer.or_else(|| sys::peer_addr(fd))
     {
         peer = Some(p);
-        if upgrade::claim_in_group(local, fd, p) {
+        if upgrade::claim_in_group(group, fd, p) {
             return fd;
         }
     }

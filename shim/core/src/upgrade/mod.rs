@@ -50,8 +50,9 @@ pub use engine::{config as engine_config, configure, flush_at_exit};
 pub use events::record;
 pub use handed::adopt;
 pub use server::{
-    Claim, Found, Pending, PendingTable, claim_and_swap, claim_in_group, close_side_listener,
-    copy_side_listener, forget_grouped, grouped, open_side_listener,
+    Claim, Found, Group, Pending, PendingTable, claim_and_swap, claim_in_group,
+    close_side_listener, copy_grouped, copy_side_listener, forget_grouped, grouped,
+    open_side_listener,
 };
 pub use spare::set_enabled as set_spare;
 

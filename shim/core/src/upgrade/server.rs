@@ -132,10 +132,18 @@ static PENDING: ForkSafe<PendingTable<Conn>> =
 /// App listening fd -> its RDMA listener (dup'd listening fds share one).
 static LISTENERS: ForkSafe<BTreeMap<c_int, Arc<Side>>> =
     ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
-/// App `SO_REUSEPORT` listening fd whose RDMA listener another process holds -> its address
-/// ([`super::group`]).
-static GROUPED: ForkSafe<BTreeMap<c_int, SocketAddr>> =
+/// App `SO_REUSEPORT` listening fd whose RDMA listener another process held when it listened
+/// -> its address, and the RDMA listener this process took over once that holder closed it
+/// ([`super::group`]; the fds of one address share it).
+static GROUPED: ForkSafe<BTreeMap<c_int, Grouped>> =
     ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
+
+/// A [`GROUPED`] listening fd.
+#[derive(Clone)]
+struct Grouped {
+    addr: SocketAddr,
+    taken: Option<Arc<Side>>,
+}
 
 /// An RDMA listener of this process, and the door its `SO_REUSEPORT` group asks through.
 struct Side {
@@ -253,8 +261,22 @@ pub fn open_side_listener(fd: c_int) -> bool {
         Err(e) => {
             drop(listeners);
             if grouped {
-                // Another process of its group may hold it: accepts ask that one.
-                GROUPED.lock().insert(fd, local);
+                // Another process of its group may hold it: accepts ask that one, and this
+                // process takes it over when that one closes it. One this process took over
+                // already serves this fd too.
+                let mut table = GROUPED.lock();
+                let taken = table
+                    .values()
+                    .find(|g| g.addr == local)
+                    .and_then(|g| g.taken.clone());
+                let held = taken.is_some();
+                table.insert(fd, Grouped { addr: local, taken });
+                drop(table);
+                super::group::changed();
+                if held {
+                    log_at!(Level::Debug, "RDMA listener on {local} shared with fd {fd}");
+                    return false;
+                }
             }
             log_at!(Level::Info, "no RDMA listener on {local}: {e}");
             false
@@ -268,27 +290,118 @@ pub fn close_side_listener(fd: c_int) {
     drop(old);
 }
 
-/// The app closed (or replaced, or listens anew on) a listening fd without an RDMA listener.
+/// The app closed (or replaced, or listens anew on) a listening fd without an RDMA listener of
+/// its own. The RDMA listener this process took over for its address closes with the last.
 pub fn forget_grouped(fd: c_int) {
-    GROUPED.lock().remove(&fd);
+    let old = GROUPED.lock().remove(&fd);
+    if old.is_some() {
+        // Dropped outside the table's lock (closing an RDMA listener waits on the engine).
+        drop(old);
+        super::group::changed();
+    }
 }
 
-/// The address of `listener` when it is an `SO_REUSEPORT` socket whose RDMA listener another
-/// process of its group holds ([`claim_in_group`]).
-pub fn grouped(listener: c_int) -> Option<SocketAddr> {
-    GROUPED.lock().get(&listener).copied()
+/// `new` is a copy (dup) of the listening fd `old`, which has no RDMA listener of its own.
+pub fn copy_grouped(old: c_int, new: c_int) {
+    let mut table = GROUPED.lock();
+    if let Some(g) = table.get(&old).cloned() {
+        table.insert(new, g);
+    }
 }
 
-/// `accept()` returned `fd` from `peer` on a listener on `local`, an `SO_REUSEPORT` socket
-/// whose RDMA listener another process of its group holds: that process claims the connection's
-/// registration, as for a fork child ([`super::group`]). False when it cannot be asked or
-/// holds none (the caller counts the connection as TCP).
-pub fn claim_in_group(local: SocketAddr, fd: c_int, peer: SocketAddr) -> bool {
+/// Where `accept()` on an `SO_REUSEPORT` listener without an RDMA listener of its own claims
+/// ([`claim_in_group`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// Another process of the group holds the RDMA listener on this address.
+    Elsewhere(SocketAddr),
+    /// This process took it over: its own registrations.
+    Here,
+}
+
+/// Where `listener`'s accepted connections are claimed, when it is an `SO_REUSEPORT` socket
+/// whose RDMA listener was held by another process of its group when it listened.
+pub fn grouped(listener: c_int) -> Option<Group> {
+    GROUPED.lock().get(&listener).map(|g| match g.taken {
+        Some(_) => Group::Here,
+        None => Group::Elsewhere(g.addr),
+    })
+}
+
+/// `accept()` returned `fd` from `peer` on an `SO_REUSEPORT` listener of `group`: the process
+/// that holds the RDMA listener claims the connection's registration, as for a fork child
+/// ([`super::group`]), or this process does when it took it over. False when it cannot be
+/// asked or holds none (the caller counts the connection as TCP).
+pub fn claim_in_group(group: Group, fd: c_int, peer: SocketAddr) -> bool {
+    let local = match group {
+        Group::Here => return claim_and_swap(fd, peer) != Claim::None,
+        Group::Elsewhere(local) => local,
+    };
     let Some(door) = super::group::knock(local) else {
         return false;
     };
     let door = std::os::fd::AsRawFd::as_raw_fd(&door);
     super::delegate::claim_through(door, fd, peer) == super::delegate::Delegated::Done
+}
+
+/// The addresses of this process's `SO_REUSEPORT` listeners whose RDMA listener another
+/// process holds (the serving thread watches those holders).
+pub(super) fn held_elsewhere() -> std::collections::BTreeSet<SocketAddr> {
+    GROUPED
+        .lock()
+        .values()
+        .filter(|g| g.taken.is_none())
+        .map(|g| g.addr)
+        .collect()
+}
+
+/// What [`take_over`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TakeOver {
+    /// This process holds the RDMA listener on the address now (or did already).
+    Taken,
+    /// Another process holds it.
+    HeldElsewhere,
+    /// No listener of this process is on the address any more.
+    Gone,
+}
+
+/// The holder of the RDMA listener on `addr` closed it (or exited): this process, whose
+/// `SO_REUSEPORT` listeners on `addr` had none, opens it (with its door) for all of them.
+/// Under the table's lock, so the app's close of one of them waits for it and then drops it.
+pub(super) fn take_over(addr: SocketAddr) -> TakeOver {
+    let mut table = GROUPED.lock();
+    let mut fds = table.iter().filter(|(_, g)| g.addr == addr);
+    let Some((&fd, first)) = fds.next() else {
+        return TakeOver::Gone;
+    };
+    if first.taken.is_some() {
+        return TakeOver::Taken;
+    }
+    let Some(engine) = engine() else {
+        return TakeOver::HeldElsewhere;
+    };
+    let only_v6 = addr.is_ipv6().then(|| sys::only_v6(fd)).flatten();
+    match engine.listen(addr, only_v6, BACKLOG, Arc::new(ShimAcceptor)) {
+        Ok(listener) => {
+            let side = Arc::new(Side {
+                rdma: listener,
+                _door: super::group::open(addr),
+            });
+            for g in table.values_mut().filter(|g| g.addr == addr) {
+                g.taken = Some(Arc::clone(&side));
+            }
+            log_at!(
+                Level::Info,
+                "RDMA listener on {addr} taken over: its holder closed it"
+            );
+            TakeOver::Taken
+        }
+        Err(e) => {
+            log_at!(Level::Debug, "RDMA listener on {addr} still held: {e}");
+            TakeOver::HeldElsewhere
+        }
+    }
 }
 
 /// `new` is a copy (dup) of the listening fd `old`. False if `old` has no RDMA listener.
@@ -367,7 +480,9 @@ pub(super) fn after_fork_child() {
     if let Some(mut listeners) = LISTENERS.after_fork() {
         std::mem::forget(std::mem::take(&mut *listeners));
     }
-    drop(GROUPED.after_fork());
+    if let Some(mut grouped) = GROUPED.after_fork() {
+        std::mem::forget(std::mem::take(&mut *grouped));
+    }
     if let Some(mut pending) = PENDING.after_fork() {
         pending.forget_all();
     }
@@ -376,7 +491,7 @@ pub(super) fn after_fork_child() {
 /// For the fork test: holds both tables while `f` runs; counts listeners.
 #[cfg(test)]
 pub(super) mod tests_support {
-    use super::{LISTENERS, PENDING};
+    use super::{GROUPED, LISTENERS, PENDING};
 
     pub fn hold_tables(f: impl FnOnce()) {
         let listeners = LISTENERS.lock();
@@ -387,6 +502,14 @@ pub(super) mod tests_support {
 
     pub fn listeners_len() -> usize {
         LISTENERS.lock().len()
+    }
+
+    /// Notes `fd` as an `SO_REUSEPORT` listener on `addr` whose RDMA listener is held
+    /// elsewhere.
+    pub fn group_fd(fd: libc::c_int, addr: std::net::SocketAddr) {
+        GROUPED
+            .lock()
+            .insert(fd, super::Grouped { addr, taken: None });
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
-use super::support::{WAIT_PORT, expect_counts, file, python, shimmed};
+use super::support::{WAIT_PORT, expect_counts, file, python, shimmed, wait_line};
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -92,71 +92,98 @@ fn node_cluster(ctx: &Ctx) -> anyhow::Result<()> {
     expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", all)])
 }
 
-/// Connections of the `SO_REUSEPORT` group scenario.
+/// Connections of the `SO_REUSEPORT` group scenario, while both servers run.
 const GROUP_CONNECTIONS: usize = 16;
+/// How long the first server may take to close its listener once told.
+const LINE_WAIT: Duration = Duration::from_secs(20);
+/// Connections once the first server (the holder) closed its listener.
+const AFTER_HOLDER: usize = 8;
 
 /// Two echo servers started one after the other, each with its own `SO_REUSEPORT` socket on
 /// one port: the first holds the RDMA listener, the kernel hands each connection to either.
 /// Every client connection upgrades, both servers serve some, and each names its client as
-/// the client names itself.
+/// the client names itself. Then the first closes its listener and lives on (a seamless
+/// reload's old instance draining): the second takes the RDMA listener over, and every new
+/// connection upgrades there.
 fn reuseport_group(ctx: &Ctx) -> anyhow::Result<()> {
     let a = ctx.addr_a;
     let server = file(ctx, "reuseport_server.py", REUSEPORT_SERVER)?;
     let client = file(ctx, "line_client.py", LINE_CLIENT)?;
     let py = python();
-    let stop = ctx.tmp.join("reuseport.stop");
-    let start = |tag: &str| -> anyhow::Result<_> {
+    let start = |stop: &std::path::Path| -> anyhow::Result<_> {
         ctx.spawn(&format!(
             "{} {py} {} {a} 9200 {}",
-            shimmed(ctx, tag, "")?,
+            shimmed(ctx, "srv", "")?,
             server.display(),
             stop.display()
         ))
     };
-    let first = start("srv")?;
+    let connect = |n: usize| -> anyhow::Result<Vec<u32>> {
+        let out = ctx.sh(&format!(
+            "{} {py} {} {a} 9200 {n}",
+            shimmed(ctx, "cli", "")?,
+            client.display()
+        ))?;
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        ensure!(lines.len() == n, "{} answers of {n}", lines.len());
+        let mut pids = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [me, pid, peer, hello, count] = f[..] else {
+                anyhow::bail!("an answer of another shape: {line:?}");
+            };
+            ensure!(
+                peer == me && hello == "hello" && count == i.to_string(),
+                "connection {i}: the server saw {peer} and {hello} {count}, the client was {me}"
+            );
+            pids.push(pid.parse::<u32>().context(line.to_string())?);
+        }
+        Ok(pids)
+    };
+    let first = start(&ctx.tmp.join("first.stop"))?;
     ctx.sh(&format!("{WAIT_PORT} wait_port 9200"))?;
-    let second = start("srv")?;
+    let second = start(&ctx.tmp.join("second.stop"))?;
     ctx.sh(
         "for _ in $(seq 1 400); do [ \"$(ss -ltnH | grep -c ':9200 ')\" = 2 ] && exit 0; \
          sleep 0.05; done; echo 'the second server never listened' >&2; exit 1",
     )?;
-    let out = ctx.sh(&format!(
-        "{} {py} {} {a} 9200 {GROUP_CONNECTIONS}",
-        shimmed(ctx, "cli", "")?,
-        client.display()
-    ))?;
-    let mut pids = std::collections::BTreeMap::new();
-    let lines: Vec<&str> = out.stdout.lines().collect();
-    ensure!(
-        lines.len() == GROUP_CONNECTIONS,
-        "{} answers of {GROUP_CONNECTIONS}",
-        lines.len()
-    );
-    for (i, line) in lines.iter().enumerate() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let [me, pid, peer, hello, n] = f[..] else {
-            anyhow::bail!("an answer of another shape: {line:?}");
-        };
-        ensure!(
-            peer == me && hello == "hello" && n == i.to_string(),
-            "connection {i}: the server saw {peer} and {hello} {n}, the client was {me}"
-        );
-        *pids
-            .entry(pid.parse::<u32>().context(line.to_string())?)
-            .or_insert(0u32) += 1;
+    let mut by_pid = std::collections::BTreeMap::new();
+    for pid in connect(GROUP_CONNECTIONS)? {
+        *by_pid.entry(pid).or_insert(0u32) += 1;
     }
-    ctx.report(format_args!("connections by server pid: {pids:?}"));
-    std::fs::write(&stop, b"")?;
+    ctx.report(format_args!("connections by server pid: {by_pid:?}"));
+    // The first stops listening and lives on (a seamless reload's old instance draining).
+    std::fs::write(ctx.tmp.join("first.stop"), b"")?;
+    let served = wait_line(ctx, &ctx.tmp.join("first.stop.served"), "served", LINE_WAIT)?;
+    ensure!(
+        !served.contains("served 0"),
+        "the first server served nothing: {served:?} (served by {by_pid:?})"
+    );
+    // The second process takes the RDMA listener over once the first closed it.
+    ctx.sh(
+        "for _ in $(seq 1 200); do rdma resource show cm_id 2>/dev/null | \
+         grep -q 'state LISTEN.*:9200 ' && exit 0; sleep 0.05; done; \
+         echo 'nobody took the RDMA listener over' >&2; exit 1",
+    )?;
+    let after = connect(AFTER_HOLDER)?;
+    let second_pid = by_pid.keys().copied().max().context("no server pids")?;
+    ensure!(
+        after.iter().all(|p| *p == second_pid),
+        "after the first server stopped: served by {after:?}, not by {second_pid} alone"
+    );
+    for stop in ["second.stop", "first.stop.exit", "second.stop.exit"] {
+        std::fs::write(ctx.tmp.join(stop), b"")?;
+    }
     for (what, run) in [("first", first), ("second", second)] {
         let done = ctx.wait(&format!("the {what} server"), run)?;
         ensure!(done.success(), "the {what} server failed");
         ensure!(
             !done.stdout.contains("served 0"),
-            "the {what} server served nothing: {:?} (served by {pids:?})",
+            "the {what} server served nothing: {:?} (served by {by_pid:?})",
             done.stdout
         );
     }
-    let all = GROUP_CONNECTIONS as u64;
+    let all = (GROUP_CONNECTIONS + AFTER_HOLDER) as u64;
     expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", all)])?;
     expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", all)])
 }

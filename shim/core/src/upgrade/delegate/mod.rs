@@ -62,6 +62,8 @@ pub const REPLY_MARGIN: Duration = Duration::from_secs(2);
 /// Requests on the channel.
 const CLAIM: u8 = 1;
 const CONNECT: u8 = 2;
+/// At a door only: keep this conversation open, unanswered, while the RDMA listener is.
+const WATCH: u8 = 3;
 /// Written to the reply pair when the stream ends: in a reset, or in order.
 const RESET_NOTICE: u8 = 0xEE;
 const ORDERLY_NOTICE: u8 = 0x0D;
@@ -119,56 +121,83 @@ pub fn has_channel() -> bool {
 /// its listeners' `SO_REUSEPORT` groups (`group`, on their doors). Ends when the channel fails
 /// (never while the process lives).
 fn serve(sock: &OwnedFd, handed: Option<&OwnedFd>) {
+    let mut watches = super::group::Watches::default();
     loop {
-        // The wake-up only makes the loop read the doors again (drained by `doors`).
-        let (wake, doors) = super::group::doors();
-        let mut fds: Vec<_> = [Some(sock), handed, wake]
+        // The wake-up only makes the loop read the doors and the groups again (drained by
+        // `round`).
+        let round = super::group::round();
+        let now = Instant::now();
+        watches.update(&super::server::held_elsewhere(), now);
+        let own: Vec<&OwnedFd> = [Some(sock), handed, round.wake]
             .into_iter()
             .flatten()
-            .chain(doors.iter().map(|d| &**d))
+            .chain(round.doors.iter().map(|(_, d)| &**d))
+            .chain(round.watchers.iter().map(|w| &**w))
             .collect();
-        let ready = fdpass::wait_any(&fds.iter().map(|f| f.as_fd()).collect::<Vec<_>>(), None);
+        let watching = watches.fds();
+        let fds: Vec<_> = own.iter().map(|f| f.as_fd()).chain(watching).collect();
+        let ready = fdpass::wait_any(&fds, watches.bound(now));
+        drop(fds);
+        let (mine, theirs) = ready.split_at(own.len());
         let waiting = |fd: &OwnedFd| {
-            fds.iter()
-                .zip(&ready)
+            own.iter()
+                .zip(mine)
                 .any(|(f, r)| *r && std::ptr::eq(*f, fd))
         };
-        if waiting(sock) && !serve_one(sock, true) {
+        if waiting(sock) && serve_one(sock, true) == Served::Closed {
             log_at!(Level::Info, "claim channel closed");
             return;
         }
         if let Some(listener) = handed.filter(|l| waiting(l)) {
             super::handed::answer(listener);
         }
-        for door in doors.iter().filter(|d| waiting(d)) {
-            super::group::answer(door.as_fd());
+        for (addr, door) in round.doors.iter().filter(|(_, d)| waiting(d)) {
+            super::group::answer(*addr, door.as_fd());
         }
-        fds.clear();
+        for watcher in round.watchers.iter().filter(|w| waiting(w)) {
+            super::group::drop_watcher(watcher);
+        }
+        watches.ended(theirs, Instant::now());
     }
 }
 
-/// Reads one request from `on` (the claim channel, or a conversation at a door: a claim only,
-/// no connect) and answers it. False when `on` is closed or failed.
-pub(super) fn serve_one(on: &OwnedFd, connects: bool) -> bool {
+/// What [`serve_one`] read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Served {
+    /// A request answered, or ignored (malformed, none within the bound).
+    Answered,
+    /// A watch at a door: the conversation is to be kept open, unanswered
+    /// ([`super::group`]).
+    Watch,
+    /// `on` is closed or failed.
+    Closed,
+}
+
+/// Reads one request from `on` (the claim channel, or a conversation at a door: a claim or a
+/// watch, no connect) and answers it.
+pub(super) fn serve_one(on: &OwnedFd, connects: bool) -> Served {
     if !connects && !fdpass::wait_readable(on.as_fd(), REQUEST_BOUND) {
-        return true;
+        return Served::Answered;
     }
     let mut buf = [0u8; 32];
     let got = match fdpass::recv(on.as_fd(), &mut buf, true) {
-        Ok(got) if got.len == 0 => return false,
+        Ok(got) if got.len == 0 => return Served::Closed,
         Ok(got) => got,
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Served::Answered,
         Err(e) => {
             log_at!(Level::Info, "claim channel failed: {e}");
-            return false;
+            return Served::Closed;
         }
     };
+    if !connects && !got.truncated && got.len == 1 && buf[0] == WATCH && got.fds.is_empty() {
+        return Served::Watch;
+    }
     let mut fds = got.fds.into_iter();
     let (tcp, reply) = match (got.truncated, fds.next(), fds.next()) {
         (false, Some(tcp), Some(reply)) => (sys::move_high(tcp), sys::move_high(reply)),
         _ => {
             log_at!(Level::Debug, "claim channel: a malformed request ignored");
-            return true;
+            return Served::Answered;
         }
     };
     match (got.len, buf[0]) {
@@ -179,7 +208,13 @@ pub(super) fn serve_one(on: &OwnedFd, connects: bool) -> bool {
         },
         _ => log_at!(Level::Debug, "claim channel: an unknown request ignored"),
     }
-    true
+    Served::Answered
+}
+
+/// Asks, on a conversation at the door of a process of our `SO_REUSEPORT` group, to be kept
+/// waiting while its RDMA listener is open ([`super::group`]).
+pub(super) fn ask_watch(conv: &OwnedFd) -> std::io::Result<()> {
+    fdpass::send(conv.as_raw_fd(), &[WATCH], &[], true)
 }
 
 /// How long a door's conversation may take to send its request once connected.
