@@ -437,11 +437,13 @@ fn prefork(ctx: &Ctx) -> anyhow::Result<()> {
             echo.display()
         ))?;
         ctx.sh(&format!("{WAIT_PORT} wait_port {backend_port}"))?;
+        let stop = ctx.tmp.join(format!("{tag}.stop"));
         let srv = ctx.spawn(&format!(
-            "{} {py} {} {a} {port} {mode} {backend_port} {}",
+            "{} {py} {} {a} {port} {mode} {backend_port} {} {}",
             shimmed(ctx, tag, "")?,
             server.display(),
-            client.display()
+            client.display(),
+            stop.display()
         ))?;
         ctx.sh(&format!("{WAIT_PORT} wait_port {port}"))?;
         for i in 0..6 {
@@ -476,6 +478,7 @@ fn prefork(ctx: &Ctx) -> anyhow::Result<()> {
         wait_line(ctx, &held, "flowing", Duration::from_secs(60))?;
         ctx.sh(&format!("kill -9 {}", holder.pid()))?;
         drop(holder);
+        std::fs::write(&stop, b"")?;
         let done = ctx.wait("prefork server", srv)?;
         ensure!(
             done.stdout.contains("parent done"),

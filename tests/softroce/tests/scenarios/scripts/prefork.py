@@ -1,11 +1,12 @@
-# A pre-fork echo server: the parent listens, forked children accept (each until no connection
-# comes for 10 s). Mode `shared`: one listening socket for both children (Apache prefork,
-# gunicorn); `reuseport`: one SO_REUSEPORT socket per child, all opened in the parent (nginx's
-# `reuseport`). Each child first makes a connection of its own to an echo backend (a worker's
-# connection to its database) with the echo client (the path in argv[5], run in the child,
-# without exec), then reports what it served and how many connections ended in a reset.
+# A pre-fork echo server: the parent listens, forked children accept (each until the file
+# argv[6] exists: no idle timer, which a loaded guest's slow client start could outlast).
+# Mode `shared`: one listening socket for both children (Apache prefork, gunicorn); `reuseport`:
+# one SO_REUSEPORT socket per child, all opened in the parent (nginx's `reuseport`). Each child
+# first makes a connection of its own to an echo backend (a worker's connection to its
+# database) with the echo client (the path in argv[5], run in the child, without exec), then
+# reports what it served and how many connections ended in a reset.
 import os, runpy, socket, sys
-host, port, mode, backend, client = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+host, port, mode, backend, client, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 
 
 def listener():
@@ -15,7 +16,7 @@ def listener():
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     ls.bind((host, port))
     ls.listen(64)
-    ls.settimeout(10.0)
+    ls.settimeout(0.2)
     return ls
 
 
@@ -28,11 +29,11 @@ for ls in [shared or listener() for _ in range(2)]:
         runpy.run_path(client, run_name="__main__")
         sys.stdout.flush()
         served = resets = 0
-        while True:
+        while not os.path.exists(stop):
             try:
                 c, _ = ls.accept()
             except socket.timeout:
-                break
+                continue
             c.settimeout(None)
             with c:
                 try:
