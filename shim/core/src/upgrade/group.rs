@@ -359,6 +359,32 @@ mod tests {
     }
 
     #[test]
+    fn a_door_keeps_at_most_its_share_of_watchers() {
+        let addr: SocketAddr = "127.0.0.9:12".parse().unwrap();
+        let door = open(addr).expect("the name is free");
+        // Taken in batches, as the serving thread takes them (the door's backlog is 16).
+        let mut convs: Vec<OwnedFd> = Vec::new();
+        while convs.len() <= MAX_WATCHERS {
+            for _ in 0..8.min(MAX_WATCHERS + 1 - convs.len()) {
+                convs.push(watch(addr).expect("our own user's door"));
+            }
+            answer(addr, door.fd.as_fd());
+        }
+        let kept = WATCHERS.lock().iter().filter(|(a, _)| *a == addr).count();
+        assert_eq!(kept, MAX_WATCHERS);
+        let ended: Vec<bool> = convs
+            .iter()
+            .map(|c| fdpass::wait_any(&[c.as_fd()], Some(Duration::from_millis(20)))[0])
+            .collect();
+        assert_eq!(
+            ended.iter().filter(|e| **e).count(),
+            1,
+            "the one over the bound is closed at once (it retries later)"
+        );
+        drop(door);
+    }
+
+    #[test]
     fn watches_retry_a_holder_without_a_door_ever_less_often() {
         let addr: SocketAddr = "127.0.0.9:11".parse().unwrap();
         // A listening fd of this process on `addr` whose RDMA listener is held elsewhere (no
