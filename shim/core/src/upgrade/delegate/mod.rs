@@ -117,9 +117,10 @@ pub fn has_channel() -> bool {
 /// The channel's thread: reads requests one at a time. A claim is answered at once (it waits
 /// on nothing but the registration table's lock); a connect, which waits on the network, gets
 /// a thread of its own ([`connect::serve`]). Between them it answers other processes' questions
-/// about connections handed to them (`handed`, on its listener) and the claims of processes of
-/// its listeners' `SO_REUSEPORT` groups (`group`, on their doors). Ends when the channel fails
-/// (never while the process lives).
+/// about connections handed to them (`handed`, on its listener) and the claims and watches of
+/// processes of its listeners' `SO_REUSEPORT` groups (`group`, on their doors), and watches
+/// the holders of the groups its own listeners joined without an RDMA listener, taking it over
+/// when one lets go. Ends when the channel fails (never while the process lives).
 fn serve(sock: &OwnedFd, handed: Option<&OwnedFd>) {
     let mut watches = super::group::Watches::default();
     loop {
