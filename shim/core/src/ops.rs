@@ -261,6 +261,8 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
             return fd;
         }
     } else if flags & (LISTENING | SIDE) == LISTENING
+        // Groups exist in capable processes only: a pass-through accept takes no lock.
+        && decision::settled() == State::Capable
         // An SO_REUSEPORT listener whose RDMA listener another process of its group holds
         // (or held, until this process took it over).
         && let Some(group) = upgrade::grouped(listener)
