@@ -5,7 +5,8 @@
 //! `streamshim_core::ops` in one of two ways, both written once in `streamshim_core::guard`:
 //! [`detour`] when the op calls the original (exactly once on every path: nested, panicked
 //! before or after; errno is the original's on return), [`guarded`] when the shim may answer
-//! instead of the original (a direct read or write: None sends the caller to the original).
+//! instead of the original (a direct read or write: None sends the caller to the original),
+//! and [`read_detour`] for a blocking read, which does one or the other.
 //! Which way a data call goes is `streamshim_core::calls`'s to say, from its flags.
 //!
 //! getpeername/getsockname/getsockopt/setsockopt answer from the kept TCP socket for upgraded
@@ -28,7 +29,7 @@ use libc::{c_int, sockaddr, socklen_t};
 
 use crate::real;
 use streamshim_core::calls::{self, Recv};
-use streamshim_core::guard::{Guard, detour, guarded};
+use streamshim_core::guard::{Guard, detour, guarded, read_detour};
 use streamshim_core::{direct, fdtable, ops, sys};
 
 /// The result of a hook whose original cannot be found (never seen with glibc).
@@ -208,7 +209,34 @@ fn read_direct(fd: c_int, buf: *mut c_void, len: usize) -> Option<isize> {
     isize::try_from(n).ok()
 }
 
-/// `recv`/`recvfrom` of an upgraded fd, the way [`calls::recv`] says: a direct read; with
+/// `read`/`recv` of an upgraded fd without flags that change what it returns: a direct read;
+/// on a blocking fd (and without `dontwait`: `MSG_DONTWAIT`), when neither the ring nor the
+/// socketpair holds bytes, `orig` (the original on a part of the buffer) as a waiting reader
+/// and the ring's bytes after it ([`ops::read_or_wait`]). None: the caller calls the original.
+fn read_upgraded(
+    fd: c_int,
+    (buf, len): (*mut c_void, usize),
+    dontwait: bool,
+    orig: &mut dyn FnMut(*mut c_void, usize) -> isize,
+) -> Option<isize> {
+    if dontwait {
+        return read_direct(fd, buf, len);
+    }
+    if buf.is_null() || len == 0 || fdtable::get(fd) & fdtable::SWAPPED == 0 {
+        return None;
+    }
+    // SAFETY: read(2)'s contract: `buf` holds `len` writable bytes for the call, and no other
+    // reference to them exists while the slice lives (it ends with this call); `orig` only
+    // ever gets the sub-slices the op hands it.
+    let whole = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+    let blocking = || sys::fd_flags(fd).is_ok_and(|(fl, _)| fl & libc::O_NONBLOCK == 0);
+    let mut real = |b: &mut [u8]| orig(b.as_mut_ptr().cast(), b.len());
+    read_detour(&mut real, |real| {
+        ops::read_or_wait(fd, whole, &blocking, real)
+    })
+}
+
+/// `recv`/`recvfrom` of an upgraded fd, the way [`calls::recv`] says: [`read_upgraded`]; with
 /// `MSG_TRUNC`, the bytes counted and discarded as TCP does; with `MSG_WAITALL` on a blocking
 /// fd, the buffer filled from direct reads and the original `orig`
 /// (called without the flag) in turn ([`direct::wait_all`]). None: the caller calls the
@@ -221,7 +249,11 @@ fn recv_upgraded(
 ) -> Option<isize> {
     match calls::recv(flags, wants_addr) {
         Recv::Original => return None,
-        Recv::Direct => return read_direct(fd, buf, len),
+        Recv::Direct => {
+            let mut plain = |b: *mut c_void, l: usize| orig(b, l, flags);
+            let dontwait = flags & libc::MSG_DONTWAIT != 0;
+            return read_upgraded(fd, (buf, len), dontwait, &mut plain);
+        }
         Recv::Discard if fdtable::get(fd) & fdtable::SWAPPED != 0 => {
             let mut scratch = [0u8; calls::DISCARD_CHUNK];
             let n = len.min(scratch.len());
@@ -316,7 +348,8 @@ fn write_result(fd: c_int, added: c_int, quiet: bool, n: isize) -> isize {
 }
 
 /// `ssize_t read(int fd, void *buf, size_t count)`: for an upgraded fd, the stream's bytes
-/// straight from its receive ring when the engine has delivered none to the fd.
+/// straight from its receive ring when the engine has delivered none to the fd, and on a
+/// blocking fd after waiting for them ([`read_upgraded`]).
 ///
 /// # Safety
 /// The C contract of `read(2)`.
@@ -325,8 +358,10 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isiz
     let Some(orig) = real::read() else {
         return no_original() as isize;
     };
-    if let Some(n) = read_direct(fd, buf, count) {
-        return n;
+    // SAFETY: the caller's fd, with parts of its buffer, as read(2) allows.
+    let mut call = |b: *mut c_void, l: usize| unsafe { orig(fd, b, l) };
+    if let Some(n) = read_upgraded(fd, (buf, count), false, &mut call) {
+        return read_result(fd, count, n);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
     read_result(fd, count, unsafe { orig(fd, buf, count) })

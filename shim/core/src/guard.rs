@@ -76,6 +76,49 @@ pub fn detour(
     }
 }
 
+/// Runs `op` (a read that answers from a ring itself, or calls `real`, the original, at most
+/// once and may add to what it read) under the guard, panics caught. None: the caller calls
+/// the original, which `op` did not (this thread is already in the shim, `op` declined, or it
+/// panicked before calling it). A panic after the call answers the call's result, so no byte
+/// it read is read again. errno on return: the original's when it was called, else as it was.
+/// The guard is let go while the original runs: it may block, and a signal handler meanwhile
+/// gets the shim's hooks as on any other thread.
+pub fn read_detour(
+    real: &mut dyn FnMut(&mut [u8]) -> isize,
+    op: impl FnOnce(&mut dyn FnMut(&mut [u8]) -> isize) -> Option<isize>,
+) -> Option<isize> {
+    let guard = Cell::new(Some(Guard::enter()?));
+    let errno = sys::errno();
+    let done: Cell<Option<(isize, c_int)>> = Cell::new(None);
+    let mut tracked = |b: &mut [u8]| {
+        drop(guard.take());
+        let rc = real(b);
+        done.set(Some((rc, sys::errno())));
+        guard.set(Guard::enter());
+        rc
+    };
+    let out = catch_unwind(AssertUnwindSafe(|| op(&mut tracked)));
+    drop(guard.take());
+    match (out, done.get()) {
+        (Ok(rc), Some((_, e))) => {
+            sys::set_errno(e);
+            rc
+        }
+        (Ok(rc), None) => {
+            sys::set_errno(errno);
+            rc
+        }
+        (Err(_), Some((rc, e))) => {
+            sys::set_errno(e);
+            Some(rc)
+        }
+        (Err(_), None) => {
+            sys::set_errno(errno);
+            None
+        }
+    }
+}
+
 /// Runs `f` (shim logic that does not call the original: a lookup, a copy out of or into a
 /// ring) under the guard, panics caught, errno as it was: None when this thread is already in
 /// the shim or `f` panicked; the caller then does what the original would.
@@ -133,6 +176,45 @@ mod tests {
         let _held = Guard::enter().expect("not held");
         let rc = detour(&real, |_| unreachable!("nested"));
         assert_eq!((rc, calls.get()), (7, 4));
+    }
+
+    #[test]
+    fn a_read_detour_calls_the_original_at_most_once_outside_the_guard() {
+        let calls = Cell::new(0);
+        let mut real = |b: &mut [u8]| -> isize {
+            assert!(Guard::enter().is_some(), "the guard is let go meanwhile");
+            calls.set(calls.get() + 1);
+            b[0] = b'w';
+            sys::set_errno(libc::EAGAIN);
+            1
+        };
+        let mut buf = [0u8; 4];
+        // The op reads from the original and adds its own bytes: the sum, the original's errno.
+        let rc = read_detour(&mut real, |real| {
+            let n = real(&mut buf);
+            assert!(Guard::enter().is_none(), "held again after");
+            sys::set_errno(libc::EBADF);
+            Some(n + 2)
+        });
+        assert_eq!((rc, calls.get(), sys::errno()), (Some(3), 1, libc::EAGAIN));
+        assert!(Guard::enter().is_some(), "let go on return");
+        // Declined: the caller calls the original, errno as it was.
+        sys::set_errno(libc::EINTR);
+        assert_eq!(read_detour(&mut real, |_| None), None);
+        assert_eq!((calls.get(), sys::errno()), (1, libc::EINTR));
+        // A panic after the original: its result, no second read.
+        let rc = read_detour(&mut real, |real| {
+            real(&mut buf);
+            panic!("after")
+        });
+        assert_eq!((rc, calls.get()), (Some(1), 2));
+        // A panic before: the caller calls the original.
+        assert_eq!(read_detour(&mut real, |_| panic!("before")), None);
+        // Nested: None, the op never runs.
+        let held = Guard::enter().expect("not held");
+        assert_eq!(read_detour(&mut real, |_| unreachable!("nested")), None);
+        drop(held);
+        assert_eq!(calls.get(), 2);
     }
 
     #[test]

@@ -36,6 +36,17 @@
 //! any other), the engine hears of it (its end of the socketpair becomes writable) and wakes
 //! the next waiter the same way, so a waiting reader is always woken while bytes arrive.
 //!
+//! A blocking read that finds neither the ring nor the socketpair holding bytes
+//! ([`Reader::read_or_wait`]: `read` or a plain `recv` of a blocking fd) waits the same way,
+//! without a hold before or after: the wake-up is the first byte it returns, and it copies
+//! what arrived after it from the ring into the rest of its buffer. So a blocking reader takes
+//! most bytes in one copy, not only when it happens to run between an arrival and the
+//! engine's delivery.
+//!
+//! Under a low-water mark (`SO_RCVLOWAT` above 1) readers copy nothing: the socketpair's
+//! blocking read honours the mark, and the engine delivers as if no reader held or waited
+//! (one-byte wake-ups would reach a reader blocked below the mark one engine round apiece).
+//!
 //! A reader copies only while the engine allows it ([`Receiver::set_readers`]): the stream runs
 //! attached with its handshake done. The engine turns it off before the connection's region can
 //! serve another connection, under the same lock, so a reader never copies another stream's
@@ -98,10 +109,14 @@ impl RecvState {
     /// At most how many bytes the engine copies into the socketpair now, given what the app's
     /// end has not read yet (`unread`, None when unknown): none while a reader holds the
     /// stream; a wake-up for a waiting reader, when nothing unread would wake it; else all.
+    /// Under a low-water mark readers take nothing from the ring (the socketpair's blocking
+    /// read honours the mark), so holds and waits count for nothing: one-byte wake-ups would
+    /// hand a reader blocked below the mark its bytes one engine round at a time.
     fn deliverable(&self, unread: impl FnOnce() -> Option<usize>) -> usize {
-        if self.held > 0 {
+        let marked = self.low_water > 1;
+        if !marked && self.held > 0 {
             0
-        } else if self.waiting == 0 {
+        } else if marked || self.waiting == 0 {
             if self.below_low_water() && unread() == Some(0) {
                 0
             } else {
@@ -296,24 +311,89 @@ impl Reader {
             return None;
         }
         let recv = self.recv.upgrade()?;
-        let (off, n) = {
+        let state = recv.lock();
+        if !state.flow.has_pending() || !Self::may_copy(&state, app) {
+            return None;
+        }
+        Some(self.copy(&recv, state, buf))
+    }
+
+    /// A blocking read of `app` into `buf` (`read`, or `recv` without flags that change what it
+    /// returns, on a blocking fd): as [`Reader::read`] when the ring holds bytes. When neither
+    /// the ring nor `app` holds any and `blocking()` says the call would block, `wait(buf)`
+    /// (the original call on `app`) runs as a *waiting* reader (see the module docs): the
+    /// engine delivers only a wake-up, and what arrived after it is copied from the ring into
+    /// the rest of `buf`. The result is `wait`'s when it read nothing (0 at EOF, -1 with its
+    /// errno), else the bytes of both. None: call the original as usual (`app` holds bytes,
+    /// the stream is not running, a mark is set, the fd does not block).
+    pub fn read_or_wait(
+        &self,
+        app: RawFd,
+        buf: &mut [u8],
+        blocking: &dyn Fn() -> bool,
+        wait: &mut dyn FnMut(&mut [u8]) -> isize,
+    ) -> Option<isize> {
+        if buf.is_empty() {
+            return None;
+        }
+        {
+            let recv = self.recv.upgrade()?;
             let mut state = recv.lock();
-            if !state.readers_on
-                || !state.flow.has_pending()
-                || state.flow.claim_open()
-                || state.flow.at_mark()
-                || state.low_water > 1
-            {
-                // With a low-water mark the socketpair's blocking read honours it.
-                // At the mark the engine hands the urgent byte on, out of band.
+            if !Self::may_copy(&state, app) {
                 return None;
             }
-            if !fd::holds_nothing(app) {
+            if state.flow.has_pending() {
+                return isize::try_from(self.copy(&recv, state, buf)).ok();
+            }
+            if !blocking() {
                 return None;
             }
+            state.waiting += 1;
+        }
+        // No strong hold on the receive side across the blocking call.
+        let n = wait(buf);
+        let Some(recv) = self.recv.upgrade() else {
+            return Some(n);
+        };
+        {
+            let mut state = recv.lock();
+            state.waiting = state.waiting.saturating_sub(1);
+            state.held += 1;
+        }
+        let mut total = n;
+        if let Some(rest) = usize::try_from(n)
+            .ok()
+            .filter(|&got| got > 0)
+            .and_then(|got| buf.get_mut(got..))
+            .filter(|rest| !rest.is_empty())
+        {
+            let more = self.read(app, rest).unwrap_or(0);
+            total = total.saturating_add(isize::try_from(more).unwrap_or(0));
+        }
+        // Letting go wakes the engine for whatever the ring still holds.
+        self.hold(false);
+        Some(total)
+    }
+
+    /// Whether a reader may copy from the ring now that `app` is seen to hold nothing.
+    fn may_copy(state: &RecvState, app: RawFd) -> bool {
+        // With a low-water mark the socketpair's blocking read honours it.
+        // At the mark the engine hands the urgent byte on, out of band.
+        state.readers_on
+            && !state.flow.claim_open()
+            && !state.flow.at_mark()
+            && state.low_water <= 1
+            && fd::holds_nothing(app)
+    }
+
+    /// Claims up to `buf.len()` of the pending bytes under `state` (some are pending) and
+    /// copies them into `buf`; the byte count.
+    fn copy(&self, recv: &Arc<Receiver>, mut state: Guard<'_, RecvState>, buf: &mut [u8]) -> usize {
+        let (off, n) = {
             let (off, len) = state.flow.pending();
             let n = len.min(buf.len());
             state.flow.claim(n);
+            drop(state);
             (off, n)
         };
         // Outside the lock, so the engine never waits for a copy: the claimed range is the
@@ -333,7 +413,7 @@ impl Reader {
         if tell {
             self.inner.send(Command::Consumed { token: self.token });
         }
-        Some(n)
+        n
     }
 
     /// The app set `SO_RCVLOWAT` to `bytes` on its end: fewer arrived bytes are held back
@@ -612,6 +692,130 @@ mod tests {
         reader.hold(false);
         assert_eq!(all(&recv.lock(), Some(0)), usize::MAX);
         assert_eq!(pokes(&inner), 2, "let go with bytes left");
+    }
+
+    /// Bytes arriving in `recv`'s ring after those before (no wrap).
+    fn arrive(recv: &Receiver, bytes: &[u8]) {
+        let mut state = recv.lock();
+        let at = state.flow.arrived_total();
+        recv.region.store(at as usize, bytes).unwrap();
+        let end = at + bytes.len() as u64;
+        state
+            .flow
+            .arrived(bytes.len() as u32, crate::wire::data_imm(end))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_blocking_read_waits_for_a_wake_up_and_takes_the_rest_from_the_ring() {
+        let (inner, recv) = (inner(), receiver(b"ab"));
+        let reader = Reader::new(&recv, Arc::clone(&inner), 3);
+        let (app, _engine) = UnixStream::pair().unwrap();
+        let mut buf = [0u8; 16];
+        let mut never = |_: &mut [u8]| -> isize { panic!("waited with bytes in the ring") };
+        assert_eq!(
+            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| true, &mut never),
+            Some(2),
+            "the ring's bytes, without waiting"
+        );
+        assert_eq!(&buf[..2], b"ab");
+
+        // Nothing anywhere: the call waits as a waiting reader; the engine may deliver only a
+        // wake-up, and the reader takes what came after it from the ring.
+        let mut wait = |b: &mut [u8]| -> isize {
+            assert_eq!(recv.lock().waiting, 1, "a waiting reader");
+            arrive(&recv, b"cdefg");
+            let mut state = recv.lock();
+            assert_eq!(state.deliverable(|| Some(0)), WAKE_BYTES);
+            let (off, _) = state.flow.pending();
+            recv.region.load(off, &mut b[..1]).unwrap();
+            state.flow.delivered(1);
+            1
+        };
+        assert_eq!(
+            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| true, &mut wait),
+            Some(5)
+        );
+        assert_eq!(&buf[..5], b"cdefg", "the wake-up, then the ring, in order");
+        let state = recv.lock();
+        assert_eq!((state.waiting, state.held), (0, 0), "nothing left held");
+        assert!(!state.flow.has_pending());
+        assert_eq!(state.read_by_app, 6);
+    }
+
+    #[test]
+    fn a_blocking_read_leaves_to_libc_what_it_cannot_wait_for() {
+        let (inner, recv) = (inner(), receiver(b"x"));
+        let reader = Reader::new(&recv, Arc::clone(&inner), 3);
+        let (mut app, mut engine) = UnixStream::pair().unwrap();
+        let mut buf = [0u8; 4];
+        assert_eq!(reader.read(app.as_raw_fd(), &mut buf), Some(1));
+        let mut never = |_: &mut [u8]| -> isize { panic!("waited") };
+        assert_eq!(
+            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| false, &mut never),
+            None,
+            "a non-blocking fd: the original says EAGAIN"
+        );
+        engine.write_all(b"y").unwrap();
+        assert_eq!(
+            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| true, &mut never),
+            None,
+            "the socketpair's bytes come first"
+        );
+        assert_eq!(app.read(&mut buf).unwrap(), 1);
+        recv.lock().low_water = 4;
+        assert_eq!(
+            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| true, &mut never),
+            None,
+            "under a mark the socketpair's read honours it"
+        );
+        recv.lock().low_water = 1;
+
+        // A wait that fails (a signal, a receive timeout) is the call's result, and lets go.
+        let mut fails = |_: &mut [u8]| -> isize {
+            arrive(&recv, b"late");
+            -1
+        };
+        assert_eq!(
+            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| true, &mut fails),
+            Some(-1)
+        );
+        let state = recv.lock();
+        assert_eq!((state.waiting, state.held), (0, 0));
+        assert_eq!(
+            state.deliverable(|| Some(0)),
+            usize::MAX,
+            "all to the socketpair"
+        );
+        drop(state);
+        assert_eq!(
+            pokes(&inner),
+            1,
+            "the engine is told of the bytes it may deliver"
+        );
+    }
+
+    #[test]
+    fn under_a_low_water_mark_holds_and_waits_hold_nothing_back() {
+        let recv = receiver(b"abcdef");
+        let mut state = recv.lock();
+        state.low_water = 4;
+        state.held = 1;
+        assert_eq!(state.deliverable(|| Some(0)), usize::MAX, "held");
+        state.held = 0;
+        state.waiting = 1;
+        assert_eq!(
+            state.deliverable(|| Some(1)),
+            usize::MAX,
+            "waiting, one byte unread: the rest, not one byte per round"
+        );
+        state.low_water = 8;
+        state.waiting = 0;
+        assert_eq!(
+            state.deliverable(|| Some(0)),
+            0,
+            "below the mark: kept back"
+        );
     }
 
     #[test]

@@ -184,6 +184,62 @@ def rcvlowat_readiness(c, s):
     return "%s %s" % (early, readable(s))
 
 
+def blocking_reads_wait(c, s):
+    """Blocking `recv` and `read` on an empty connection while bytes arrive, a receive timeout
+    with nothing sent, then EOF."""
+    data = bytes(range(256)) * 12
+
+    def later():
+        time.sleep(0.3)
+        c.sendall(data[:1000])
+        time.sleep(0.3)
+        c.sendall(data[1000:])
+
+    t = threading.Thread(target=later)
+    t.start()
+    rcvtimeo(s, 4)
+    got = call(lambda: s.recv(65536))
+    first = isinstance(got, bytes) and 0 < len(got) and got == data[: len(got)]
+    rest = b""
+    while isinstance(got, bytes) and len(got) + len(rest) < len(data):
+        b = call(lambda: os.read(s.fileno(), 65536))
+        if not isinstance(b, bytes) or not b:
+            break
+        rest += b
+    t.join()
+    whole = isinstance(got, bytes) and got + rest == data
+    rcvtimeo(s, 1)
+    timeout = call(lambda: s.recv(10))
+    c.shutdown(socket.SHUT_WR)
+    eof = call(lambda: os.read(s.fileno(), 10))
+    return "%s %s %s %r" % (first, whole, timeout, eof)
+
+
+def rcvlowat_blocking_reads(c, s):
+    """Blocking reads under a low-water mark: of bytes queued at the mark, then `MSG_WAITALL`
+    while bytes arrive below the mark and then past it (and whether it returned before its
+    receive timeout)."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 4)
+    c.sendall(b"ab")
+    c.sendall(b"cd")
+    settle()
+    rcvtimeo(s, 20)
+    first = call(lambda: s.recv(10))
+
+    def later():
+        time.sleep(0.3)
+        c.sendall(b"ef")
+        time.sleep(0.3)
+        c.sendall(b"ghijkl")
+
+    t = threading.Thread(target=later)
+    t.start()
+    start = time.monotonic()
+    rest = call(lambda: s.recv(6, socket.MSG_WAITALL))
+    t.join()
+    return "%r %r %s" % (first, rest, time.monotonic() - start < 20)
+
+
 def urgent_byte(c, s):
     n = call(lambda: c.send(b"!", socket.MSG_OOB))
     settle()
@@ -742,6 +798,8 @@ ROWS = [
     recvmsg_and_readv,
     fionread,
     rcvlowat_readiness,
+    blocking_reads_wait,
+    rcvlowat_blocking_reads,
     urgent_byte,
     urgent_mark_and_fionread,
     shutdown_write,
