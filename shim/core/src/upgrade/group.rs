@@ -146,22 +146,28 @@ pub(super) fn round() -> Round {
 
 /// For the serving thread: takes each request waiting at the door of `addr` (one claim per
 /// conversation) and answers it as a fork child's claim, or keeps a watch conversation open.
+/// A conversation of another user's process is closed unread: only our own user's processes
+/// share an `SO_REUSEPORT` group (the kernel's rule), so no other has a request to make here,
+/// and none gets an answer, a claim or a watcher's place.
 pub(super) fn answer(addr: SocketAddr, door: BorrowedFd<'_>) {
     while let Ok(Some(conv)) = fdpass::accept(door) {
+        if !fdpass::peer_is_our_user(conv.as_raw_fd()) {
+            log_at!(
+                Level::Debug,
+                "the door of {addr}: another user's process, not served"
+            );
+            continue;
+        }
         if delegate::serve_one(&conv, false) == Served::Watch {
             keep_watcher(addr, conv);
         }
     }
 }
 
-/// Keeps the watch conversation `conv` taken at the door of `addr` (closed in fork children,
-/// so that only this process's end of it, or its exit, ends the watch).
+/// Keeps the watch conversation `conv` of our own user's process taken at the door of `addr`
+/// (closed in fork children, so that only this process's end of it, or its exit, ends the
+/// watch).
 fn keep_watcher(addr: SocketAddr, conv: OwnedFd) {
-    // Only our own user's processes may take a watcher's place (as only our user's door is
-    // used): another user's cannot crowd ours out.
-    if !fdpass::peer_is_our_user(conv.as_raw_fd()) {
-        return;
-    }
     let conv = sys::move_high(conv);
     fdtable::set_pair_end(conv.as_raw_fd());
     let mut watchers = WATCHERS.lock();

@@ -2,7 +2,8 @@
 //! without the shim (`tools/attacker.c`, librdmacm and libibverbs by hand) speaks the wire
 //! protocol against shimmed servers and breaks its rules. Each ends with nothing of the
 //! attacker's in any app, every victim's bytes intact (sha256), streams that were moving still
-//! moving, and the server's pinned memory and fds bounded.
+//! moving, and the server's pinned memory and fds bounded. One attacker is local: another
+//! user's process at the door of a shimmed `SO_REUSEPORT` listener.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,6 +47,12 @@ pub const SCENARIOS: &[Scenario] = &[
         topology: Topology::Loop,
         timeout: Duration::from_secs(240),
         run: never_claims,
+    },
+    Scenario {
+        name: "attack_another_users_process_gets_nothing_at_a_group_door",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(240),
+        run: foreign_door,
     },
 ];
 
@@ -698,6 +705,85 @@ fn never_claims(ctx: &Ctx) -> anyhow::Result<()> {
         "a listener that never claims: the reply {:.3} s after the connect returned ({connected:.3} s) \
          (bound for CLAIM {BOUND_MS} ms)",
         delay - connected
+    ));
+    Ok(())
+}
+
+const REUSEPORT_SERVER: &str = include_str!("scripts/reuseport_server.py");
+const DOOR_ATTACKER: &str = include_str!("scripts/door_attacker.py");
+const LINE_CLIENT: &str = include_str!("scripts/line_client.py");
+
+/// Another user's process (`nobody`) at the door of a shimmed `SO_REUSEPORT` listener: 100
+/// watch requests (more than a door keeps) and a claim handing over its own TCP connection.
+/// The holder closes every conversation unread: no watcher's place, no answer to the claim
+/// (the reply pair it sent is dropped unanswered), no fd kept; and serves a shimmed client
+/// upgraded as before.
+fn foreign_door(ctx: &Ctx) -> anyhow::Result<()> {
+    const WATCHES: usize = 100;
+    let a = ctx.addr_a;
+    let py = python();
+    let server = file(ctx, "reuseport_server.py", REUSEPORT_SERVER)?;
+    let stop = ctx.tmp.join("door.stop");
+    let srv = ctx.spawn(&format!(
+        "exec {} {py} {} {a} 9230 {}",
+        shimmed(ctx, "dsrv", "")?,
+        server.display(),
+        stop.display()
+    ))?;
+    let pid = srv.pid();
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9230"))?;
+    ctx.sh(&format!(
+        "for _ in $(seq 1 400); do ss -lxH | grep -q '@rdma-streams/port/{a}:9230 ' && exit 0; \
+         sleep 0.05; done; echo 'the holder never opened its door' >&2; exit 1"
+    ))?;
+    let (_, fds_before) = footprint(pid)?;
+    let attacker = file(ctx, "door_attacker.py", DOOR_ATTACKER)?;
+    let out = ctx.sh(&format!(
+        "{py} {} {a} 9230 {WATCHES} 65534",
+        attacker.display()
+    ))?;
+    let said = out.stdout.trim();
+    ctx.report(format_args!("another user at the door: {said}"));
+    ensure!(
+        said == format!("closed {WATCHES} of {WATCHES}; claim answered b''"),
+        "the holder served another user's process: {said}"
+    );
+    // Nothing of the attacker's kept (its TCP connection, served by the echo loop until the
+    // attacker exited, is closed too).
+    let mut fds_after = footprint(pid)?.1;
+    for _ in 0..100 {
+        if fds_after <= fds_before {
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+        fds_after = footprint(pid)?.1;
+    }
+    ensure!(
+        fds_after <= fds_before,
+        "the holder's fds: {fds_before} before the attacker, {fds_after} after"
+    );
+    let client = file(ctx, "line_client.py", LINE_CLIENT)?;
+    let answers = ctx.sh(&format!(
+        "{} {py} {} {a} 9230 2",
+        shimmed(ctx, "dcli", "")?,
+        client.display()
+    ))?;
+    ensure!(
+        answers.stdout.lines().count() == 2,
+        "the client got {:?}",
+        answers.stdout
+    );
+    for name in ["door.stop", "door.stop.exit"] {
+        std::fs::write(ctx.tmp.join(name), b"")?;
+    }
+    ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+    let got = counts(ctx, "dcli", "client")?;
+    ensure!(
+        got.get("rdma UPGRADED") == Some(&2) && got.len() == 1,
+        "the client counted {got:?}"
+    );
+    ctx.report(format_args!(
+        "the holder's fds {fds_before} before the attacker, {fds_after} after; then {got:?}"
     ));
     Ok(())
 }
