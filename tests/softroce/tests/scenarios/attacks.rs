@@ -15,6 +15,7 @@ use anyhow::{Context as _, bail, ensure};
 use rdma_streams_softroce::helpers::{Captured, Running};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
+use super::shim_handed::{LINE_CLIENT, REUSEPORT_SERVER};
 use super::support::{WAIT_PORT, counts, file, footprint, python, shimmed, wait_line};
 
 pub const SCENARIOS: &[Scenario] = &[
@@ -709,9 +710,7 @@ fn never_claims(ctx: &Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
-const REUSEPORT_SERVER: &str = include_str!("scripts/reuseport_server.py");
 const DOOR_ATTACKER: &str = include_str!("scripts/door_attacker.py");
-const LINE_CLIENT: &str = include_str!("scripts/line_client.py");
 
 /// Another user's process (`nobody`) at the door of a shimmed `SO_REUSEPORT` listener: 100
 /// watch requests (more than a door keeps) and a claim handing over its own TCP connection.

@@ -28,8 +28,10 @@ pub const SCENARIOS: &[Scenario] = &[
 
 const NODE_CLUSTER: &str = include_str!("scripts/node_cluster.js");
 const CLIENT: &str = include_str!("scripts/handed_client.py");
-const REUSEPORT_SERVER: &str = include_str!("scripts/reuseport_server.py");
-const LINE_CLIENT: &str = include_str!("scripts/line_client.py");
+/// An `SO_REUSEPORT` echo server that stops on a file (attacks.rs starts one too).
+pub const REUSEPORT_SERVER: &str = include_str!("scripts/reuseport_server.py");
+/// A client of N one-line connections.
+pub const LINE_CLIENT: &str = include_str!("scripts/line_client.py");
 
 /// Requests, one connection each.
 const REQUESTS: usize = 8;
