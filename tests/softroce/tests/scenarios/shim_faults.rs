@@ -4,13 +4,14 @@
 //! and an RDMA program on the same port. Each ends with its stated reason (or a reader that sees a reset within a bound),
 //! never a hang, and the bytes that were delivered are the right ones.
 
+use std::collections::BTreeMap;
 use std::thread;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
-use super::support::{WAIT_PORT, expect_counts, file, python, shim, shimmed, wait_line};
+use super::support::{WAIT_PORT, counts, expect_counts, file, python, shim, shimmed, wait_line};
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -60,6 +61,12 @@ pub const SCENARIOS: &[Scenario] = &[
         topology: Topology::Loop,
         timeout: Duration::from_secs(300),
         run: policy,
+    },
+    Scenario {
+        name: "shim_service_vip_behind_dnat_stays_tcp_with_its_reason",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(180),
+        run: service_vip,
     },
     Scenario {
         name: "shim_no_device_passes_through",
@@ -268,6 +275,97 @@ fn one_sided(ctx: &Ctx) -> anyhow::Result<()> {
     ensure!(ctx.wait("server", srv)?.success(), "shimmed server failed");
     ensure!(out.stdout.contains("echo ok"), "no echo");
     expect_counts(ctx, "srv", "server", &[("tcp PEER_NOT_SHIMMED", 1)])
+}
+
+/// N echo connections one after another, printing each connect's time (the Service VIP).
+const VIP_CLIENT: &str = include_str!("scripts/vip_client.py");
+
+/// A Kubernetes Service's virtual IP as kube-proxy programs it: nftables DNAT of the VIP and
+/// port to a server's own address and port (here in the output hook of the client's network
+/// namespace, as for a client on the node; a pod's connection is translated the same way on
+/// its node), the VIP routed out of the client's RDMA-capable interface, and another out of an
+/// interface without RDMA (both from the client's address on the RDMA-capable one): the RDMA
+/// connect to the VIP, which only the kernel's NAT knows, waits for an address that never
+/// answers. Three connections of a shimmed client to each, at the default negotiation bound,
+/// to a shimmed server behind them: byte-exact over TCP; the first costs one bound
+/// (`TIMEOUT`), the next two none (`NEGATIVE_CACHE`); the server counts them
+/// `PEER_NOT_SHIMMED`.
+fn service_vip(ctx: &Ctx) -> anyhow::Result<()> {
+    // Routed out of b's interface (rxeb's netdev), and out of a dummy one without RDMA.
+    const VIP: &str = "10.96.0.10";
+    const PLAIN_VIP: &str = "10.96.0.11";
+    let (a, b) = (ctx.addr_a, ctx.addr_b);
+    let netdev = ctx
+        .sh(&format!("ip -o -4 addr show to {b} | awk '{{print $2}}'"))?
+        .stdout
+        .trim()
+        .to_owned();
+    ensure!(!netdev.is_empty(), "no interface holds {b}");
+    ctx.sh(&format!(
+        "ip route replace {VIP}/32 dev {netdev} src {b} && \
+         ip link add svc0 type dummy && ip addr add 10.97.0.1/24 dev svc0 && \
+         ip link set svc0 up && ip route replace {PLAIN_VIP}/32 dev svc0 src {b} && \
+         nft add table ip svc && \
+         nft add chain ip svc out '{{ type nat hook output priority -100; }}' && \
+         nft add rule ip svc out ip daddr {{ {VIP}, {PLAIN_VIP} }} tcp dport 80 \
+         dnat to {a}:9790"
+    ))?;
+    let result = service_vip_clients(ctx, VIP).and_then(|()| service_vip_clients(ctx, PLAIN_VIP));
+    let cleanup = ctx.sh(&format!(
+        "nft delete table ip svc; ip route del {VIP}/32 dev {netdev}; ip link del svc0; true"
+    ));
+    result.and(cleanup.map(|_| ()))
+}
+
+/// Three connections of a shimmed client to `vip`: the first `TIMEOUT`, the next two
+/// `NEGATIVE_CACHE`.
+fn service_vip_clients(ctx: &Ctx, vip: &str) -> anyhow::Result<()> {
+    const BOUND_MS: u64 = 200;
+    let a = ctx.addr_a;
+    let py = python();
+    let server = file(ctx, "server.py", ECHO_SERVER)?;
+    let client = file(ctx, "vip_client.py", VIP_CLIENT)?;
+    let srv = ctx.spawn(&format!(
+        "{} {py} {} {a} 9790 3 0",
+        shimmed(ctx, "vsrv", "")?,
+        server.display()
+    ))?;
+    ctx.sh(&format!("{WAIT_PORT} wait_port 9790"))?;
+    let out = ctx.sh(&format!(
+        "{} {py} {} {vip} 80 3",
+        shimmed(ctx, "vcli", &format!("STREAMSHIM_NEGOTIATE_MS={BOUND_MS}"))?,
+        client.display()
+    ))?;
+    ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+    let times = out.stdout.trim();
+    let (cli, srv) = (
+        counts(ctx, "vcli", "client")?,
+        counts(ctx, "vsrv", "server")?,
+    );
+    ctx.report(format_args!(
+        "a shimmed client to the Service VIP {vip} (DNAT to a shimmed server), {BOUND_MS} ms \
+         bound: {times}; client {cli:?}, server {srv:?}"
+    ));
+    // Each run's counts, then the files go (the next run reuses the tags).
+    ctx.sh(&format!(
+        "rm -f {0}/vcli-*.json {0}/vsrv-*.json",
+        ctx.tmp.display()
+    ))?;
+    let want_cli: BTreeMap<String, u64> = [
+        ("tcp TIMEOUT".to_owned(), 1),
+        ("tcp NEGATIVE_CACHE".to_owned(), 2),
+    ]
+    .into();
+    ensure!(
+        cli == want_cli,
+        "the client counted {cli:?}, not {want_cli:?}"
+    );
+    let want_srv: BTreeMap<String, u64> = [("tcp PEER_NOT_SHIMMED".to_owned(), 3)].into();
+    ensure!(
+        srv == want_srv,
+        "the server counted {srv:?}, not {want_srv:?}"
+    );
+    Ok(())
 }
 
 /// No RDMA device at all: the scenario removes the topology's rxe links (and puts them back
