@@ -6,7 +6,7 @@
 //! [`detour`] when the op calls the original (exactly once on every path: nested, panicked
 //! before or after; errno is the original's on return), [`guarded`] when the shim may answer
 //! instead of the original (a direct read or write: None sends the caller to the original),
-//! and [`read_detour`] for a blocking read, which does one or the other.
+//! and [`read_detour`] for a plain read, which does one or both.
 //! Which way a data call goes is `streamshim_core::calls`'s to say, from its flags.
 //!
 //! getpeername/getsockname/getsockopt/setsockopt answer from the kept TCP socket for upgraded
@@ -209,19 +209,16 @@ fn read_direct(fd: c_int, buf: *mut c_void, len: usize) -> Option<isize> {
     isize::try_from(n).ok()
 }
 
-/// `read`/`recv` of an upgraded fd without flags that change what it returns: a direct read;
-/// on a blocking fd (and without `dontwait`: `MSG_DONTWAIT`), when neither the ring nor the
-/// socketpair holds bytes, `orig` (the original on a part of the buffer) as a waiting reader
-/// and the ring's bytes after it ([`ops::read_or_wait`]). None: the caller calls the original.
+/// `read`/`recv` of an upgraded fd without flags that change what it returns: a direct read
+/// when the ring holds bytes and the socketpair none; else `orig` (the original on a part of
+/// the buffer) as a waiting reader and the ring's bytes after what it returned
+/// ([`ops::read_or_wait`]). None: the caller calls the original. Any other fd costs one atomic
+/// load.
 fn read_upgraded(
     fd: c_int,
     (buf, len): (*mut c_void, usize),
-    dontwait: bool,
     orig: &mut dyn FnMut(*mut c_void, usize) -> isize,
 ) -> Option<isize> {
-    if dontwait {
-        return read_direct(fd, buf, len);
-    }
     if buf.is_null() || len == 0 || fdtable::get(fd) & fdtable::SWAPPED == 0 {
         return None;
     }
@@ -229,11 +226,8 @@ fn read_upgraded(
     // reference to them exists while the slice lives (it ends with this call); `orig` only
     // ever gets the sub-slices the op hands it.
     let whole = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
-    let blocking = || sys::fd_flags(fd).is_ok_and(|(fl, _)| fl & libc::O_NONBLOCK == 0);
     let mut real = |b: &mut [u8]| orig(b.as_mut_ptr().cast(), b.len());
-    read_detour(&mut real, |real| {
-        ops::read_or_wait(fd, whole, &blocking, real)
-    })
+    read_detour(&mut real, |real| ops::read_or_wait(fd, whole, real))
 }
 
 /// `recv`/`recvfrom` of an upgraded fd, the way [`calls::recv`] says: [`read_upgraded`]; with
@@ -251,8 +245,7 @@ fn recv_upgraded(
         Recv::Original => return None,
         Recv::Direct => {
             let mut plain = |b: *mut c_void, l: usize| orig(b, l, flags);
-            let dontwait = flags & libc::MSG_DONTWAIT != 0;
-            return read_upgraded(fd, (buf, len), dontwait, &mut plain);
+            return read_upgraded(fd, (buf, len), &mut plain);
         }
         Recv::Discard if fdtable::get(fd) & fdtable::SWAPPED != 0 => {
             let mut scratch = [0u8; calls::DISCARD_CHUNK];
@@ -348,7 +341,7 @@ fn write_result(fd: c_int, added: c_int, quiet: bool, n: isize) -> isize {
 }
 
 /// `ssize_t read(int fd, void *buf, size_t count)`: for an upgraded fd, the stream's bytes
-/// straight from its receive ring when the engine has delivered none to the fd, and on a
+/// straight from its receive ring, after those the engine delivered to the fd, and on a
 /// blocking fd after waiting for them ([`read_upgraded`]).
 ///
 /// # Safety
@@ -360,7 +353,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isiz
     };
     // SAFETY: the caller's fd, with parts of its buffer, as read(2) allows.
     let mut call = |b: *mut c_void, l: usize| unsafe { orig(fd, b, l) };
-    if let Some(n) = read_upgraded(fd, (buf, count), false, &mut call) {
+    if let Some(n) = read_upgraded(fd, (buf, count), &mut call) {
         return read_result(fd, count, n);
     }
     // SAFETY: the caller's arguments, passed on unchanged.

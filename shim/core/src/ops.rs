@@ -385,14 +385,12 @@ pub fn read_direct(fd: c_int, buf: &mut [u8]) -> Option<usize> {
     Some(n)
 }
 
-/// A blocking `read`/`recv` of `fd` into `buf` ([`upgrade::read_or_wait`]): for an upgraded
-/// fd, the stream's bytes from its ring, waiting first when neither the ring nor the
-/// socketpair holds any (`blocking()`: the fd blocks); `wait` is the original call, made at
-/// most once. None: the caller calls the original.
+/// A `read`/`recv` of `fd` into `buf` ([`upgrade::read_or_wait`]): for an upgraded fd, the
+/// stream's bytes from its ring, after those `wait` (the original call, made at most once)
+/// returns when the ring cannot be read at once. None: the caller calls the original.
 pub fn read_or_wait(
     fd: c_int,
     buf: &mut [u8],
-    blocking: &dyn Fn() -> bool,
     wait: &mut dyn FnMut(&mut [u8]) -> isize,
 ) -> Option<isize> {
     if fdtable::get(fd) & SWAPPED == 0 {
@@ -404,7 +402,7 @@ pub fn read_or_wait(
         waited = n.max(0);
         n
     };
-    let n = upgrade::read_or_wait(fd, buf, blocking, &mut counted)?;
+    let n = upgrade::read_or_wait(fd, buf, &mut counted)?;
     let direct = n.saturating_sub(waited).max(0).unsigned_abs();
     if direct > 0 {
         crate::stats::Stats::global().add_rdma_bytes_direct(direct as u64);

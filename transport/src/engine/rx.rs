@@ -36,12 +36,12 @@
 //! any other), the engine hears of it (its end of the socketpair becomes writable) and wakes
 //! the next waiter the same way, so a waiting reader is always woken while bytes arrive.
 //!
-//! A blocking read that finds neither the ring nor the socketpair holding bytes
-//! ([`Reader::read_or_wait`]: `read` or a plain `recv` of a blocking fd) waits the same way,
-//! without a hold before or after: the wake-up is the first byte it returns, and it copies
-//! what arrived after it from the ring into the rest of its buffer. So a blocking reader takes
-//! most bytes in one copy, not only when it happens to run between an arrival and the
-//! engine's delivery.
+//! A `read` or plain `recv` that cannot copy from the ring at once ([`Reader::read_or_wait`])
+//! makes its original call as a waiting reader, without a hold before or after: it returns
+//! what the socketpair holds, or, on a blocking fd, blocks until the engine's wake-up, and then
+//! copies what arrived after those bytes from the ring into the rest of its buffer. So a
+//! blocking reader takes most bytes in one copy, not only when it happens to run between an
+//! arrival and the engine's delivery; a poll-driven reader pays no syscall of the shim's.
 //!
 //! Under a low-water mark (`SO_RCVLOWAT` above 1) readers copy nothing: the socketpair's
 //! blocking read honours the mark, and the engine delivers as if no reader held or waited
@@ -312,25 +312,24 @@ impl Reader {
         }
         let recv = self.recv.upgrade()?;
         let state = recv.lock();
-        if !state.flow.has_pending() || !Self::may_copy(&state, app) {
+        if !state.flow.has_pending() || !Self::may_take(&state) || !fd::holds_nothing(app) {
             return None;
         }
         Some(self.copy(&recv, state, buf))
     }
 
-    /// A blocking read of `app` into `buf` (`read`, or `recv` without flags that change what it
-    /// returns, on a blocking fd): as [`Reader::read`] when the ring holds bytes. When neither
-    /// the ring nor `app` holds any and `blocking()` says the call would block, `wait(buf)`
-    /// (the original call on `app`) runs as a *waiting* reader (see the module docs): the
-    /// engine delivers only a wake-up, and what arrived after it is copied from the ring into
-    /// the rest of `buf`. The result is `wait`'s when it read nothing (0 at EOF, -1 with its
-    /// errno), else the bytes of both. None: call the original as usual (`app` holds bytes,
-    /// the stream is not running, a mark is set, the fd does not block).
+    /// A read of `app` into `buf` (`read`, or `recv` without flags that change what it
+    /// returns): as [`Reader::read`] when the ring holds bytes and `app` none. Otherwise
+    /// `wait(buf)` (the original call on `app`: it returns what `app` holds, or blocks when the
+    /// fd does) runs as a *waiting* reader (see the module docs): while it blocks the engine
+    /// delivers only a wake-up, and what arrived after the bytes it read is copied from the ring
+    /// into the rest of `buf`. The result is `wait`'s when it read nothing (0 at EOF, -1 with
+    /// its errno), else the bytes of both. None: call the original as usual (the stream is not
+    /// running, a mark is set, another reader is copying).
     pub fn read_or_wait(
         &self,
         app: RawFd,
         buf: &mut [u8],
-        blocking: &dyn Fn() -> bool,
         wait: &mut dyn FnMut(&mut [u8]) -> isize,
     ) -> Option<isize> {
         if buf.is_empty() {
@@ -339,18 +338,16 @@ impl Reader {
         {
             let recv = self.recv.upgrade()?;
             let mut state = recv.lock();
-            if !Self::may_copy(&state, app) {
+            if !Self::may_take(&state) {
                 return None;
             }
-            if state.flow.has_pending() {
+            // The syscall only when the ring holds bytes (a poll-driven reader finds it empty).
+            if state.flow.has_pending() && fd::holds_nothing(app) {
                 return isize::try_from(self.copy(&recv, state, buf)).ok();
-            }
-            if !blocking() {
-                return None;
             }
             state.waiting += 1;
         }
-        // No strong hold on the receive side across the blocking call.
+        // No strong hold on the receive side across the call, which may block.
         let n = wait(buf);
         let Some(recv) = self.recv.upgrade() else {
             return Some(n);
@@ -375,15 +372,15 @@ impl Reader {
         Some(total)
     }
 
-    /// Whether a reader may copy from the ring now that `app` is seen to hold nothing.
-    fn may_copy(state: &RecvState, app: RawFd) -> bool {
+    /// Whether a reader may take bytes from the ring now, as far as the stream's state says
+    /// (the caller checks that `app` holds none).
+    fn may_take(state: &RecvState) -> bool {
         // With a low-water mark the socketpair's blocking read honours it.
         // At the mark the engine hands the urgent byte on, out of band.
         state.readers_on
             && !state.flow.claim_open()
             && !state.flow.at_mark()
             && state.low_water <= 1
-            && fd::holds_nothing(app)
     }
 
     /// Claims up to `buf.len()` of the pending bytes under `state` (some are pending) and
@@ -714,7 +711,7 @@ mod tests {
         let mut buf = [0u8; 16];
         let mut never = |_: &mut [u8]| -> isize { panic!("waited with bytes in the ring") };
         assert_eq!(
-            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| true, &mut never),
+            reader.read_or_wait(app.as_raw_fd(), &mut buf, &mut never),
             Some(2),
             "the ring's bytes, without waiting"
         );
@@ -733,7 +730,7 @@ mod tests {
             1
         };
         assert_eq!(
-            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| true, &mut wait),
+            reader.read_or_wait(app.as_raw_fd(), &mut buf, &mut wait),
             Some(5)
         );
         assert_eq!(&buf[..5], b"cdefg", "the wake-up, then the ring, in order");
@@ -744,42 +741,37 @@ mod tests {
     }
 
     #[test]
-    fn a_blocking_read_leaves_to_libc_what_it_cannot_wait_for() {
+    fn a_read_takes_the_socketpairs_bytes_first_and_leaves_to_libc_what_it_cannot_take() {
         let (inner, recv) = (inner(), receiver(b"x"));
         let reader = Reader::new(&recv, Arc::clone(&inner), 3);
-        let (mut app, mut engine) = UnixStream::pair().unwrap();
+        let (app, mut engine) = UnixStream::pair().unwrap();
         let mut buf = [0u8; 4];
         assert_eq!(reader.read(app.as_raw_fd(), &mut buf), Some(1));
-        let mut never = |_: &mut [u8]| -> isize { panic!("waited") };
-        assert_eq!(
-            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| false, &mut never),
-            None,
-            "a non-blocking fd: the original says EAGAIN"
-        );
+        // The socketpair holds bytes, the ring more: the original reads the socketpair's, and
+        // the ring's follow them in the same call.
         engine.write_all(b"y").unwrap();
-        assert_eq!(
-            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| true, &mut never),
-            None,
-            "the socketpair's bytes come first"
-        );
-        assert_eq!(app.read(&mut buf).unwrap(), 1);
+        arrive(&recv, b"zz");
+        let fd = app.as_raw_fd();
+        let mut original =
+            |b: &mut [u8]| -> isize { isize::try_from((&app).read(b).unwrap()).unwrap() };
+        assert_eq!(reader.read_or_wait(fd, &mut buf, &mut original), Some(3));
+        assert_eq!(&buf[..3], b"yzz", "the socketpair's bytes, then the ring's");
+        let mut never = |_: &mut [u8]| -> isize { panic!("called the original") };
         recv.lock().low_water = 4;
         assert_eq!(
-            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| true, &mut never),
+            reader.read_or_wait(fd, &mut buf, &mut never),
             None,
             "under a mark the socketpair's read honours it"
         );
         recv.lock().low_water = 1;
 
-        // A wait that fails (a signal, a receive timeout) is the call's result, and lets go.
+        // An original that fails (EAGAIN on a non-blocking fd, a signal, a receive timeout) is
+        // the call's result, and lets go.
         let mut fails = |_: &mut [u8]| -> isize {
             arrive(&recv, b"late");
             -1
         };
-        assert_eq!(
-            reader.read_or_wait(app.as_raw_fd(), &mut buf, &|| true, &mut fails),
-            Some(-1)
-        );
+        assert_eq!(reader.read_or_wait(fd, &mut buf, &mut fails), Some(-1));
         let state = recv.lock();
         assert_eq!((state.waiting, state.held), (0, 0));
         assert_eq!(

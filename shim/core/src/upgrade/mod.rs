@@ -275,20 +275,19 @@ pub fn read_direct(fd: c_int, buf: &mut [u8]) -> Option<usize> {
     reader.read(fd, buf)
 }
 
-/// A blocking `read`/`recv` of a swapped fd ([`Reader::read_or_wait`]): the ring's bytes, or
-/// `wait` (the original call) as a waiting reader and the ring's bytes after it. None: call
-/// the original. Never in a fork child (the ring is not mapped there).
+/// A `read`/`recv` of a swapped fd ([`Reader::read_or_wait`]): the ring's bytes, or `wait`
+/// (the original call) as a waiting reader and the ring's bytes after it. None: call the
+/// original. Never in a fork child (the ring is not mapped there).
 pub fn read_or_wait(
     fd: c_int,
     buf: &mut [u8],
-    blocking: &dyn Fn() -> bool,
     wait: &mut dyn FnMut(&mut [u8]) -> isize,
 ) -> Option<isize> {
     if FORKED.load(Ordering::Acquire) {
         return None;
     }
     let reader = SWAPPED_FDS.lock().get(&fd)?.reader.clone()?;
-    reader.read_or_wait(fd, buf, blocking, wait)
+    reader.read_or_wait(fd, buf, wait)
 }
 
 /// A hold on the stream behind the swapped `fd` for a run of direct reads (`recv` with
