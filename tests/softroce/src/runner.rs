@@ -2,8 +2,8 @@
 //! every part, chosen by its environment:
 //!
 //! - **host** (default): boots one loop guest for all selected [`Topology::Loop`] scenarios and
-//!   one wire pair for all [`Topology::Wire`] ones, each running this same binary (readable in
-//!   the guest through the shared root) with `--exact` and the scenario names; streams their
+//!   then one wire pair for all [`Topology::Wire`] ones, each running this same binary (readable
+//!   in the guest through the shared root) with `--exact` and the scenario names; streams their
 //!   results as libtest-like lines, prints the scenario's log and the guest's console on a
 //!   failure, and exits non-zero on any failure or when no guest can boot;
 //! - **in a guest** (`SOFTROCE_IN_GUEST=1`, set by the init script): runs the selected
@@ -29,7 +29,7 @@ use std::process::{Command, ExitCode};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::accel::choose;
+use crate::accel::{Accel, choose};
 use crate::cli;
 use crate::guest::{INIT_SH, Outcome, run_pair_with, run_with, tail};
 use crate::helpers::rdma_devices;
@@ -734,6 +734,117 @@ fn guest_report(o: &Outcome) -> String {
     )
 }
 
+/// What one guest run (the loop guest, or the wire pair) ended with.
+#[derive(Default)]
+struct Part {
+    passed: usize,
+    failures: Vec<Failure>,
+    /// Reports of guests that had a failing scenario.
+    trouble: Vec<String>,
+    /// Shared directories to keep (a failure's) and to remove.
+    keep: Vec<PathBuf>,
+    remove: Vec<PathBuf>,
+}
+
+impl Part {
+    /// Every scenario of `scenarios` failed because its guest did: `why`.
+    fn no_guest(scenarios: &[&Scenario], what: &str, why: &str) -> Part {
+        let mut part = Part::default();
+        for s in scenarios {
+            say!("test {} ... FAILED (no guest)", s.name);
+            part.failures.push(Failure {
+                name: s.name.to_string(),
+                details: format!("{what} failed: {why}"),
+            });
+        }
+        part
+    }
+}
+
+/// Boots the loop guest for `loops` (none: nothing to do) and judges them.
+fn run_loop(loops: &[&Scenario], exe: &Path, accel: Accel, verbose: bool) -> Part {
+    if loops.is_empty() {
+        return Part::default();
+    }
+    let timeout: Duration = accel.boot_allowance()
+        + loops.iter().map(|s| s.timeout).sum::<Duration>()
+        + crate::stacks::ALLOWANCE
+        + Duration::from_secs(60);
+    let spec = passthrough(GuestSpec::new("loop", guest_argv(exe, loops)).timeout(timeout));
+    say!(
+        "softroce: booting the loop guest for {} scenarios",
+        loops.len()
+    );
+    let live = Live::new(&["loop"], verbose);
+    match run_with(&spec, &|g, l| live.line(g, l)) {
+        Ok(o) => {
+            say!("softroce: {}", o.summary());
+            let mut part = Part::default();
+            part.passed = judge(loops, &[&o], &live, &mut part.failures);
+            if part.passed < loops.len() {
+                part.trouble.push(guest_report(&o));
+                part.keep.push(o.shared_dir.clone());
+            } else {
+                part.remove.push(o.shared_dir.clone());
+            }
+            part
+        }
+        Err(e) => {
+            say!("softroce: the loop guest failed: {e}");
+            Part::no_guest(loops, "the loop guest", &e.to_string())
+        }
+    }
+}
+
+/// Boots the wire pair for `wires` (none: nothing to do) and judges them.
+fn run_wires(wires: &[&Scenario], exe: &Path, accel: Accel, verbose: bool) -> Part {
+    if wires.is_empty() {
+        return Part::default();
+    }
+    let timeout: Duration = accel.boot_allowance()
+        + wires
+            .iter()
+            .map(|s| s.timeout + END_BARRIER_SLACK)
+            .sum::<Duration>()
+        + crate::stacks::ALLOWANCE
+        + BEGIN_BARRIER;
+    let argv = guest_argv(exe, wires);
+    let side = |role: WireRole| {
+        passthrough(
+            GuestSpec::new(role.as_str(), argv.clone())
+                .net(Net::Wire { role, port: 0 })
+                .timeout(timeout),
+        )
+    };
+    say!(
+        "softroce: booting the wire pair for {} scenarios",
+        wires.len()
+    );
+    let live = Live::new(&["a", "b"], verbose);
+    match run_pair_with(&side(WireRole::A), &side(WireRole::B), &|g, l| {
+        live.line(g, l)
+    }) {
+        Ok((a, b)) => {
+            say!("softroce: {}", a.summary());
+            say!("softroce: {}", b.summary());
+            let mut part = Part::default();
+            part.passed = judge(wires, &[&a, &b], &live, &mut part.failures);
+            if part.passed < wires.len() {
+                part.trouble.push(guest_report(&a));
+                part.trouble.push(guest_report(&b));
+                part.keep.push(a.shared_dir.clone());
+            } else {
+                part.remove.push(a.shared_dir.clone());
+            }
+            part
+        }
+        Err(e) => {
+            say!("softroce: the wire pair failed: {e}");
+            Part::no_guest(wires, "the wire pair", &e.to_string())
+        }
+    }
+}
+
 fn host(selected: &[&Scenario], filtered_out: usize) -> ExitCode {
     let started = Instant::now();
     say!("\nrunning {} tests", selected.len());
@@ -776,96 +887,21 @@ fn host(selected: &[&Scenario], filtered_out: usize) -> ExitCode {
     let verbose = flag("SOFTROCE_VERBOSE");
     let (loops, wires): (Vec<&Scenario>, Vec<&Scenario>) =
         selected.iter().partition(|s| s.topology == Topology::Loop);
+    // One after the other: side by side on two cores, the wire pair's boots and its nested
+    // QEMU migration slow the loop guest's scenarios about as much as they save.
+    let on_loop = run_loop(&loops, &exe, accel, verbose);
+    let on_wires = run_wires(&wires, &exe, accel, verbose);
     let mut failures = Vec::new();
     let mut passed = 0;
     let mut guest_trouble = Vec::new();
     let mut keep = Vec::new();
     let mut remove = Vec::new();
-
-    if !loops.is_empty() {
-        let timeout: Duration = accel.boot_allowance()
-            + loops.iter().map(|s| s.timeout).sum::<Duration>()
-            + crate::stacks::ALLOWANCE
-            + Duration::from_secs(60);
-        let spec = passthrough(GuestSpec::new("loop", guest_argv(&exe, &loops)).timeout(timeout));
-        say!(
-            "softroce: booting the loop guest for {} scenarios",
-            loops.len()
-        );
-        let live = Live::new(&["loop"], verbose);
-        match run_with(&spec, &|g, l| live.line(g, l)) {
-            Ok(o) => {
-                say!("softroce: {}", o.summary());
-                let p = judge(&loops, &[&o], &live, &mut failures);
-                if p < loops.len() {
-                    guest_trouble.push(guest_report(&o));
-                    keep.push(o.shared_dir.clone());
-                } else {
-                    remove.push(o.shared_dir.clone());
-                }
-                passed += p;
-            }
-            Err(e) => {
-                say!("softroce: the loop guest failed: {e}");
-                for s in &loops {
-                    say!("test {} ... FAILED (no guest)", s.name);
-                    failures.push(Failure {
-                        name: s.name.to_string(),
-                        details: format!("the loop guest failed: {e}"),
-                    });
-                }
-            }
-        }
-    }
-
-    if !wires.is_empty() {
-        let timeout: Duration = accel.boot_allowance()
-            + wires
-                .iter()
-                .map(|s| s.timeout + END_BARRIER_SLACK)
-                .sum::<Duration>()
-            + crate::stacks::ALLOWANCE
-            + BEGIN_BARRIER;
-        let argv = guest_argv(&exe, &wires);
-        let side = |role: WireRole| {
-            passthrough(
-                GuestSpec::new(role.as_str(), argv.clone())
-                    .net(Net::Wire { role, port: 0 })
-                    .timeout(timeout),
-            )
-        };
-        say!(
-            "softroce: booting the wire pair for {} scenarios",
-            wires.len()
-        );
-        let live = Live::new(&["a", "b"], verbose);
-        match run_pair_with(&side(WireRole::A), &side(WireRole::B), &|g, l| {
-            live.line(g, l)
-        }) {
-            Ok((a, b)) => {
-                say!("softroce: {}", a.summary());
-                say!("softroce: {}", b.summary());
-                let p = judge(&wires, &[&a, &b], &live, &mut failures);
-                if p < wires.len() {
-                    guest_trouble.push(guest_report(&a));
-                    guest_trouble.push(guest_report(&b));
-                    keep.push(a.shared_dir.clone());
-                } else {
-                    remove.push(a.shared_dir.clone());
-                }
-                passed += p;
-            }
-            Err(e) => {
-                say!("softroce: the wire pair failed: {e}");
-                for s in &wires {
-                    say!("test {} ... FAILED (no guests)", s.name);
-                    failures.push(Failure {
-                        name: s.name.to_string(),
-                        details: format!("the wire pair failed: {e}"),
-                    });
-                }
-            }
-        }
+    for part in [on_loop, on_wires] {
+        passed += part.passed;
+        failures.extend(part.failures);
+        guest_trouble.extend(part.trouble);
+        keep.extend(part.keep);
+        remove.extend(part.remove);
     }
 
     if !failures.is_empty() {
