@@ -768,11 +768,13 @@ pub unsafe extern "C" fn splice(
 
 /// `int ioctl(int fd, unsigned long request, ...)`: `FIONREAD` (`SIOCINQ`) of an upgraded fd
 /// with an urgent byte pending counts the bytes before the mark, as TCP's does
-/// ([`ops::readable`]); everything else is the original's. Defined with a fixed third
-/// argument, as [`fcntl`] is. One comparison for any other request.
+/// ([`ops::readable`]), and its `SIOCATMARK` answers as TCP's ([`ops::at_mark`]); everything
+/// else is the original's. Defined with a fixed third argument, as [`fcntl`] is. Two
+/// comparisons for any other request.
 ///
 /// # Safety
-/// The C contract of `ioctl(2)`: for `FIONREAD`, `arg` points to a writable `int`.
+/// The C contract of `ioctl(2)`: for `FIONREAD` and `SIOCATMARK`, `arg` points to a writable
+/// `int`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: *mut c_void) -> c_int {
     let Some(orig) = real::ioctl() else {
@@ -785,6 +787,22 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: *mut c_vo
         // SAFETY: FIONREAD's contract: `arg` points to a writable int.
         unsafe { arg.cast::<c_int>().write(n) };
         return 0;
+    }
+    if request == sys::SIOCATMARK
+        && !arg.is_null()
+        && let Some(answer) = guarded(|| ops::at_mark(fd)).flatten()
+    {
+        return match answer {
+            Ok(at) => {
+                // SAFETY: SIOCATMARK's contract: `arg` points to a writable int.
+                unsafe { arg.cast::<c_int>().write(c_int::from(at)) };
+                0
+            }
+            Err(errno) => {
+                sys::set_errno(errno);
+                -1
+            }
+        };
     }
     // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { orig(fd, request, arg) }

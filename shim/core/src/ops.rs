@@ -451,6 +451,15 @@ pub fn readable(fd: c_int) -> Option<c_int> {
     sys::readable_before_mark(fd)
 }
 
+/// `ioctl(fd, SIOCATMARK)` on an upgraded `fd`, answered as TCP's ([`upgrade::at_mark`]):
+/// `Some(Ok(at the mark))`, `Some(Err(errno))`; None: the caller calls the original.
+pub fn at_mark(fd: c_int) -> Option<Result<bool, c_int>> {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return None;
+    }
+    Some(upgrade::at_mark(fd)?.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)))
+}
+
 /// `send` of urgent data (`MSG_OOB` in `flags`) on the upgraded `fd`: sent so that the peer's
 /// app gets its last byte as urgent data at its place ([`upgrade::send_urgent`]), blocking as
 /// the fd and `flags` ask. None for any other fd: the caller sends it as usual.

@@ -6,6 +6,7 @@
 // `struct sockaddr`, and registering exit/fork callbacks.
 #![allow(unsafe_code)]
 
+pub use rdma_streams_transport::rdma::SIOCATMARK;
 use std::mem::{MaybeUninit, size_of};
 use std::net::SocketAddr;
 

@@ -815,6 +815,19 @@ impl Conn {
         }
     }
 
+    /// Whether the app's end `app` of the connection is at the urgent mark, as TCP's socket
+    /// would answer once every byte sent before the question arrived (`SIOCATMARK`): a write
+    /// of bytes and the urgent byte behind them that a relay has under way is waited for (at
+    /// most `wait`), and an urgent byte that the stream's receive side is about to hand on
+    /// counts as there.
+    pub fn at_mark(&self, app: RawFd, wait: Duration) -> io::Result<bool> {
+        self.shared.wait_urgent_written(Instant::now() + wait);
+        match self.shared.receiver() {
+            Some(recv) => recv.at_mark(app),
+            None => crate::rdma::at_mark(app),
+        }
+    }
+
     /// What the connection's stream carried (`TCP_INFO`'s byte counts): None unless it is
     /// carried by its stream (before it bound, or relayed over TCP, its kept TCP socket's own
     /// counts are the truth). Bytes acknowledged are those whose writes completed (the peer's

@@ -35,6 +35,7 @@ use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::proof::{Found, Scan};
@@ -188,6 +189,9 @@ pub(super) struct Pipes {
     low_water: usize,
     /// The local side is an `AF_UNIX` socket (the shim's socketpair; [`Toward::urgent_in_one`]).
     local_is_unix: bool,
+    /// Set while bytes and the urgent byte behind them are written to the local side
+    /// ([`Pipes::tell_urgent_writes`]).
+    gate: Option<Arc<AtomicBool>>,
 }
 
 /// How a relay step ended.
@@ -212,6 +216,16 @@ impl Pipes {
             stepped: false,
             low_water: 1,
             local_is_unix: fd::is_local_socket(local),
+            gate: None,
+        }
+    }
+
+    /// Sets `gate` while a write of bytes and the urgent byte behind them to the local side is
+    /// under way, for an app that asks whether it is at the mark
+    /// ([`super::shared::ConnShared::wait_urgent_written`]). Kept once given.
+    pub(super) fn tell_urgent_writes(&mut self, gate: &Arc<AtomicBool>) {
+        if self.gate.is_none() {
+            self.gate = Some(Arc::clone(gate));
         }
     }
 
@@ -362,6 +376,7 @@ impl Pipes {
                     low_water: 1,
                     urgent_in_one: false,
                     reset_if_closed: true,
+                    gate: None,
                 },
             ) {
                 Ok(p) => p,
@@ -378,6 +393,7 @@ impl Pipes {
                     low_water: self.low_water,
                     urgent_in_one: self.local_is_unix,
                     reset_if_closed: false,
+                    gate: self.gate.as_deref(),
                 },
             ) {
                 Ok(p) => p,
@@ -450,6 +466,11 @@ impl Relay {
         self.pipes.low_water = bytes.max(1);
     }
 
+    /// See [`Pipes::tell_urgent_writes`].
+    pub(super) fn tell_urgent_writes(&mut self, gate: &Arc<AtomicBool>) {
+        self.pipes.tell_urgent_writes(gate);
+    }
+
     /// Whether the relay was stepped since it started. One that was not must be stepped
     /// without waiting for an event: bytes written before it started (a server's banner)
     /// raise none.
@@ -506,7 +527,7 @@ impl Relay {
 }
 
 /// How one direction's pass treats its sides.
-struct Toward {
+struct Toward<'a> {
     /// The source with nothing to read counts as EOF (the process is exiting).
     draining: bool,
     /// The reader's mark on the destination ([`Relay::set_low_water`], 1: none).
@@ -518,6 +539,8 @@ struct Toward {
     /// At the source's EOF, a source closed (not only shut for writing) toward a destination
     /// set to reset on close is an abortive close: the destination is reset, not shut down.
     reset_if_closed: bool,
+    /// Set while a write of bytes and the urgent byte behind them is under way.
+    gate: Option<&'a AtomicBool>,
 }
 
 /// One direction's pass: read what fits, write what is buffered, half-close after EOF. True
@@ -528,13 +551,14 @@ fn pass(
     src_ready: &mut Ready,
     dst: BorrowedFd<'_>,
     dst_ready: &mut Ready,
-    toward: Toward,
+    toward: Toward<'_>,
 ) -> io::Result<bool> {
     let Toward {
         draining,
         low_water,
         urgent_in_one,
         reset_if_closed,
+        gate,
     } = toward;
     let mut progressed = false;
     let room = d.room();
@@ -599,12 +623,18 @@ fn pass(
         if let Some(u) = urgent
             && urgent_in_one
         {
+            if let Some(g) = gate {
+                g.store(true, Ordering::Release);
+            }
             wrote = fd::write_urgent(dst, &d.buf[d.start..=u]).map(|n| {
                 if n == u + 1 - d.start {
                     d.urgent = None;
                 }
                 d.took(n);
             });
+            if let Some(g) = gate {
+                g.store(false, Ordering::Release);
+            }
         } else if d.start < upto {
             wrote = fd::write(dst, &d.buf[d.start..upto]).map(|n| d.took(n));
         }
@@ -695,11 +725,40 @@ mod tests {
     }
 
     #[test]
+    fn a_question_at_the_mark_waits_out_an_urgent_write_under_way() {
+        // The relay's one send of "ab" and the urgent "!" is queued by AF_UNIX as two: an app
+        // that read "ab" in between waits out the gate (as `SIOCATMARK` on its end does:
+        // `Conn::at_mark`) and finds the mark, as TCP, which gets all three in one segment,
+        // shows it. The send is stretched here to 50 ms.
+        use nix::sys::socket::{MsgFlags, send};
+        let shared = super::super::shared::ConnShared::connecting(None);
+        let gate = Arc::clone(shared.urgent_gate());
+        let (mut app, local) = UnixStream::pair().unwrap();
+        gate.store(true, Ordering::Release);
+        send(local.as_raw_fd(), b"ab", MsgFlags::empty()).unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            send(local.as_raw_fd(), b"!", MsgFlags::MSG_OOB).unwrap();
+            gate.store(false, Ordering::Release);
+            local
+        });
+        let mut got = [0u8; 2];
+        app.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ab");
+        shared.wait_urgent_written(Instant::now() + std::time::Duration::from_secs(5));
+        assert!(fd::at_mark(app.as_fd()), "the mark, once the write is done");
+        drop(writer.join().unwrap());
+    }
+
+    #[test]
     fn urgent_data_crosses_as_urgent_both_ways() {
         let (mut r, mut app, mut peer) = relay(None);
+        let gate = Arc::new(AtomicBool::new(false));
+        r.tell_urgent_writes(&gate);
         urgent_crosses(&mut r, &app, &mut peer);
         urgent_crosses(&mut r, &peer, &mut app);
         assert_eq!(r.moved(), (5, 5));
+        assert!(!gate.load(Ordering::Acquire), "open again after the write");
     }
 
     #[test]

@@ -249,6 +249,19 @@ impl Receiver {
         Ok(moved)
     }
 
+    /// Whether the app's end `app` is at the urgent mark, as TCP's socket would answer
+    /// (`SIOCATMARK`): the kernel's answer, or yes when `app` holds nothing and the next byte
+    /// the engine hands on is the urgent one (TCP's socket would hold it, at the mark), as
+    /// after a direct read took the bytes before it. Under the lock, so no delivery is half
+    /// done.
+    pub(super) fn at_mark(&self, app: RawFd) -> io::Result<bool> {
+        let state = self.lock();
+        if crate::rdma::at_mark(app)? {
+            return Ok(true);
+        }
+        Ok(state.readers_on && state.flow.at_mark() && fd::holds_nothing(app))
+    }
+
     /// Turns direct reads on or off (see the module docs).
     pub(super) fn set_readers(&self, on: bool) {
         self.lock().readers_on = on;

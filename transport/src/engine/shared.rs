@@ -100,6 +100,9 @@ pub(super) struct ConnShared {
     low_water: AtomicUsize,
     /// The connection's bytes go over its stream: it bound (`Event::Decided(Rdma)`).
     on_stream: AtomicBool,
+    /// A relay's write of bytes and the urgent byte behind them to the app's end is under way
+    /// ([`ConnShared::wait_urgent_written`]).
+    writing_urgent: Arc<AtomicBool>,
 }
 
 impl ConnShared {
@@ -117,6 +120,7 @@ impl ConnShared {
             changed: Condvar::new(),
             low_water: AtomicUsize::new(1),
             on_stream: AtomicBool::new(false),
+            writing_urgent: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -134,6 +138,22 @@ impl ConnShared {
     /// See [`ConnShared::set_on_stream`].
     pub(super) fn on_stream(&self) -> bool {
         self.on_stream.load(Ordering::Acquire)
+    }
+
+    /// What a relay sets while it writes bytes and the urgent byte behind them to the app's
+    /// end ([`super::relay::Pipes::tell_urgent_writes`]).
+    pub(super) fn urgent_gate(&self) -> &Arc<AtomicBool> {
+        &self.writing_urgent
+    }
+
+    /// Waits, at most until `until`, for a relay's write of bytes and the urgent byte behind
+    /// them to the app's end to finish. An `AF_UNIX` send queues the urgent byte after the
+    /// others, so an app that read those in between would find no mark where TCP, which gets
+    /// them in one segment, shows it (`SIOCATMARK`). The write is one non-blocking call.
+    pub(super) fn wait_urgent_written(&self, until: Instant) {
+        while self.writing_urgent.load(Ordering::Acquire) && Instant::now() < until {
+            std::thread::yield_now();
+        }
     }
 
     /// The app's receive low-water mark (1: none).

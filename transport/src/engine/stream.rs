@@ -432,6 +432,7 @@ impl StreamConn {
         let (Some(pipes), Some(kept)) = (a.handover.as_mut(), a.kept.as_ref()) else {
             return;
         };
+        pipes.tell_urgent_writes(self.shared.urgent_gate());
         let before = pipes.moved();
         let step = pipes.step(
             a.local.as_fd(),
@@ -712,6 +713,7 @@ impl StreamConn {
             return;
         };
         relay.set_low_water(self.shared.low_water());
+        relay.tell_urgent_writes(self.shared.urgent_gate());
         let error = match relay.step(draining) {
             Step::Idle => return,
             Step::Finished => None,

@@ -16,8 +16,8 @@ pub use cm::{
 };
 pub use lib::{DEFAULT_PROVIDER, Lib, LoadError, VERBS_SONAME};
 pub use verbs::{
-    Access, Context, Cq, Device, Local, Mr, Pd, Qp, Region, Wc, at_mark, ensure_fork_safe,
-    unread_by_peer,
+    Access, Context, Cq, Device, Local, Mr, Pd, Qp, Region, SIOCATMARK, Wc, at_mark,
+    ensure_fork_safe, unread_by_peer,
 };
 
 /// `IBV_WC_SUCCESS`.

@@ -517,7 +517,7 @@ pub fn unread_by_peer(fd: RawFd) -> io::Result<usize> {
 }
 
 /// Linux's `SIOCATMARK` (`asm-generic/sockios.h`; the libc crate has it for Apple only).
-const SIOCATMARK: libc::c_ulong = 0x8905;
+pub const SIOCATMARK: libc::c_ulong = 0x8905;
 
 /// Whether the next byte to read from stream socket `fd` is its urgent byte (`SIOCATMARK`).
 /// Here, beside [`unread_by_peer`], as a raw call.

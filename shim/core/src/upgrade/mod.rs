@@ -237,6 +237,20 @@ pub fn send_urgent(fd: c_int, buf: &[u8], flags: c_int) -> Option<std::io::Resul
     Some(halves.send.as_ref()?.send_urgent(fd, buf, flags))
 }
 
+/// How long a `SIOCATMARK` waits for a relay's write of bytes and the urgent byte behind them
+/// to the app's end ([`Conn::at_mark`]): one non-blocking call on the engine thread.
+const AT_MARK_WAIT: Duration = Duration::from_millis(50);
+
+/// `SIOCATMARK` of the swapped `fd`, as TCP's socket would answer ([`Conn::at_mark`]); None
+/// when no engine of this process carries it (a fork child's connection): the kernel's answer.
+pub fn at_mark(fd: c_int) -> Option<std::io::Result<bool>> {
+    if FORKED.load(Ordering::Acquire) {
+        return None;
+    }
+    let halves = SWAPPED_FDS.lock().get(&fd)?.halves.clone()?;
+    Some(halves.conn.at_mark(fd, AT_MARK_WAIT))
+}
+
 /// How long a `TCP_INFO` read waits for the peer's device to acknowledge the bytes posted so
 /// far ([`Conn::counters`]): a round trip, and more only when the peer is gone.
 const COUNTERS_WAIT: Duration = Duration::from_millis(20);
