@@ -60,6 +60,8 @@ pub const SHIM_DIRECT_READ_ENV: &str = "STREAMSHIM_DIRECT_READ";
 pub const SHIM_DIRECT_WRITE_ENV: &str = "STREAMSHIM_DIRECT_WRITE";
 /// The shim's switch of spare connections (`0` turns them off).
 pub const SHIM_SPARE_ENV: &str = "STREAMSHIM_SPARE";
+/// The cluster's Service CIDRs, to which the shim's clients never negotiate.
+pub const SHIM_SERVICE_CIDRS_ENV: &str = "STREAMSHIM_SERVICE_CIDRS";
 
 /// The shim's environment variables, for checks that a name is one of them: every variable
 /// the shim reads (its settings type, `shim/core/src/settings.rs`, checks this list).
@@ -75,4 +77,5 @@ pub const SHIM_ENV: &[&str] = &[
     SHIM_DIRECT_READ_ENV,
     SHIM_DIRECT_WRITE_ENV,
     SHIM_SPARE_ENV,
+    SHIM_SERVICE_CIDRS_ENV,
 ];

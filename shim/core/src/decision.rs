@@ -25,7 +25,8 @@
 //!    may use, [`PinLimits`]; later connections past the budget fall back one by one, also
 //!    `MEMLOCK`);
 //! 9. otherwise the process is *capable*: connections are decided one by one (policy per peer,
-//!    and the negotiation with the peer).
+//!    a client's connect to a virtual IP of the cluster, `STREAMSHIM_SERVICE_CIDRS` ->
+//!    `SERVICE_IP`, and the negotiation with the peer).
 //!
 //! The result lives in one atomic byte ([`STATE`]): after the decision a hook costs one
 //! atomic load. Races: the thread that moves the state from UNDECIDED to DECIDING decides (with
@@ -45,6 +46,7 @@ use crate::fdtable::{self, SHIM_OWNED};
 use crate::log::{self, Level, log_at};
 use crate::policy::{Policy, current_program_names};
 use crate::reason::Reason;
+use crate::services::{self, ServiceCidrs};
 use crate::settings::{DISABLE_ENV, MODE_ENV, Mode, Settings};
 use crate::stats::{Stats, StatsSink};
 use crate::{ring, upgrade};
@@ -225,6 +227,12 @@ fn evaluate(settings: &Settings) -> State {
     upgrade::set_spare(settings.spare.clone().unwrap_or_else(|e| {
         log::plain_line(format_args!("streamshim: {e}; spare connections stay on"));
         true
+    }));
+    services::set(settings.service_cidrs.clone().unwrap_or_else(|e| {
+        log::plain_line(format_args!(
+            "streamshim: {e}; connects to Services are negotiated"
+        ));
+        ServiceCidrs::default()
     }));
     let per_connection = upgrade::engine_config(None, ring_bytes).pinned_per_connection();
     let limits = PinLimits::of_this_process();

@@ -30,6 +30,7 @@ pub mod ops;
 pub mod policy;
 pub mod reason;
 pub mod ring;
+pub mod services;
 pub mod settings;
 pub mod stats;
 pub mod sys;

@@ -21,7 +21,7 @@ use crate::fdtable::{
 use crate::log::{Level, log_at};
 use crate::reason::{Path, Reason, Role};
 use crate::stats::Stats;
-use crate::{direct, sys, upgrade, watches};
+use crate::{direct, services, sys, upgrade, watches};
 
 /// The socket type without SOCK_NONBLOCK / SOCK_CLOEXEC.
 fn base_type(ty: c_int) -> c_int {
@@ -127,14 +127,22 @@ pub fn connect(
     let allowed = flags & TCP != 0
         && (decision::settled() == State::Capable || upgrade::through_parent())
         && decision::policy().is_some_and(|p| p.client_allows(peer));
+    // A virtual IP of the cluster: only the kernel's NAT knows the backend.
+    let service = allowed && services::is_service_ip(peer.ip());
     // Zero-copy sends (`SO_ZEROCOPY` set before the connect) wait for completions only the
     // kernel's TCP socket gives: that connection stays on it.
-    if allowed && (flags & POLLED == 0 || watches::followable(fd)) && !sys::zero_copy(fd) {
+    if allowed
+        && !service
+        && (flags & POLLED == 0 || watches::followable(fd))
+        && !sys::zero_copy(fd)
+    {
         return upgrade::connect(fd, peer, real);
     }
     let (rc, err) = real(fd);
     if (rc == 0 || err == libc::EINPROGRESS)
-        && let Some(reason) = if allowed {
+        && let Some(reason) = if service {
+            Some(Reason::ServiceIp)
+        } else if allowed {
             // Registered with epoll before connect in a way the swap cannot follow, or
             // zero-copy sends on.
             Some(Reason::Unsupported)

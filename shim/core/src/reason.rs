@@ -122,11 +122,14 @@ pub enum Reason {
     /// The connection ended, or was reset, on TCP before it moved to its stream: its bytes
     /// went over TCP as they came (a connection shorter than the stream's setup).
     EndedFirst = 15,
+    /// A client connect to a virtual IP of the cluster (`STREAMSHIM_SERVICE_CIDRS`): only the
+    /// kernel's NAT knows the backend, so no RDMA connect is tried.
+    ServiceIp = 16,
 }
 
 impl Reason {
     /// Every reason, in code order (`ALL[i].code() == i`).
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::Upgraded,
         Reason::Disabled,
         Reason::NoProvider,
@@ -143,6 +146,7 @@ impl Reason {
         Reason::Iwarp,
         Reason::ForkUnsafe,
         Reason::EndedFirst,
+        Reason::ServiceIp,
     ];
 
     /// Number of reasons (length of [`Reason::ALL`]).
@@ -167,6 +171,7 @@ impl Reason {
             Reason::Iwarp => "IWARP",
             Reason::ForkUnsafe => "FORK_UNSAFE",
             Reason::EndedFirst => "ENDED_FIRST",
+            Reason::ServiceIp => "SERVICE_IP",
         }
     }
 
@@ -200,6 +205,7 @@ impl Reason {
             13 => Some(Reason::Iwarp),
             14 => Some(Reason::ForkUnsafe),
             15 => Some(Reason::EndedFirst),
+            16 => Some(Reason::ServiceIp),
             _ => None,
         }
     }
@@ -274,7 +280,52 @@ mod tests {
                 "IWARP",
                 "FORK_UNSAFE",
                 "ENDED_FIRST",
+                "SERVICE_IP",
             ]
+        );
+    }
+
+    #[test]
+    fn the_docs_tables_list_every_reason_in_code_order() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let guide = std::fs::read_to_string(root.join("docs/shim.md")).unwrap();
+        let section = guide
+            .split("\n## Reasons and stats\n")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("docs/shim.md has a Reasons and stats section");
+        let rows: Vec<(&str, &str)> = section
+            .lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                Some((name, *cells.get(2)?))
+            })
+            .collect();
+        let want: Vec<(&str, &str)> = Reason::ALL
+            .iter()
+            .map(|r| {
+                let path = if *r == Reason::Upgraded {
+                    "rdma"
+                } else {
+                    "tcp"
+                };
+                (r.as_str(), path)
+            })
+            .collect();
+        assert_eq!(rows, want, "docs/shim.md's reason table");
+        let protocol = std::fs::read_to_string(root.join("docs/shim-protocol.md")).unwrap();
+        let codes = Reason::ALL
+            .iter()
+            .map(|r| format!("{} {}", r.as_str(), r.code()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let flat = protocol.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains(&format!(
+                "Reason codes (u16, `shim/core/src/reason.rs`): {codes}."
+            )),
+            "docs/shim-protocol.md's reason codes: want {codes}"
         );
     }
 

@@ -17,6 +17,7 @@ use rdma_streams_transport::rdma::DEFAULT_PROVIDER;
 
 use crate::log::Level;
 use crate::policy::PolicySource;
+use crate::services::{self, ServiceCidrs};
 use crate::stats::StatsSink;
 use crate::{direct, negotiation, ring};
 
@@ -42,6 +43,8 @@ pub const DIRECT_READ_ENV: &str = "STREAMSHIM_DIRECT_READ";
 pub const DIRECT_WRITE_ENV: &str = "STREAMSHIM_DIRECT_WRITE";
 /// Spare connections: a client's next RDMA connect to a peer made ahead (`upgrade::spare`).
 pub const SPARE_ENV: &str = "STREAMSHIM_SPARE";
+/// The cluster's virtual IPs, never negotiated with ([`crate::services`]).
+pub const SERVICE_CIDRS_ENV: &str = "STREAMSHIM_SERVICE_CIDRS";
 
 /// `STREAMSHIM_MODE`, trimmed and lower-cased.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +93,9 @@ pub struct Settings {
     pub direct_write: Result<bool, String>,
     /// `STREAMSHIM_SPARE`, or the one-line error for a value neither 0 nor 1.
     pub spare: Result<bool, String>,
+    /// `STREAMSHIM_SERVICE_CIDRS`, or the one-line error for a value that is not a list of
+    /// CIDRs.
+    pub service_cidrs: Result<ServiceCidrs, String>,
 }
 
 impl Settings {
@@ -122,6 +128,7 @@ impl Settings {
         let direct_write =
             direct::switch_from_value(DIRECT_WRITE_ENV, var(DIRECT_WRITE_ENV).as_deref());
         let spare = direct::switch_from_value(SPARE_ENV, var(SPARE_ENV).as_deref());
+        let service_cidrs = services::from_value(var(SERVICE_CIDRS_ENV).as_deref());
         Settings {
             disable,
             mode,
@@ -134,6 +141,7 @@ impl Settings {
             direct_read,
             direct_write,
             spare,
+            service_cidrs,
         }
     }
 
@@ -299,6 +307,20 @@ mod tests {
         assert!(with(DIRECT_WRITE_ENV, Some("2")).direct_write.is_err());
         assert_eq!(with(SPARE_ENV, Some("0")).spare, Ok(false));
         assert!(with(SPARE_ENV, Some("yes")).spare.is_err());
+        let services = with(SERVICE_CIDRS_ENV, Some("10.96.0.0/12"))
+            .service_cidrs
+            .unwrap();
+        assert!(services.contains("10.96.0.10".parse().unwrap()));
+        assert!(
+            with(SERVICE_CIDRS_ENV, Some("10.96.0.0"))
+                .service_cidrs
+                .is_ok()
+        );
+        assert!(
+            with(SERVICE_CIDRS_ENV, Some("10.96/12"))
+                .service_cidrs
+                .is_err()
+        );
         assert!(with(STATS_ENV, Some("/tmp/s-%p.json")).stats.is_some());
     }
 

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use rdma_streams_chart_tests::{
     NAMESPACE, RELEASE, Rendered, SYSTEM_NAMESPACES, all_containers, decode_base64, env_map,
-    every_set, helm, ident, named, parse_peer_keys, render, repo_root, selects, value_set,
+    every_set, helm, ident, named, parse_peer_keys, render, render_error, repo_root, selects,
+    value_set,
 };
 use rdma_streams_testkit::within;
 use serde_json::{Map, Value, json};
@@ -1380,6 +1381,44 @@ fn the_bundled_provider_is_used_unless_turned_off() {
         let env = &profiles["profiles"]["default"]["env"];
         assert!(env.get("STREAMSHIM_PROVIDER").is_none(), "{env}");
         assert!(env.get("RDMAV_DRIVERS").is_none(), "{env}");
+    });
+}
+
+#[test]
+fn service_cidrs_reach_the_shim_env_unless_env_sets_them() {
+    within(LIMIT, || {
+        let env_of = |args: &[&str]| {
+            let r = rendered("default", args)?;
+            let profiles: Value =
+                rdma_streams_yaml::from_str(r.configmap_data(&named("injector"), "profiles.yaml"))
+                    .unwrap();
+            Some(profiles["profiles"]["default"]["env"].clone())
+        };
+        let Some(unset) = env_of(&[]) else { return };
+        assert!(unset.get("STREAMSHIM_SERVICE_CIDRS").is_none(), "{unset}");
+        let set = env_of(&[
+            "--set-json",
+            r#"shim.serviceCIDRs=["10.96.0.0/12","fd00:10:96::/112"]"#,
+        ])
+        .unwrap();
+        assert_eq!(
+            set["STREAMSHIM_SERVICE_CIDRS"],
+            "10.96.0.0/12,fd00:10:96::/112"
+        );
+        let own = env_of(&[
+            "--set-json",
+            r#"shim.serviceCIDRs=["10.96.0.0/12"]"#,
+            "--set",
+            "shim.env.STREAMSHIM_SERVICE_CIDRS=172.30.0.0/16",
+        ])
+        .unwrap();
+        assert_eq!(own["STREAMSHIM_SERVICE_CIDRS"], "172.30.0.0/16");
+        let refused = render_error(
+            &helm().unwrap(),
+            value_set("default"),
+            &["--set-json", r#"shim.serviceCIDRs=["10.96.0.0"]"#],
+        );
+        assert!(refused.contains("serviceCIDRs"), "{refused}");
     });
 }
 

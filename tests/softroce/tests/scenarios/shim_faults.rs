@@ -285,7 +285,8 @@ fn one_sided(ctx: &Ctx) -> anyhow::Result<()> {
 /// answers. Three connections of a shimmed client to each, at the default negotiation bound,
 /// to a shimmed server behind them: byte-exact over TCP; the first costs one bound
 /// (`TIMEOUT`), the next two none (`NEGATIVE_CACHE`); the server counts them
-/// `PEER_NOT_SHIMMED`.
+/// `PEER_NOT_SHIMMED`. A client told the Service CIDR (`STREAMSHIM_SERVICE_CIDRS`, as the
+/// chart's `shim.serviceCIDRs` sets it) negotiates none of its three (`SERVICE_IP`).
 fn service_vip(ctx: &Ctx) -> anyhow::Result<()> {
     // Routed out of b's interface (rxeb's netdev), and out of a dummy one without RDMA.
     const VIP: &str = "10.96.0.10";
@@ -306,17 +307,33 @@ fn service_vip(ctx: &Ctx) -> anyhow::Result<()> {
          nft add rule ip svc out ip daddr {{ {VIP}, {PLAIN_VIP} }} tcp dport 80 \
          dnat to {a}:9790"
     ))?;
-    let result = service_vip_clients(ctx, VIP, "v0")
-        .and_then(|()| service_vip_clients(ctx, PLAIN_VIP, "v1"));
+    let negotiated = [("tcp TIMEOUT", 1), ("tcp NEGATIVE_CACHE", 2)];
+    let result = service_vip_clients(ctx, VIP, "v0", "", &negotiated)
+        .and_then(|()| service_vip_clients(ctx, PLAIN_VIP, "v1", "", &negotiated))
+        .and_then(|()| {
+            service_vip_clients(
+                ctx,
+                VIP,
+                "v2",
+                "STREAMSHIM_SERVICE_CIDRS=10.96.0.0/12",
+                &[("tcp SERVICE_IP", 3)],
+            )
+        });
     let cleanup = ctx.sh(&format!(
         "nft delete table ip svc; ip route del {VIP}/32 dev {netdev}; ip link del svc0; true"
     ));
     result.and(cleanup.map(|_| ()))
 }
 
-/// Three connections of a shimmed client to `vip` (its stats and its server's tagged by
-/// `tag`): the first `TIMEOUT`, the next two `NEGATIVE_CACHE`.
-fn service_vip_clients(ctx: &Ctx, vip: &str, tag: &str) -> anyhow::Result<()> {
+/// Three connections of a shimmed client (with `extra` in its environment) to `vip`, counted
+/// as `expect` says (its stats and its server's tagged by `tag`).
+fn service_vip_clients(
+    ctx: &Ctx,
+    vip: &str,
+    tag: &str,
+    extra: &str,
+    expect: &[(&str, u64)],
+) -> anyhow::Result<()> {
     const BOUND_MS: u64 = 200;
     let a = ctx.addr_a;
     let py = python();
@@ -333,22 +350,22 @@ fn service_vip_clients(ctx: &Ctx, vip: &str, tag: &str) -> anyhow::Result<()> {
         shimmed(
             ctx,
             &format!("{tag}cli"),
-            &format!("STREAMSHIM_NEGOTIATE_MS={BOUND_MS}")
+            &format!("STREAMSHIM_NEGOTIATE_MS={BOUND_MS} {extra}")
         )?,
         client.display()
     ))?;
     ensure!(ctx.wait("server", srv)?.success(), "the server failed");
     ctx.report(format_args!(
         "a shimmed client to the Service VIP {vip} (DNAT to a shimmed server), {BOUND_MS} ms \
-         bound: {}",
+         bound{}: {}",
+        if extra.is_empty() {
+            String::new()
+        } else {
+            format!(", {extra}")
+        },
         out.stdout.trim()
     ));
-    expect_counts(
-        ctx,
-        &format!("{tag}cli"),
-        "client",
-        &[("tcp TIMEOUT", 1), ("tcp NEGATIVE_CACHE", 2)],
-    )?;
+    expect_counts(ctx, &format!("{tag}cli"), "client", expect)?;
     expect_counts(
         ctx,
         &format!("{tag}srv"),
