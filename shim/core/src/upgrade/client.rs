@@ -50,9 +50,17 @@ use crate::sys;
 
 /// The fallback reason for a connect that did not establish. `PEER_NOT_SHIMMED`: nothing of
 /// ours answers there (no listener, another RDMA program, no RDMA path); `PEER_REFUSED`: the
-/// peer's shim or engine said no.
+/// peer's shim or engine said no; `TIMEOUT`: no answer within the bound, the address or route
+/// resolution's own timeout included (it is given the same bound, so which of the two ends
+/// first is a race: an address nobody answers for, a Service's virtual IP, counts the same
+/// either way).
 pub fn reason_for(error: &ConnectError) -> Reason {
     match error {
+        ConnectError::Unreachable { status, .. }
+            if status.unsigned_abs() == libc::ETIMEDOUT.unsigned_abs() =>
+        {
+            Reason::Timeout
+        }
         ConnectError::Rejected(RejectedBy::App(payload)) => match Message::decode(payload) {
             Ok(Message::Refuse { .. }) => Reason::PeerRefused,
             _ => Reason::PeerNotShimmed,
@@ -331,8 +339,22 @@ mod tests {
             ),
             (
                 ConnectError::Unreachable {
-                    what: "x",
-                    status: -110,
+                    what: "address resolution",
+                    status: -libc::ETIMEDOUT,
+                },
+                Reason::Timeout,
+            ),
+            (
+                ConnectError::Unreachable {
+                    what: "rdma_resolve_addr",
+                    status: libc::ETIMEDOUT,
+                },
+                Reason::Timeout,
+            ),
+            (
+                ConnectError::Unreachable {
+                    what: "address resolution",
+                    status: -libc::EHOSTUNREACH,
                 },
                 Reason::PeerNotShimmed,
             ),
