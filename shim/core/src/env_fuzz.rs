@@ -1,7 +1,8 @@
 //! Fuzzing of the shim's environment values, which the pod's author sets and every shimmed
 //! process reads once: `STREAMSHIM_RING_KIB` ([`ring`]), `STREAMSHIM_DIRECT_READ` and
 //! `STREAMSHIM_DIRECT_WRITE` ([`direct`]), `STREAMSHIM_LOG` ([`log`]), `STREAMSHIM_STATS` (the
-//! stats file template) and `STREAMSHIM_PROVIDER` (where the RDMA libraries are loaded from),
+//! stats file template), `STREAMSHIM_PROVIDER` (where the RDMA libraries are loaded from) and
+//! `STREAMSHIM_SERVICE_CIDRS` ([`services`]),
 //! over arbitrary values, also not UTF-8, each checked against the rule its docs state. An
 //! error is one clean line (the shim prints it as one stderr line whatever `STREAMSHIM_LOG`
 //! says). `STREAMSHIM_POLICY` and `STREAMSHIM_NEGOTIATE_MS` are fuzzed with their parsers
@@ -16,9 +17,9 @@ use proptest::prelude::*;
 use rdma_streams_testkit::fuzz;
 use rdma_streams_transport::rdma::DEFAULT_PROVIDER;
 
-use crate::settings::{DIRECT_READ_ENV, RING_ENV, provider_name};
+use crate::settings::{DIRECT_READ_ENV, RING_ENV, SERVICE_CIDRS_ENV, provider_name};
 use crate::stats::{DEFAULT_FILE_TEMPLATE, StatsSink};
-use crate::{direct, log::Level, ring};
+use crate::{direct, log::Level, ring, services};
 
 const LIMIT: Duration = Duration::from_secs(30);
 const CASES: u32 = 5_000;
@@ -201,6 +202,49 @@ fn providers_of_any_value_are_that_name_trimmed_or_the_default() {
             match text.map(str::trim) {
                 Some(t) if !t.is_empty() => prop_assert_eq!(name, t),
                 _ => prop_assert_eq!(name, DEFAULT_PROVIDER),
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn service_cidrs_of_any_value_are_at_most_16_networks_or_one_line_errors() {
+    fuzz::run(
+        "shim env service CIDRs",
+        CASES,
+        LIMIT,
+        || {
+            value(&[
+                "10.96.0.0/12",
+                "fd00::/112,10.0.0.0/8",
+                "10.96.0.0/33",
+                ",",
+                "1.2.3.4",
+            ])
+        },
+        |v| {
+            let entries = v
+                .as_deref()
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .map(|t| {
+                    t.split(|c: char| c == ',' || c.is_whitespace())
+                        .filter(|e| !e.is_empty())
+                        .count()
+                });
+            match services::from_value(os(&v)) {
+                Ok(cidrs) => {
+                    prop_assert!(
+                        v.is_none() || entries.is_some(),
+                        "{v:?}: not UTF-8 accepted"
+                    );
+                    prop_assert!(entries.unwrap_or(0) <= services::MAX_CIDRS);
+                    prop_assert_eq!(cidrs.is_empty(), entries.unwrap_or(0) == 0);
+                }
+                Err(e) => {
+                    prop_assert!(e.starts_with(SERVICE_CIDRS_ENV), "{:?}", e);
+                    prop_assert!(!e.contains(char::is_control), "{:?}", e);
+                }
             }
             Ok(())
         },
