@@ -340,6 +340,44 @@ fn write_result(fd: c_int, added: c_int, quiet: bool, n: isize) -> isize {
     n
 }
 
+/// A send's result `n` with the app's `flags`: a `MSG_ZEROCOPY` send that took bytes on an
+/// upgraded fd queues its completion, as TCP's does when `SO_ZEROCOPY` is on
+/// ([`ops::zerocopy_sent`]). A flag test for any other send.
+fn zerocopy_result(fd: c_int, flags: c_int, n: isize) -> isize {
+    if n > 0 && flags & libc::MSG_ZEROCOPY != 0 && fdtable::get(fd) & fdtable::SWAPPED != 0 {
+        let errno = sys::errno();
+        let _ = guarded(|| ops::zerocopy_sent(fd));
+        sys::set_errno(errno);
+    }
+    n
+}
+
+/// A receive with `MSG_ERRQUEUE` on an upgraded fd, answered from the connection's error
+/// queue ([`ops::take_error`]) and never from the socketpair, whose `AF_UNIX` end has no error
+/// queue and would hand over the stream's bytes instead: 0 with the oldest completion
+/// (written by `fill`: the control bytes, for `room` bytes of room, and whether they were cut
+/// short), or -1 with `EAGAIN` when there is none. None: not such a call.
+fn recv_error_queue(
+    fd: c_int,
+    flags: c_int,
+    room: usize,
+    fill: &mut dyn FnMut(&[u8], bool),
+) -> Option<isize> {
+    if flags & libc::MSG_ERRQUEUE == 0 || fdtable::get(fd) & fdtable::SWAPPED == 0 {
+        return None;
+    }
+    match guarded(|| ops::take_error(fd, room)).flatten()? {
+        Ok((bytes, cut)) => {
+            fill(&bytes, cut);
+            Some(0)
+        }
+        Err(e) => {
+            sys::set_errno(e);
+            Some(-1)
+        }
+    }
+}
+
 /// `ssize_t read(int fd, void *buf, size_t count)`: for an upgraded fd, the stream's bytes
 /// straight from its receive ring, after those the engine delivered to the fd, and on a
 /// blocking fd after waiting for them ([`read_upgraded`]).
@@ -371,6 +409,9 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_
     let Some(orig) = real::recv() else {
         return no_original() as isize;
     };
+    if let Some(n) = recv_error_queue(fd, flags, 0, &mut |_, _| {}) {
+        return n;
+    }
     // SAFETY: the caller's fd, with parts of its buffer and its flags, as recv(2) allows.
     let mut call = |b: *mut c_void, l: usize, f: c_int| unsafe { orig(fd, b, l, f) };
     if let Some(n) = recv_upgraded(fd, (buf, len), (flags, false), &mut call) {
@@ -397,6 +438,16 @@ pub unsafe extern "C" fn recvfrom(
     let Some(orig) = real::recvfrom() else {
         return no_original() as isize;
     };
+    // A completion has no address: the kernel says so with a length of 0.
+    let no_address = || {
+        if !addrlen.is_null() {
+            // SAFETY: recvfrom's contract: a non-null `addrlen` points to a writable socklen_t.
+            unsafe { addrlen.write(0) };
+        }
+    };
+    if let Some(n) = recv_error_queue(fd, flags, 0, &mut |_, _| no_address()) {
+        return n;
+    }
     // SAFETY: the caller's fd, with parts of its buffer and its flags, as recvfrom(2) allows
     // (no address is asked for).
     let mut call = |b: *mut c_void, l: usize, f: c_int| unsafe {
@@ -420,6 +471,30 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
     let Some(orig) = real::recvmsg() else {
         return no_original() as isize;
     };
+    if !msg.is_null() {
+        // SAFETY: recvmsg's contract: `msg` points to a readable msghdr.
+        let (control, room) = unsafe { ((*msg).msg_control, (*msg).msg_controllen) };
+        let room = if control.is_null() { 0 } else { room };
+        let mut fill = |bytes: &[u8], cut: bool| {
+            // SAFETY: `msg` is the caller's writable msghdr, and `msg_control` has `room`
+            // writable bytes, of which `bytes` takes at most that many ([`ops::take_error`]).
+            unsafe {
+                if !bytes.is_empty() {
+                    std::ptr::copy_nonoverlapping(
+                        bytes.as_ptr(),
+                        control.cast::<u8>(),
+                        bytes.len().min(room),
+                    );
+                }
+                (*msg).msg_controllen = bytes.len().min(room);
+                (*msg).msg_namelen = 0;
+                (*msg).msg_flags = libc::MSG_ERRQUEUE | if cut { libc::MSG_CTRUNC } else { 0 };
+            }
+        };
+        if let Some(n) = recv_error_queue(fd, flags, room, &mut fill) {
+            return n;
+        }
+    }
     // SAFETY: the caller's arguments, passed on unchanged.
     let n = unsafe { orig(fd, msg, flags) };
     if n < 0 || msg.is_null() {
@@ -535,7 +610,8 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: usize, flags: 
     {
         return write_result(fd, added, quiet, n);
     }
-    write_result(fd, added, quiet, call(buf, len))
+    let n = write_result(fd, added, quiet, call(buf, len));
+    zerocopy_result(fd, flags, n)
 }
 
 /// Whether a send's address is dropped: on an upgraded fd, which is connected, TCP ignores the
@@ -585,7 +661,7 @@ pub unsafe extern "C" fn sendto(
     }
     // SAFETY: the caller's arguments, and `added`.
     let n = unsafe { orig(fd, buf, len, flags | added, addr, addrlen) };
-    write_result(fd, added, quiet, n)
+    zerocopy_result(fd, flags, write_result(fd, added, quiet, n))
 }
 
 /// `ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)`: the original, with the
@@ -613,7 +689,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_i
     without_name.msg_namelen = 0;
     // SAFETY: the caller's fd, message (less its address) and flags, and `added`.
     let n = unsafe { orig(fd, &without_name, flags | added) };
-    write_result(fd, added, quiet, n)
+    zerocopy_result(fd, flags, write_result(fd, added, quiet, n))
 }
 
 /// `ssize_t writev(int fd, const struct iovec *iov, int iovcnt)`: on an upgraded fd,
@@ -687,7 +763,7 @@ pub unsafe extern "C" fn sendmmsg(
             }
             break;
         }
-        entry.msg_len = u32::try_from(n).unwrap_or(u32::MAX);
+        entry.msg_len = u32::try_from(zerocopy_result(fd, flags, n)).unwrap_or(u32::MAX);
         sent += 1;
     }
     sent

@@ -12,3 +12,4 @@
 
 mod hooks;
 mod real;
+mod waits;

@@ -90,6 +90,51 @@ pub type SpliceFn = unsafe extern "C" fn(
     libc::c_uint,
 ) -> isize;
 
+/// `int poll(struct pollfd *, nfds_t, int)`.
+pub type PollFn = unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int;
+/// `int ppoll(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *)`.
+pub type PpollFn = unsafe extern "C" fn(
+    *mut libc::pollfd,
+    libc::nfds_t,
+    *const libc::timespec,
+    *const libc::sigset_t,
+) -> c_int;
+/// `int select(int, fd_set *, fd_set *, fd_set *, struct timeval *)`.
+pub type SelectFn = unsafe extern "C" fn(
+    c_int,
+    *mut libc::fd_set,
+    *mut libc::fd_set,
+    *mut libc::fd_set,
+    *mut libc::timeval,
+) -> c_int;
+/// `int pselect(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *)`.
+pub type PselectFn = unsafe extern "C" fn(
+    c_int,
+    *mut libc::fd_set,
+    *mut libc::fd_set,
+    *mut libc::fd_set,
+    *const libc::timespec,
+    *const libc::sigset_t,
+) -> c_int;
+/// `int epoll_wait(int, struct epoll_event *, int, int)`.
+pub type EpollWaitFn = unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
+/// `int epoll_pwait(int, struct epoll_event *, int, int, const sigset_t *)`.
+pub type EpollPwaitFn = unsafe extern "C" fn(
+    c_int,
+    *mut libc::epoll_event,
+    c_int,
+    c_int,
+    *const libc::sigset_t,
+) -> c_int;
+/// `int epoll_pwait2(int, struct epoll_event *, int, const struct timespec *, const sigset_t *)`.
+pub type EpollPwait2Fn = unsafe extern "C" fn(
+    c_int,
+    *mut libc::epoll_event,
+    c_int,
+    *const libc::timespec,
+    *const libc::sigset_t,
+) -> c_int;
+
 /// Looks `name` up in the objects after this one and caches the address in `slot`.
 fn resolve(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
     // SAFETY: RTLD_NEXT is a valid pseudo-handle inside a shared object and `name` is
@@ -160,4 +205,11 @@ originals! {
     SENDFILE64, sendfile64, c"sendfile64", SendfileFn;
     SPLICE, splice, c"splice", SpliceFn;
     IOCTL, ioctl, c"ioctl", IoctlFn;
+    POLL, poll, c"poll", PollFn;
+    PPOLL, ppoll, c"ppoll", PpollFn;
+    SELECT, select, c"select", SelectFn;
+    PSELECT, pselect, c"pselect", PselectFn;
+    EPOLL_WAIT, epoll_wait, c"epoll_wait", EpollWaitFn;
+    EPOLL_PWAIT, epoll_pwait, c"epoll_pwait", EpollPwaitFn;
+    EPOLL_PWAIT2, epoll_pwait2, c"epoll_pwait2", EpollPwait2Fn;
 }

@@ -72,7 +72,11 @@ pub fn send_dontwait(flags: c_int) -> bool {
 /// describe the socket's kind. Buffer sizes, timeouts, `SO_ERROR` and the like stay on the
 /// app's end.
 pub fn option_on_kept(level: c_int, name: c_int) -> bool {
-    level != libc::SOL_SOCKET || matches!(name, libc::SO_DOMAIN | libc::SO_PROTOCOL)
+    level != libc::SOL_SOCKET
+        || matches!(
+            name,
+            libc::SO_DOMAIN | libc::SO_PROTOCOL | libc::SO_ZEROCOPY
+        )
 }
 
 /// Whether a `setsockopt` of (`level`, `name`) with `value` asks for an abortive close
@@ -218,6 +222,10 @@ mod tests {
         assert!(option_on_kept(libc::IPPROTO_IP, libc::IP_TOS));
         assert!(option_on_kept(libc::SOL_SOCKET, libc::SO_DOMAIN));
         assert!(option_on_kept(libc::SOL_SOCKET, libc::SO_PROTOCOL));
+        assert!(
+            option_on_kept(libc::SOL_SOCKET, libc::SO_ZEROCOPY),
+            "checked and kept as TCP keeps it (errqueue)"
+        );
         for own in [
             libc::SO_RCVBUF,
             libc::SO_SNDTIMEO,

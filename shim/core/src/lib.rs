@@ -20,6 +20,7 @@
 pub mod calls;
 pub mod decision;
 pub mod direct;
+pub mod errqueue;
 pub mod fdtable;
 pub mod forksafe;
 pub mod guard;
@@ -28,6 +29,7 @@ pub mod negative_cache;
 pub mod negotiation;
 pub mod ops;
 pub mod policy;
+pub mod readiness;
 pub mod reason;
 pub mod ring;
 pub mod services;

@@ -21,7 +21,7 @@ use crate::fdtable::{
 use crate::log::{Level, log_at};
 use crate::reason::{Path, Reason, Role};
 use crate::stats::Stats;
-use crate::{direct, services, sys, upgrade, watches};
+use crate::{direct, errqueue, readiness, services, sys, upgrade, watches};
 
 /// The socket type without SOCK_NONBLOCK / SOCK_CLOEXEC.
 fn base_type(ty: c_int) -> c_int {
@@ -310,6 +310,7 @@ pub fn close(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
         return -1;
     }
     fdtable::clear(fd);
+    readiness::forget(fd);
     if flags & POLLED != 0 {
         watches::forget(fd);
     }
@@ -514,6 +515,55 @@ pub fn take_reset(fd: c_int) -> bool {
     upgrade::take_reset(fd)
 }
 
+/// The pending error only the hooks report for the upgraded `fd` (its generation), if any
+/// ([`readiness`]).
+pub fn error_state(fd: c_int) -> Option<u64> {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return None;
+    }
+    upgrade::error_state(fd)
+}
+
+/// The fds among `fds` with an error only the hooks report (`poll`, `select`).
+pub fn errors_among(fds: &[c_int]) -> Vec<c_int> {
+    readiness::errors_among(fds, &error_state)
+}
+
+/// The events epoll instance `epfd` reports now for errors only the hooks report (its
+/// registrations are read from `/proc/self/fdinfo` only while one is pending).
+pub fn epoll_errors(epfd: c_int) -> Vec<readiness::ErrorEvent> {
+    let registrations = |epfd: c_int| {
+        std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}"))
+            .map(|text| readiness::parse_fdinfo(&text))
+            .unwrap_or_default()
+    };
+    let inode = |fd: c_int| sys::file_id(fd).map(|f| f.ino());
+    readiness::epoll_errors(epfd, &error_state, &registrations, &inode)
+}
+
+/// A send with `MSG_ZEROCOPY` on `fd` took bytes: an upgraded fd queues its completion
+/// ([`upgrade::zerocopy_sent`]).
+pub fn zerocopy_sent(fd: c_int) {
+    if fdtable::get(fd) & SWAPPED != 0 {
+        upgrade::zerocopy_sent(fd);
+    }
+}
+
+/// `recvmsg(MSG_ERRQUEUE)` of the upgraded `fd` with `room` bytes for control data: its
+/// oldest zero-copy completion, encoded as TCP's ([`errqueue::encode`]: the bytes, and whether
+/// they were cut short), or `Err(EAGAIN)` when its queue is empty. None: not upgraded (the
+/// original answers).
+pub fn take_error(fd: c_int, room: usize) -> Option<Result<(Vec<u8>, bool), c_int>> {
+    if fdtable::get(fd) & SWAPPED == 0 {
+        return None;
+    }
+    let (errq, family) = upgrade::error_queue(fd)?;
+    Some(match errq.take() {
+        Some(c) => Ok(errqueue::encode(family, c, room)),
+        None => Err(libc::EAGAIN),
+    })
+}
+
 /// The error a write of the upgraded `fd` that the socketpair answered `EPIPE` reports instead,
 /// as a TCP socket's send reports a reset it did not report yet: the socketpair end's pending
 /// error (the kernel's report of the reset, taken as TCP's send takes it), else `ECONNRESET`
@@ -584,4 +634,5 @@ pub fn at_fork_child() {
     decision::after_fork_child();
     upgrade::after_fork_child();
     watches::after_fork_child();
+    readiness::after_fork_child();
 }

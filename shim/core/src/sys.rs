@@ -186,7 +186,7 @@ pub fn copy_option(from: c_int, to: c_int, name: c_int) {
 }
 
 /// An int-valued `SOL_SOCKET` option of socket `fd`; None when it cannot be read.
-fn int_option(fd: c_int, name: c_int) -> Option<c_int> {
+pub fn int_option(fd: c_int, name: c_int) -> Option<c_int> {
     let mut value: c_int = 0;
     let mut len = size_of::<c_int>() as socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
@@ -490,6 +490,27 @@ pub struct FileId {
     ino: u64,
 }
 
+impl FileId {
+    /// The file's inode number.
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+}
+
+/// Whether `fd` is in `set` (False for an fd `select` cannot name).
+pub fn fd_isset(fd: c_int, set: &libc::fd_set) -> bool {
+    // SAFETY: FD_ISSET reads one bit of `set`, a live fd_set, for an fd below FD_SETSIZE.
+    (0..libc::FD_SETSIZE as c_int).contains(&fd) && unsafe { libc::FD_ISSET(fd, set) }
+}
+
+/// Puts `fd` in `set` (nothing for an fd `select` cannot name).
+pub fn fd_set_add(fd: c_int, set: &mut libc::fd_set) {
+    if (0..libc::FD_SETSIZE as c_int).contains(&fd) {
+        // SAFETY: FD_SET writes one bit of `set`, a live fd_set, for an fd below FD_SETSIZE.
+        unsafe { libc::FD_SET(fd, set) }
+    }
+}
+
 /// The [`FileId`] of the file `fd` names now; None when `fd` is not open.
 pub fn file_id(fd: c_int) -> Option<FileId> {
     let mut st = MaybeUninit::<libc::stat>::zeroed();
@@ -705,6 +726,21 @@ pub fn connect_for_test(fd: c_int, addr: SocketAddr) -> (c_int, c_int) {
     // SAFETY: `raw` holds a whole sockaddr_in or sockaddr_in6 of `socklen()` bytes.
     let rc = unsafe { libc::connect(fd, raw.as_ptr(), raw.socklen()) };
     (rc, if rc == 0 { 0 } else { errno() })
+}
+
+/// Test helper: sets the `SOL_SOCKET` int option `name` of `fd` to `value`.
+#[cfg(test)]
+pub fn set_int_option_for_test(fd: c_int, name: c_int, value: c_int) {
+    let len = socklen_t::try_from(size_of::<c_int>()).unwrap_or(0);
+    // SAFETY: setsockopt reads `len` bytes from `value`, which holds that many.
+    let rc =
+        unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, name, (&raw const value).cast(), len) };
+    assert_eq!(
+        rc,
+        0,
+        "setsockopt {name}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// Test helper: a new epoll fd (close it with [`close_raw_for_test`]).

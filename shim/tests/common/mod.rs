@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The hooks `libstreamshim.so` exports, and nothing else.
-pub const HOOKS: [&str; 30] = [
+pub const HOOKS: [&str; 37] = [
     "accept",
     "accept4",
     "close",
@@ -27,6 +27,9 @@ pub const HOOKS: [&str; 30] = [
     "dup2",
     "dup3",
     "epoll_ctl",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "epoll_wait",
     "fcntl",
     "fcntl64",
     "getpeername",
@@ -34,10 +37,14 @@ pub const HOOKS: [&str; 30] = [
     "getsockopt",
     "ioctl",
     "listen",
+    "poll",
+    "ppoll",
+    "pselect",
     "read",
     "recv",
     "recvfrom",
     "recvmsg",
+    "select",
     "send",
     "sendfile",
     "sendfile64",

@@ -80,6 +80,7 @@ pub fn on_event(
             let untold = end.reset && !super::queue_reset(&broken);
             if untold {
                 broken.store(true, Ordering::Release);
+                super::mark_broken(&broken);
             }
             // Processes the app handed its end to hear it from the engine's process.
             super::handed::ended(&broken, untold);

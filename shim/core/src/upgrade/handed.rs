@@ -214,6 +214,7 @@ pub fn adopt(fd: c_int) {
             broken: Arc::new(AtomicBool::new(false)),
             app_end: Some(app),
             notice: Some(notice),
+            errq: Arc::new(crate::errqueue::ErrQueue::new()),
         },
     );
     fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);

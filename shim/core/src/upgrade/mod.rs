@@ -38,11 +38,13 @@ use std::time::{Duration, Instant};
 use libc::c_int;
 use rdma_streams_transport::engine::{Conn, Reader, Writer};
 
+use crate::errqueue::ErrQueue;
 use crate::forksafe::{ForkSafe, SLOTS};
 use crate::log::{Level, log_at};
 use crate::negative_cache::NegativeCache;
 use crate::negotiation;
 use crate::policy::canonical_ip;
+use crate::readiness;
 use crate::sys;
 
 pub use client::{connect, reason_for};
@@ -78,6 +80,8 @@ struct SwappedFd {
     /// A fork child's connection whose stream the listening process runs: where that process
     /// tells of a reset ([`delegate`]).
     notice: Option<Arc<delegate::Notice>>,
+    /// The connection's emulated error queue (zero-copy completions).
+    errq: Arc<ErrQueue>,
 }
 
 /// What the hooks tell a connection's engine whatever the switches say: urgent data
@@ -173,6 +177,64 @@ pub fn take_reset(fd: c_int) -> bool {
     };
     // A fork child's connection: its parent's engine says (a read, outside the lock).
     notice.is_some_and(|n| n.take_reset())
+}
+
+/// The stream whose flag is `broken` ended in a reset the hooks report: every number for it
+/// reports `POLLERR` until the app takes the reset ([`readiness`]).
+pub(crate) fn mark_broken(broken: &Arc<AtomicBool>) {
+    for (&fd, _) in SWAPPED_FDS
+        .lock()
+        .iter()
+        .filter(|(_, s)| Arc::ptr_eq(&s.broken, broken))
+    {
+        readiness::mark(fd);
+    }
+}
+
+/// The error the swapped `fd` reports with `POLLERR` only through the hooks: Some(its
+/// generation, which changes with each new one) while a reset the hooks report or a zero-copy
+/// completion is pending, else None ([`readiness`]).
+pub fn error_state(fd: c_int) -> Option<u64> {
+    let map = SWAPPED_FDS.lock();
+    let s = map.get(&fd)?;
+    let broken = s.broken.load(Ordering::Acquire);
+    (broken || !s.errq.is_empty()).then(|| s.errq.generation() << 1 | u64::from(broken))
+}
+
+/// A send with `MSG_ZEROCOPY` took bytes on the swapped `fd`: when `SO_ZEROCOPY` is on (set on
+/// the kept TCP socket, as TCP keeps it), its completion is queued and every number for the
+/// connection reports `POLLERR` ([`crate::errqueue`]).
+pub fn zerocopy_sent(fd: c_int) {
+    let Some((kept, errq)) = SWAPPED_FDS
+        .lock()
+        .get(&fd)
+        .map(|s| (Arc::clone(&s.kept), Arc::clone(&s.errq)))
+    else {
+        return;
+    };
+    if !sys::zero_copy(std::os::fd::AsRawFd::as_raw_fd(&*kept)) {
+        return;
+    }
+    errq.sent();
+    for (&n, _) in SWAPPED_FDS
+        .lock()
+        .iter()
+        .filter(|(_, s)| Arc::ptr_eq(&s.errq, &errq))
+    {
+        readiness::mark(n);
+    }
+}
+
+/// The emulated error queue of the swapped `fd` and its kept TCP socket's address family;
+/// None when `fd` is not swapped.
+pub fn error_queue(fd: c_int) -> Option<(Arc<ErrQueue>, c_int)> {
+    let (kept, errq) = SWAPPED_FDS
+        .lock()
+        .get(&fd)
+        .map(|s| (Arc::clone(&s.kept), Arc::clone(&s.errq)))?;
+    let family = sys::int_option(std::os::fd::AsRawFd::as_raw_fd(&*kept), libc::SO_DOMAIN)
+        .unwrap_or(libc::AF_INET);
+    Some((errq, family))
 }
 
 /// The stream of the swapped fd whose [`SwappedFd::broken`] is `broken` ended in a reset:

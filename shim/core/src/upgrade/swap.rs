@@ -95,6 +95,7 @@ pub(super) fn install(
             broken: Arc::clone(&broken),
             app_end,
             notice,
+            errq: Arc::new(crate::errqueue::ErrQueue::new()),
         },
     );
     // The app's epoll registrations of the TCP socket move to the socketpair end with the

@@ -81,6 +81,9 @@ fn a_failed_stream_reads_as_one_reset_and_an_orderly_end_as_none() {
             );
         }
         drop(s.local);
+        // A fork child of a test running beside this one may hold a copy of the engine's end
+        // until its `after_fork_child` closes it: the end is gone once the app's end hangs up.
+        sys::wait_hangup(fd, std::time::Duration::from_secs(5));
         let by_kernel = failed && !shut_first;
         let hooks = failed && shut_first;
         assert_eq!(
@@ -97,7 +100,13 @@ fn a_failed_stream_reads_as_one_reset_and_an_orderly_end_as_none() {
         } else {
             assert_eq!(read, Ok(0));
         }
+        // Where the hooks report it, the waits add POLLERR for every number until it is taken.
+        let numbers = [fd, copy.as_raw_fd()];
+        let marked = crate::readiness::errors_among(&numbers, &error_state);
+        assert_eq!(marked.len(), if hooks { 2 } else { 0 }, "{marked:?}");
         assert_eq!(take_reset(copy.as_raw_fd()), hooks, "failed {failed}");
+        assert!(error_state(fd).is_none(), "taken: no POLLERR any more");
+        assert!(crate::readiness::errors_among(&numbers, &error_state).is_empty());
         assert!(!take_reset(fd), "told once, through any copy");
         assert!(!take_reset(copy.as_raw_fd()));
         forget_swapped(fd);
@@ -264,4 +273,52 @@ fn an_undone_swap_leaves_the_number_as_it_was() {
     crate::fdtable::set(fd, 0);
     drop(tcp);
     sys::close_raw_for_test(ep);
+}
+
+/// A zero-copy send on an upgraded fd whose kept TCP socket has `SO_ZEROCOPY` on queues its
+/// completion at once, which the waits report (`POLLERR`) until `MSG_ERRQUEUE` takes it; with
+/// the option off, nothing is queued.
+#[test]
+fn zero_copy_sends_complete_on_the_connections_error_queue() {
+    use std::os::fd::AsRawFd;
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let _server = listener.accept().unwrap();
+    let fd = tcp.as_raw_fd();
+    let s = swap::swap(fd).unwrap();
+    zerocopy_sent(fd);
+    assert!(
+        error_state(fd).is_none(),
+        "SO_ZEROCOPY off: the kernel ignores the flag"
+    );
+    let kept = kept(fd).unwrap();
+    sys::set_int_option_for_test(kept.as_raw_fd(), libc::SO_ZEROCOPY, 1);
+    zerocopy_sent(fd);
+    zerocopy_sent(fd);
+    let before = error_state(fd).expect("a completion is queued");
+    assert_eq!(
+        crate::readiness::errors_among(&[fd], &error_state),
+        vec![fd]
+    );
+    let (errq, family) = error_queue(fd).unwrap();
+    assert_eq!(family, libc::AF_INET);
+    assert_eq!(
+        errq.take(),
+        Some(crate::errqueue::Completion { lo: 0, hi: 1 })
+    );
+    assert!(error_state(fd).is_none(), "taken");
+    zerocopy_sent(fd);
+    assert_ne!(
+        error_state(fd),
+        Some(before),
+        "a new completion is a new generation"
+    );
+    assert_eq!(
+        errq.take(),
+        Some(crate::errqueue::Completion { lo: 2, hi: 2 })
+    );
+    drop(s);
+    forget_swapped(fd);
+    crate::fdtable::set(fd, 0);
 }

@@ -581,20 +581,24 @@ def reset_seen_by_poll(c, s):
     c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     c.close()
     settle()
-    p = select.poll()
-    p.register(s, select.POLLIN | select.POLLRDHUP)
-    # The events once the connection is down (POLLHUP or POLLERR), or after WAIT.
-    deadline = time.monotonic() + WAIT
-    while True:
-        events = p.poll(int(WAIT * 1000))
-        mask = 0
-        for _, ev in events:
-            mask |= ev
-        if mask & (select.POLLHUP | select.POLLERR) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    mask = events_once_down(s)
     err_ = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
     return "%d %s" % (mask, errno.errorcode.get(err_, err_))
+
+
+def events_once_down(s):
+    """poll's events (POLLIN | POLLRDHUP asked) once the connection is down (POLLHUP or
+    POLLERR), or after WAIT."""
+    p = select.poll()
+    p.register(s, select.POLLIN | select.POLLRDHUP)
+    deadline = time.monotonic() + WAIT
+    while True:
+        mask = 0
+        for _, ev in p.poll(int(WAIT * 1000)):
+            mask |= ev
+        if mask & (select.POLLHUP | select.POLLERR) or time.monotonic() > deadline:
+            return mask
+        time.sleep(0.05)
 
 
 def _after_reset(c, s, send):
@@ -694,9 +698,70 @@ MSG_ZEROCOPY = 0x4000000
 
 
 def zerocopy_send(c, s):
+    """SO_ZEROCOPY turned on after the connect, then a MSG_ZEROCOPY send and its completion."""
     on = call(lambda: c.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1) or "ok")
-    n = call(lambda: c.send(b"zc", MSG_ZEROCOPY))
-    return "%s %s %r" % (on, n, recv_exact(s, 2))
+    if on != "ok":
+        n = call(lambda: c.send(b"zc", MSG_ZEROCOPY))
+        return "%s %s %r" % (on, n, recv_exact(s, 2))
+    return "%s %d %s" % (on, c.getsockopt(socket.SOL_SOCKET, SO_ZEROCOPY), zero_copy_completion(c, s))
+
+
+def zerocopy_sends_merge(c, s):
+    """Three MSG_ZEROCOPY sends before the error queue is read: their completions (one range
+    when merged), then an empty queue and no POLLERR."""
+    c.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)
+    sent = [c.send(b"z%d" % i, MSG_ZEROCOPY) for i in range(3)]
+    got = recv_exact(s, 6)
+    p = select.poll()
+    p.register(c, 0)
+    ranges = []
+    while p.poll(int(WAIT * 1000)):
+        try:
+            _, anc, flags, _ = c.recvmsg(0, 256, socket.MSG_ERRQUEUE)
+        except OSError as e:
+            ranges.append(err(e))
+            break
+        for level, kind, d in anc:
+            _, origin, _, _, _, lo, hi = struct.unpack("IBBBBII", d[:16])
+            ranges.append("%d/%d origin %d %d-%d" % (level, kind, origin, lo, hi))
+        if len(ranges) > 3:
+            break
+    return "%s %r %s then %s %s" % (
+        sent,
+        got,
+        ranges,
+        call(lambda: c.recvmsg(0, 256, socket.MSG_ERRQUEUE)),
+        p.poll(0),
+    )
+
+
+def errqueue_keeps_bytes(c, s):
+    """recvmsg(MSG_ERRQUEUE) while bytes wait to be read: an empty error queue, and the bytes
+    are still there."""
+    s.sendall(b"data")
+    settle()
+    queue = call(lambda: c.recvmsg(16, 256, socket.MSG_ERRQUEUE))
+    plain = call(lambda: c.recv(16, socket.MSG_ERRQUEUE))
+    return "%s %s %r" % (queue, plain, recv_exact(c, 4))
+
+
+def reset_after_own_shutdown(c, s):
+    """The peer's reset after this side shut its writing: poll's and epoll's events (until
+    POLLHUP or POLLERR), SO_ERROR, then a read."""
+    s.shutdown(socket.SHUT_WR)
+    eof = recv_exact(c, 1)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.close()
+    settle()
+    mask = events_once_down(s)
+    ep = select.epoll()
+    ep.register(s, select.EPOLLIN | select.EPOLLRDHUP)
+    emask = 0
+    for _, ev in ep.poll(WAIT):
+        emask |= ev
+    ep.close()
+    err_ = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    return "%r %d %d %s %r" % (eof, mask, emask, errno.errorcode.get(err_, err_), call(lambda: s.recv(1)))
 
 
 def zero_copy_completion(sender, receiver):
@@ -841,6 +906,9 @@ ROWS = [
     sendmmsg_with_address,
     server_speaks_first,
     zerocopy_send,
+    zerocopy_sends_merge,
+    errqueue_keeps_bytes,
+    reset_after_own_shutdown,
     zerocopy_before_connect,
     zerocopy_listener,
     tcp_cork,
