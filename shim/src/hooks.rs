@@ -378,6 +378,24 @@ fn recv_error_queue(
     }
 }
 
+/// A read's result `n` for a buffer of `len` bytes, made once more by `again` when it met EOF
+/// on a number a failed connect put back on its TCP socket meanwhile: the EOF was the
+/// socketpair end's, which the number named when the read began (another thread's read while
+/// the connect was under way), and TCP's answer is the TCP socket's ([`ops::read_again`]).
+/// That socket answers `ENOTCONN` once the connect took its error; a TCP read that was waiting
+/// when its connect failed answers `EPIPE` instead (the kernel's `sk_wait_event` after a
+/// disconnect during the wait), and so does this one. One atomic load for any other EOF.
+fn again_on_tcp(fd: c_int, len: usize, n: isize, again: impl FnOnce() -> isize) -> isize {
+    if n != 0 || len == 0 || !guarded(|| ops::read_again(fd)).unwrap_or(false) {
+        return n;
+    }
+    let n = again();
+    if n < 0 && sys::errno() == libc::ENOTCONN {
+        sys::set_errno(libc::EPIPE);
+    }
+    n
+}
+
 /// `ssize_t read(int fd, void *buf, size_t count)`: for an upgraded fd, the stream's bytes
 /// straight from its receive ring, after those the engine delivered to the fd, and on a
 /// blocking fd after waiting for them ([`read_upgraded`]).
@@ -394,8 +412,9 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isiz
     if let Some(n) = read_upgraded(fd, (buf, count), &mut call) {
         return read_result(fd, count, n);
     }
-    // SAFETY: the caller's arguments, passed on unchanged.
-    read_result(fd, count, unsafe { orig(fd, buf, count) })
+    // SAFETY: the caller's arguments, passed on unchanged (once more after a restore).
+    let call = || unsafe { orig(fd, buf, count) };
+    again_on_tcp(fd, count, read_result(fd, count, call()), call)
 }
 
 /// `ssize_t recv(int fd, void *buf, size_t len, int flags)`: as [`read`] when `flags` asks
@@ -417,8 +436,9 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_
     if let Some(n) = recv_upgraded(fd, (buf, len), (flags, false), &mut call) {
         return read_result(fd, len, n);
     }
-    // SAFETY: the caller's arguments, passed on unchanged.
-    read_result(fd, len, unsafe { orig(fd, buf, len, flags) })
+    // SAFETY: the caller's arguments, passed on unchanged (once more after a restore).
+    let call = || unsafe { orig(fd, buf, len, flags) };
+    again_on_tcp(fd, len, read_result(fd, len, call()), call)
 }
 
 /// `ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *addr,
@@ -456,8 +476,9 @@ pub unsafe extern "C" fn recvfrom(
     if let Some(n) = recv_upgraded(fd, (buf, len), (flags, !addr.is_null()), &mut call) {
         return read_result(fd, len, n);
     }
-    // SAFETY: the caller's arguments, passed on unchanged.
-    read_result(fd, len, unsafe { orig(fd, buf, len, flags, addr, addrlen) })
+    // SAFETY: the caller's arguments, passed on unchanged (once more after a restore).
+    let call = || unsafe { orig(fd, buf, len, flags, addr, addrlen) };
+    again_on_tcp(fd, len, read_result(fd, len, call()), call)
 }
 
 /// `ssize_t recvmsg(int fd, struct msghdr *msg, int flags)`: libc's call; then each
@@ -495,8 +516,9 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
             return n;
         }
     }
-    // SAFETY: the caller's arguments, passed on unchanged.
-    let n = unsafe { orig(fd, msg, flags) };
+    // SAFETY: the caller's arguments, passed on unchanged (once more after a restore).
+    let call = || unsafe { orig(fd, msg, flags) };
+    let n = again_on_tcp(fd, 1, call(), call);
     if n < 0 || msg.is_null() {
         return n;
     }

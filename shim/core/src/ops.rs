@@ -183,6 +183,9 @@ pub fn dup(old: c_int, target: Option<c_int>, real: &mut dyn FnMut() -> c_int) -
     if replaced & POLLED != 0 {
         watches::forget(new);
     }
+    // The number names another file now.
+    upgrade::forget_restored(new);
+    readiness::forget(new);
     if flags & POLLED != 0 && flags & COUNTED == 0 {
         // The registrations are the old number's: a swap of the copy could not move them.
         watches::unfollowable(new);
@@ -311,6 +314,7 @@ pub fn close(fd: c_int, real: &mut dyn FnMut() -> c_int) -> c_int {
     }
     fdtable::clear(fd);
     readiness::forget(fd);
+    upgrade::forget_restored(fd);
     if flags & POLLED != 0 {
         watches::forget(fd);
     }
@@ -513,6 +517,12 @@ pub fn take_reset(fd: c_int) -> bool {
         return false;
     }
     upgrade::take_reset(fd)
+}
+
+/// Whether a read of `fd` that met EOF is made again: the number was put back on its TCP
+/// socket by a failed connect ([`upgrade::restored`]). One atomic load for any other fd.
+pub fn read_again(fd: c_int) -> bool {
+    upgrade::restored(fd)
 }
 
 /// The pending error only the hooks report for the upgraded `fd` (its generation), if any

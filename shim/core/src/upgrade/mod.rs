@@ -179,6 +179,41 @@ pub fn take_reset(fd: c_int) -> bool {
     notice.is_some_and(|n| n.take_reset())
 }
 
+/// App numbers a failed connect put back on their TCP socket ([`swap::restore_tcp`]), until
+/// closed or replaced: a read another thread was blocked in on the socketpair end meanwhile
+/// ends with EOF there, and is made again on the TCP socket ([`restored`]).
+static RESTORED: ForkSafe<std::collections::BTreeSet<c_int>> =
+    ForkSafe::new([const { Mutex::new(std::collections::BTreeSet::new()) }; SLOTS]);
+/// How many numbers [`RESTORED`] holds: the read hooks' fast path.
+static RESTORED_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `fd` names its TCP socket again after a failed connect.
+fn note_restored(fd: c_int) {
+    let mut set = RESTORED.lock();
+    set.insert(fd);
+    RESTORED_COUNT.store(set.len(), Ordering::Release);
+}
+
+/// Whether `fd` was put back on its TCP socket by a failed connect (and not closed or
+/// replaced since): a read of it that met EOF may have been made on the socketpair end the
+/// number named before, and is made again, on the TCP socket, which answers as TCP (the
+/// connect's error, `ENOTCONN`, or its bytes once a connect succeeds). A read that met the TCP
+/// socket's own EOF meets it again. One atomic load while no number is restored.
+pub fn restored(fd: c_int) -> bool {
+    RESTORED_COUNT.load(Ordering::Acquire) != 0 && RESTORED.lock().contains(&fd)
+}
+
+/// `fd` was closed or now names another file: it is not restored any more.
+pub fn forget_restored(fd: c_int) {
+    if RESTORED_COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut set = RESTORED.lock();
+    if set.remove(&fd) {
+        RESTORED_COUNT.store(set.len(), Ordering::Release);
+    }
+}
+
 /// The stream whose flag is `broken` ended in a reset the hooks report: every number for it
 /// reports `POLLERR` until the app takes the reset ([`readiness`]).
 pub(crate) fn mark_broken(broken: &Arc<AtomicBool>) {
@@ -446,6 +481,7 @@ pub fn after_fork_child() {
     handed::after_fork_child();
     group::after_fork_child();
     drop(SWAPPED_FDS.after_fork());
+    drop(RESTORED.after_fork());
 }
 
 /// Logs a connection that failed to negotiate, once per reason at `debug`.

@@ -118,7 +118,8 @@ const FORWARD_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
 /// Undoes [`swap`] of `fd` (whose fdtable flags were `before`) before anything reached the
 /// engine: the kept TCP socket goes back on the number, with the epoll registrations, bytes
 /// written to the socketpair meanwhile are sent on it, and the socketpair is closed (a thread
-/// that waited on its app end meanwhile sees it hang up, and its next call on the number
+/// that waited on its app end meanwhile sees it hang up; a read it was blocked in is made
+/// again on the TCP socket by the hooks, [`super::restored`], and its next call on the number
 /// reaches the TCP socket).
 pub fn unswap(fd: c_int, s: Swapped, before: u8) -> io::Result<()> {
     let moved = restore_tcp(fd, &s.kept, &s.moved, before);
@@ -153,6 +154,7 @@ pub(super) fn restore_tcp(
     SWAPPED_FDS.lock().remove(&fd);
     if back.is_ok() {
         fdtable::set(fd, before);
+        super::note_restored(fd);
     }
     // Back on the TCP socket, and noted again: a later swap of the number moves them.
     watches::restore(fd, moved);

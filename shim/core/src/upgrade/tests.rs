@@ -258,6 +258,11 @@ fn an_undone_swap_leaves_the_number_as_it_was() {
     assert_eq!(crate::fdtable::get(kept_fd), 0);
     assert_eq!(crate::fdtable::get(local), 0);
     assert!(kept(fd).is_none(), "not swapped any more");
+    assert!(
+        restored(fd),
+        "a read that met the socketpair's EOF is made again"
+    );
+    assert!(!restored(fd + 1));
     assert_eq!(sys::test_epoll_wait(ep), None, "nothing readable yet");
     server.write_all(b"x").unwrap();
     assert_eq!(
@@ -271,6 +276,8 @@ fn an_undone_swap_leaves_the_number_as_it_was() {
         "noted again: a later swap moves it"
     );
     crate::fdtable::set(fd, 0);
+    forget_restored(fd);
+    assert!(!restored(fd), "closed: forgotten");
     drop(tcp);
     sys::close_raw_for_test(ep);
 }

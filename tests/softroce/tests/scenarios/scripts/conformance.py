@@ -30,6 +30,7 @@ import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import termios
 import threading
@@ -706,6 +707,64 @@ def zerocopy_send(c, s):
     return "%s %d %s" % (on, c.getsockopt(socket.SOL_SOCKET, SO_ZEROCOPY), zero_copy_completion(c, s))
 
 
+# A client connection that holds a listener's one-place accept queue, made by a process
+# without the shim (so it is neither counted nor upgraded): SYNs after it are dropped.
+_FILLER = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+print("up", flush=True)
+sys.stdin.read()
+"""
+
+
+def read_while_connect_fails(c, s):
+    """Another thread's read on a socket whose blocking connect then fails: the connect's SYNs
+    are dropped (the listener's accept queue is full), the read starts 0.4 s in, and the
+    listener closes at 0.7 s, so the next SYN is refused. Both calls' answers, folded over
+    TCP's race between the two threads (which one takes the pending error)."""
+    host = s.getsockname()[0]
+    ls = socket.socket()
+    ls.bind((host, 0))
+    ls.listen(0)
+    port = ls.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    filler = subprocess.Popen(
+        [sys.executable, "-c", _FILLER, host, str(port)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        filler.stdout.readline()
+        settle()  # its last ACK lands: the queue is full
+        c2 = socket.socket()
+        got = {}
+
+        def connect():
+            got["connect"] = call(lambda: c2.connect((host, port)) or "connected")
+
+        def read():
+            got["read"] = call(lambda: c2.recv(16))
+
+        threads = [threading.Thread(target=connect), threading.Thread(target=read)]
+        threads[0].start()
+        time.sleep(0.4)
+        threads[1].start()
+        time.sleep(0.3)
+        ls.close()
+        for t in threads:
+            t.join(10 * WAIT)
+        c2.close()
+    finally:
+        filler.stdin.close()
+        filler.wait()
+    # TCP's two outcomes: the read takes the connect's error (the connect then answers
+    # ECONNABORTED), or the connect does (the read, woken by the disconnect, EPIPE).
+    both = {("ECONNABORTED", "ECONNREFUSED"), ("ECONNREFUSED", "EPIPE")}
+    answer = (got.get("connect", "(blocked)"), got.get("read", "(blocked)"))
+    return "refused, the read fails" if answer in both else "%s %r" % answer
+
+
 def zerocopy_sends_merge(c, s):
     """Three MSG_ZEROCOPY sends before the error queue is read: their completions (one range
     when merged), then an empty queue and no POLLERR."""
@@ -909,6 +968,7 @@ ROWS = [
     zerocopy_sends_merge,
     errqueue_keeps_bytes,
     reset_after_own_shutdown,
+    read_while_connect_fails,
     zerocopy_before_connect,
     zerocopy_listener,
     tcp_cork,
