@@ -1217,9 +1217,19 @@ pub unsafe extern "C" fn setsockopt(
         }
         return rc;
     }
-    detour(&|| call(fd), |real| {
+    let rc = detour(&|| call(fd), |real| {
         ops::redirect(fd, real, &mut |k| call(k))
-    })
+    });
+    if rc == 0 && level == libc::SOL_SOCKET && name == libc::SO_ZEROCOPY {
+        // SAFETY: setsockopt's contract: `val` holds `len` readable bytes; an int is read only
+        // when it has room for one.
+        let value = (!val.is_null() && len as usize >= size_of::<c_int>())
+            .then(|| unsafe { val.cast::<c_int>().read_unaligned() });
+        let errno = sys::errno();
+        let _ = guarded(|| ops::zero_copy_set(fd, value));
+        sys::set_errno(errno);
+    }
+    rc
 }
 
 /// The `atexit` handler: writes the stats file.

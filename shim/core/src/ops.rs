@@ -551,6 +551,19 @@ pub fn epoll_errors(epfd: c_int) -> Vec<readiness::ErrorEvent> {
     readiness::epoll_errors(epfd, &error_state, &registrations, &inode)
 }
 
+/// Whether `fd` is upgraded (one atomic load).
+pub fn upgraded(fd: c_int) -> bool {
+    fdtable::get(fd) & SWAPPED != 0
+}
+
+/// `SO_ZEROCOPY` was set to `value` on the upgraded `fd`: turned on, the process's waits over
+/// upgraded fds wait in slices ([`readiness::slice_waits`]).
+pub fn zero_copy_set(fd: c_int, value: Option<c_int>) {
+    if upgraded(fd) && value.is_some_and(|v| v != 0) {
+        readiness::slice_waits();
+    }
+}
+
 /// A send with `MSG_ZEROCOPY` on `fd` took bytes: an upgraded fd queues its completion
 /// ([`upgrade::zerocopy_sent`]).
 pub fn zerocopy_sent(fd: c_int) {

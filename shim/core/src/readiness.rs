@@ -15,7 +15,8 @@
 //! `epoll` registrations are keyed on data the app chose, so the instance's registrations are
 //! read from `/proc/self/fdinfo/<epfd>` ([`parse_fdinfo`]) while a marked fd has an error:
 //! level-triggered ones report it at every wait until it is taken, edge-triggered and one-shot
-//! ones once per new error ([`EpollReported`]).
+//! ones once per new error ([`EpollReported`]). Once zero-copy sends are on for an upgraded fd,
+//! waits over upgraded fds wait in slices ([`slice_waits`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -34,6 +35,23 @@ static MARKED: ForkSafe<BTreeSet<c_int>> =
     ForkSafe::new([const { Mutex::new(BTreeSet::new()) }; SLOTS]);
 /// How many numbers are marked: the hooks' fast path.
 static ANY: AtomicUsize = AtomicUsize::new(0);
+
+/// Set once an upgraded fd of the process turned zero-copy sends on ([`slice_waits`]).
+static SLICING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// An upgraded fd turned zero-copy sends on: from now on, the process's waits over upgraded
+/// fds (and its epoll waits, whose sets only the kernel knows) wait in slices and ask between
+/// them, so that a completion another thread's send queues is seen within a slice. A TCP
+/// socket's error queue wakes its waiters; a socketpair end has nothing to wake them with.
+pub fn slice_waits() {
+    SLICING.store(true, Ordering::Release);
+}
+
+/// Whether waits over upgraded fds wait in slices ([`slice_waits`]; one atomic load).
+#[inline]
+pub fn slicing() -> bool {
+    SLICING.load(Ordering::Acquire)
+}
 
 /// `fd` may have an error only the hooks report.
 pub fn mark(fd: c_int) {

@@ -794,6 +794,41 @@ def zerocopy_sends_merge(c, s):
     )
 
 
+def zerocopy_wakes_a_waiting_thread(c, s):
+    """SO_ZEROCOPY on; a thread waits (poll, then epoll) for the socket's POLLERR alone while
+    this one sends with MSG_ZEROCOPY 0.3 s later: the events each wait ended with, whether it
+    ended within a second of the send, and the completion's range."""
+    c.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)
+    out = []
+    for kind in ("poll", "epoll"):
+        got = {}
+
+        def wait():
+            if kind == "poll":
+                p = select.poll()
+                p.register(c, 0)
+                got["events"] = [ev for _, ev in p.poll(int(4 * WAIT * 1000))]
+            else:
+                ep = select.epoll()
+                ep.register(c, 0)
+                got["events"] = [ev for _, ev in ep.poll(4 * WAIT)]
+                ep.close()
+            got["at"] = time.monotonic()
+
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.3)
+        c.send(b"zc", MSG_ZEROCOPY)
+        sent = time.monotonic()
+        t.join(8 * WAIT)
+        recv_exact(s, 2)
+        _, anc, _, _ = c.recvmsg(0, 256, socket.MSG_ERRQUEUE)
+        lo, hi = struct.unpack("II", anc[0][2][8:16]) if anc else (-1, -1)
+        in_time = got.get("at", sent + 10) - sent < 1.0
+        out.append("%s %s %s %d-%d" % (kind, got.get("events"), in_time, lo, hi))
+    return "; ".join(out)
+
+
 def errqueue_keeps_bytes(c, s):
     """recvmsg(MSG_ERRQUEUE) while bytes wait to be read: an empty error queue, and the bytes
     are still there."""
@@ -966,6 +1001,7 @@ ROWS = [
     server_speaks_first,
     zerocopy_send,
     zerocopy_sends_merge,
+    zerocopy_wakes_a_waiting_thread,
     errqueue_keeps_bytes,
     reset_after_own_shutdown,
     read_while_connect_fails,
