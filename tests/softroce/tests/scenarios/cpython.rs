@@ -166,7 +166,7 @@ fn run(ctx: &Ctx) -> anyhow::Result<()> {
         .collect();
     // The ends each test is judged by: its second run's, if it ran again.
     let (mut plain_end, mut shim_end, mut out) = (plain.clone(), shim.clone(), shim_out);
-    let mut flaky = 0;
+    let mut flaky = Vec::new();
     if !unexpected.is_empty() {
         let list = file(
             ctx,
@@ -182,7 +182,7 @@ fn run(ctx: &Ctx) -> anyhow::Result<()> {
             run_suites(ctx, &hosts, "py-again", &shimmed(ctx, "again", "")?, &again)?;
         for id in &unexpected {
             if as_expected(id, &plain2, &shim2) {
-                flaky += 1;
+                flaky.push((*id).clone());
                 ctx.log(format_args!(
                     "{id}: {:?} under the shim, {:?} without it; as expected when run again",
                     shim.get(*id),
@@ -248,8 +248,8 @@ fn run(ctx: &Ctx) -> anyhow::Result<()> {
     ctx.report(format_args!(
         "CPython tests: {} ({} passed, {} skipped, {} failed without the shim); with it: {} \
          passed, {} skipped, {} failed; {} differences ({known} known); {} ended otherwise \
-         once and as expected when run again; connections: client {client:?}, server \
-         {server:?}",
+         once and as expected when run again {flaky:?}; connections: client {client:?}, \
+         server {server:?}",
         plain.len(),
         tally(&plain, End::Passed),
         tally(&plain, End::Skipped),
@@ -258,7 +258,7 @@ fn run(ctx: &Ctx) -> anyhow::Result<()> {
         tally(&shim, End::Skipped),
         tally(&shim, End::Failed),
         differences.len() + known,
-        flaky,
+        flaky.len(),
     ));
     let upgraded = client.get("rdma UPGRADED").copied().unwrap_or(0);
     ensure!(
