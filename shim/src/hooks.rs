@@ -386,7 +386,11 @@ fn recv_error_queue(
 /// when its connect failed answers `EPIPE` instead (the kernel's `sk_wait_event` after a
 /// disconnect during the wait), and so does this one. One atomic load for any other EOF.
 fn again_on_tcp(fd: c_int, len: usize, n: isize, again: impl FnOnce() -> isize) -> isize {
-    if n != 0 || len == 0 || !guarded(|| ops::read_again(fd)).unwrap_or(false) {
+    if n != 0
+        || len == 0
+        || !ops::any_restored()
+        || !guarded(|| ops::read_again(fd)).unwrap_or(false)
+    {
         return n;
     }
     let n = again();
@@ -492,7 +496,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
     let Some(orig) = real::recvmsg() else {
         return no_original() as isize;
     };
-    if !msg.is_null() {
+    if flags & libc::MSG_ERRQUEUE != 0 && !msg.is_null() {
         // SAFETY: recvmsg's contract: `msg` points to a readable msghdr.
         let (control, room) = unsafe { ((*msg).msg_control, (*msg).msg_controllen) };
         let room = if control.is_null() { 0 } else { room };

@@ -3,7 +3,7 @@
 //! (`streamshim_core::readiness`: a reset the hooks report, a zero-copy completion).
 //!
 //! Each is libc's own, with its arguments, while no fd has such an error and no wait is
-//! sliced (two atomic loads), and on the shim's own threads. Otherwise the wait does not
+//! sliced (one atomic load), and on the shim's own threads. Otherwise the wait does not
 //! block when one of its fds has one (the original is called without a timeout), and
 //! `POLLERR` is added to what the original answered: before the wait for errors already
 //! pending, after it for one that came during it (a reset ends the wait itself: the
@@ -166,12 +166,6 @@ fn wait_over(
     (rc, after)
 }
 
-/// Whether a wait is libc's own, untouched: no fd has an error only the hooks report, and no
-/// wait is sliced.
-fn untouched() -> bool {
-    !readiness::any() && !readiness::slicing()
-}
-
 /// `poll` or `ppoll` of `fds` (`nfds` entries) by `call` for `asked` (as in [`wait_over`]).
 ///
 /// # Safety
@@ -184,7 +178,7 @@ unsafe fn poll_with_errors(
     call: &mut dyn FnMut(Wait) -> c_int,
 ) -> c_int {
     let count = usize::try_from(nfds).unwrap_or(0);
-    if untouched() || fds.is_null() || count == 0 {
+    if readiness::untouched() || fds.is_null() || count == 0 {
         return call(Wait::Asked);
     }
     let numbers: Vec<c_int> = {
@@ -261,7 +255,7 @@ unsafe fn select_with_errors(
     asked: Option<Duration>,
     call: &mut dyn FnMut(Wait) -> c_int,
 ) -> c_int {
-    if untouched() || nfds <= 0 || (sets.read.is_null() && sets.write.is_null()) {
+    if readiness::untouched() || nfds <= 0 || (sets.read.is_null() && sets.write.is_null()) {
         return call(Wait::Asked);
     }
     // SAFETY: per this function's contract; copies of what the caller asked for.
@@ -411,7 +405,7 @@ unsafe fn epoll_with_errors(
     asked: Option<Duration>,
     call: &mut dyn FnMut(Wait) -> c_int,
 ) -> c_int {
-    if untouched() || events.is_null() || max <= 0 {
+    if readiness::untouched() || events.is_null() || max <= 0 {
         return call(Wait::Asked);
     }
     let errors = || guarded(|| ops::epoll_errors(epfd)).unwrap_or_default();

@@ -519,8 +519,15 @@ pub fn take_reset(fd: c_int) -> bool {
     upgrade::take_reset(fd)
 }
 
+/// Whether any number was put back on its TCP socket by a failed connect (one atomic load:
+/// the read hooks ask it at every EOF before [`read_again`]).
+#[inline]
+pub fn any_restored() -> bool {
+    upgrade::any_restored()
+}
+
 /// Whether a read of `fd` that met EOF is made again: the number was put back on its TCP
-/// socket by a failed connect ([`upgrade::restored`]). One atomic load for any other fd.
+/// socket by a failed connect ([`upgrade::restored`]).
 pub fn read_again(fd: c_int) -> bool {
     upgrade::restored(fd)
 }
@@ -528,10 +535,7 @@ pub fn read_again(fd: c_int) -> bool {
 /// The pending error only the hooks report for the upgraded `fd` (its generation), if any
 /// ([`readiness`]).
 pub fn error_state(fd: c_int) -> Option<u64> {
-    if fdtable::get(fd) & SWAPPED == 0 {
-        return None;
-    }
-    upgrade::error_state(fd)
+    upgraded(fd).then(|| upgrade::error_state(fd)).flatten()
 }
 
 /// The fds among `fds` with an error only the hooks report (`poll`, `select`).
@@ -567,7 +571,7 @@ pub fn zero_copy_set(fd: c_int, value: Option<c_int>) {
 /// A send with `MSG_ZEROCOPY` on `fd` took bytes: an upgraded fd queues its completion
 /// ([`upgrade::zerocopy_sent`]).
 pub fn zerocopy_sent(fd: c_int) {
-    if fdtable::get(fd) & SWAPPED != 0 {
+    if upgraded(fd) {
         upgrade::zerocopy_sent(fd);
     }
 }
@@ -577,7 +581,7 @@ pub fn zerocopy_sent(fd: c_int) {
 /// they were cut short), or `Err(EAGAIN)` when its queue is empty. None: not upgraded (the
 /// original answers).
 pub fn take_error(fd: c_int, room: usize) -> Option<Result<(Vec<u8>, bool), c_int>> {
-    if fdtable::get(fd) & SWAPPED == 0 {
+    if !upgraded(fd) {
         return None;
     }
     let (errq, family) = upgrade::error_queue(fd)?;

@@ -10,7 +10,7 @@
 //! - a zero-copy completion on the connection's emulated error queue ([`crate::errqueue`]).
 //!
 //! The fd numbers that may have one are marked here ([`mark`]); while none is, every hook
-//! costs one atomic load ([`any`]). A marked number's state is asked again at each wait (the
+//! costs one atomic load ([`untouched`]). A marked number's state is asked again at each wait (the
 //! caller's `state`, None once the error was taken or the number closed, which unmarks it).
 //! `epoll` registrations are keyed on data the app chose, so the instance's registrations are
 //! read from `/proc/self/fdinfo/<epfd>` ([`parse_fdinfo`]) while a marked fd has an error:
@@ -33,31 +33,45 @@ pub type State<'a> = &'a dyn Fn(c_int) -> Option<u64>;
 /// Numbers that may have an error only the hooks report.
 static MARKED: ForkSafe<BTreeSet<c_int>> =
     ForkSafe::new([const { Mutex::new(BTreeSet::new()) }; SLOTS]);
-/// How many numbers are marked: the hooks' fast path.
-static ANY: AtomicUsize = AtomicUsize::new(0);
+/// The hooks' fast path, one word: how many numbers are marked, and [`SLICING`] once waits
+/// are sliced. Written only under the [`MARKED`] lock ([`publish`], [`slice_waits`]).
+static WAITS: AtomicUsize = AtomicUsize::new(0);
+/// The bit of [`WAITS`] that says waits are sliced ([`slice_waits`]).
+const SLICING: usize = 1 << (usize::BITS - 1);
 
-/// Set once an upgraded fd of the process turned zero-copy sends on ([`slice_waits`]).
-static SLICING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Publishes the count of marked numbers `len` (the caller holds the [`MARKED`] lock).
+fn publish(len: usize) {
+    let slicing = WAITS.load(Ordering::Acquire) & SLICING;
+    WAITS.store(len.min(SLICING - 1) | slicing, Ordering::Release);
+}
 
 /// An upgraded fd turned zero-copy sends on: from now on, the process's waits over upgraded
 /// fds (and its epoll waits, whose sets only the kernel knows) wait in slices and ask between
 /// them, so that a completion another thread's send queues is seen within a slice. A TCP
 /// socket's error queue wakes its waiters; a socketpair end has nothing to wake them with.
 pub fn slice_waits() {
-    SLICING.store(true, Ordering::Release);
+    let _set = MARKED.lock();
+    WAITS.fetch_or(SLICING, Ordering::AcqRel);
 }
 
 /// Whether waits over upgraded fds wait in slices ([`slice_waits`]; one atomic load).
 #[inline]
 pub fn slicing() -> bool {
-    SLICING.load(Ordering::Acquire)
+    WAITS.load(Ordering::Acquire) & SLICING != 0
+}
+
+/// Whether a wait is libc's own, untouched: no number is marked and waits are not sliced
+/// (one atomic load).
+#[inline]
+pub fn untouched() -> bool {
+    WAITS.load(Ordering::Acquire) == 0
 }
 
 /// `fd` may have an error only the hooks report.
 pub fn mark(fd: c_int) {
     let mut set = MARKED.lock();
     set.insert(fd);
-    ANY.store(set.len(), Ordering::Release);
+    publish(set.len());
 }
 
 /// `fd` was closed: its mark goes.
@@ -67,7 +81,7 @@ pub fn forget(fd: c_int) {
     }
     let mut set = MARKED.lock();
     if set.remove(&fd) {
-        ANY.store(set.len(), Ordering::Release);
+        publish(set.len());
         REPORTED.lock().retain(|&(_, f), _| f != fd);
     }
 }
@@ -75,7 +89,7 @@ pub fn forget(fd: c_int) {
 /// Whether any number is marked (one atomic load).
 #[inline]
 pub fn any() -> bool {
-    ANY.load(Ordering::Acquire) != 0
+    WAITS.load(Ordering::Acquire) & !SLICING != 0
 }
 
 /// The marked numbers among `fds` (all of them when None) whose error is pending, with its
@@ -95,7 +109,7 @@ fn pending(fds: Option<&[c_int]>, state: State<'_>) -> Vec<(c_int, u64)> {
             }
         }
     }
-    ANY.store(set.len(), Ordering::Release);
+    publish(set.len());
     out
 }
 
@@ -273,6 +287,18 @@ mod tests {
         assert!(!MARKED.lock().contains(&200_002), "no error: unmarked");
         forget(200_001);
         assert!(!MARKED.lock().contains(&200_001));
+    }
+
+    #[test]
+    fn the_fast_path_word_keeps_the_slicing_bit_through_marks() {
+        // Sticky for the process: no other test of this crate waits through the hooks.
+        slice_waits();
+        mark(200_101);
+        assert!(slicing() && any() && !untouched());
+        forget(200_101);
+        assert!(slicing(), "the count's store keeps the bit");
+        assert!(!MARKED.lock().contains(&200_101));
+        assert!(!untouched(), "sliced waits are not libc's own");
     }
 
     #[test]

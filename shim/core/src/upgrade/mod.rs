@@ -200,12 +200,18 @@ fn note_restored(fd: c_int) {
 /// connect's error, `ENOTCONN`, or its bytes once a connect succeeds). A read that met the TCP
 /// socket's own EOF meets it again. One atomic load while no number is restored.
 pub fn restored(fd: c_int) -> bool {
-    RESTORED_COUNT.load(Ordering::Acquire) != 0 && RESTORED.lock().contains(&fd)
+    any_restored() && RESTORED.lock().contains(&fd)
+}
+
+/// Whether any number is restored ([`restored`]'s fast path: one atomic load).
+#[inline]
+pub fn any_restored() -> bool {
+    RESTORED_COUNT.load(Ordering::Acquire) != 0
 }
 
 /// `fd` was closed or now names another file: it is not restored any more.
 pub fn forget_restored(fd: c_int) {
-    if RESTORED_COUNT.load(Ordering::Acquire) == 0 {
+    if !any_restored() {
         return;
     }
     let mut set = RESTORED.lock();
