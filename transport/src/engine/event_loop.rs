@@ -38,6 +38,8 @@ struct ListenerEntry {
     id: CmId,
     acceptor: Arc<dyn Acceptor>,
     handshake: Handshake,
+    /// [`super::Engine::expect`]: the connection its accepted request becomes.
+    adopt: Option<u64>,
 }
 
 struct Loop {
@@ -276,15 +278,19 @@ impl Loop {
                     backlog,
                     acceptor,
                     reply,
+                    adopt,
                 } => {
-                    let result = self.listen(token, addr, only_v6, backlog, acceptor);
+                    let adopting = adopt.as_ref().map(|(t, _)| *t);
+                    let result = self.listen(token, addr, only_v6, backlog, acceptor, adopting);
+                    if result.is_ok()
+                        && let Some((conn, shared)) = adopt
+                    {
+                        self.conns
+                            .insert(conn, StreamConn::new(shared, None, CmPhase::Expecting));
+                    }
                     let _ = reply.send(result);
                 }
-                Command::CloseListener { token } => {
-                    if let Some(l) = self.listeners.remove(&token) {
-                        l.id.destroy();
-                    }
-                }
+                Command::CloseListener { token } => self.close_listener(token),
                 Command::Attach {
                     token,
                     local,
@@ -358,6 +364,7 @@ impl Loop {
         only_v6: Option<bool>,
         backlog: i32,
         acceptor: Arc<dyn Acceptor>,
+        adopt: Option<u64>,
     ) -> io::Result<()> {
         let id = self
             .channel
@@ -380,6 +387,7 @@ impl Loop {
                         id,
                         acceptor,
                         handshake,
+                        adopt,
                     },
                 );
                 Ok(())
@@ -594,9 +602,9 @@ impl Loop {
             let _ = id.reject(&why.encode());
             id.destroy();
         };
-        let Some((acceptor, handshake)) = listener
+        let Some((acceptor, handshake, adopt)) = listener
             .and_then(|t| self.listeners.get(&t))
-            .map(|l| (Arc::clone(&l.acceptor), l.handshake))
+            .map(|l| (Arc::clone(&l.acceptor), l.handshake, l.adopt))
         else {
             refuse(id, TransportReject::NoListener);
             return;
@@ -613,6 +621,10 @@ impl Loop {
             return;
         }
         let peer = id.peer_addr();
+        if let (Some(listener), Some(token)) = (listener, adopt) {
+            self.adopt((listener, acceptor.as_ref()), token, id, request, handshake);
+            return;
+        }
         if self.too_many_unattached(peer.map(|p| p.ip())) {
             refuse(id, TransportReject::Busy);
             return;
@@ -653,6 +665,78 @@ impl Loop {
             Decision::Defer => {}
         }
         self.dirty.push(token);
+    }
+
+    /// A request to an [`super::Engine::expect`] listener: judged by its acceptor before
+    /// anything is allocated; accepted, it becomes the expecting connection `token` (the
+    /// listener closes: one peer per connection); rejected, the listener stays for the peer
+    /// expected.
+    fn adopt(
+        &mut self,
+        (listener, acceptor): (u64, &dyn Acceptor),
+        token: u64,
+        id: CmId,
+        request: crate::wire::PrivateData,
+        handshake: Handshake,
+    ) {
+        let Some(conn) = self.conns.get(&token).filter(|c| c.expecting()) else {
+            // The connection ended, or was relayed for good: nothing expects a peer now.
+            let _ = id.reject(&TransportReject::NoListener.encode());
+            id.destroy();
+            self.close_listener(listener);
+            return;
+        };
+        let peer = id.peer_addr();
+        let handle = Conn {
+            inner: Arc::clone(&self.inner),
+            token,
+            shared: Arc::clone(&conn.shared),
+        };
+        let decision = acceptor.on_request(Request {
+            local: id.local_addr(),
+            peer,
+            payload: &request.payload,
+            conn: handle,
+        });
+        let Decision::Accept(payload) = decision else {
+            let payload = match decision {
+                Decision::Reject(p) => p,
+                _ => Vec::new(),
+            };
+            let data = PrivateData::encode(Kind::Reject, RingInfo::default(), &payload);
+            let _ = id.reject(&data);
+            id.destroy();
+            return;
+        };
+        self.close_listener(listener);
+        id.set_token(token);
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.id = Some(id);
+            conn.cm = CmPhase::Deciding(Instant::now() + self.inner.config.unattached_timeout);
+            conn.offer = Some(Offer {
+                ring: request.ring,
+                from: peer.map(|p| p.ip()),
+                handshake,
+            });
+            conn.shared.set_peer(peer);
+        }
+        self.accept(token, &payload);
+        self.dirty.push(token);
+    }
+
+    /// Closes the listener `token` (its id destroyed; connections it brought stay).
+    fn close_listener(&mut self, token: u64) {
+        if let Some(l) = self.listeners.remove(&token) {
+            l.id.destroy();
+        }
+    }
+
+    /// The [`super::Engine::expect`] listener of connection `token`, if it has one.
+    fn expect_listener(&self, token: u64) -> Option<u64> {
+        self.listeners
+            .iter()
+            .find(|(_, l)| l.adopt == Some(token))
+            .map(|(t, _)| *t)
     }
 
     /// True when another unattached incoming connection from `from` would pass
@@ -889,6 +973,15 @@ impl Loop {
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
+        if conn.cm == CmPhase::Expecting
+            && !conn.expecting()
+            && let Some(listener) = self.expect_listener(token)
+        {
+            self.close_listener(listener);
+        }
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
         if conn.finished() {
             conn.shared.closed();
             self.conns.remove(&token);
@@ -1003,7 +1096,9 @@ fn established(
                 conn.cm = CmPhase::Established;
                 conn.shared.set_peer(id.peer_addr());
                 conn.shared.established(accept.payload);
-                conn.unattached_deadline = Some(now + unattached_timeout);
+                if matches!(conn.app, App::Unattached) {
+                    conn.unattached_deadline = Some(now + unattached_timeout);
+                }
             }
             Err(bad) => fail_connect(conn, ConnectError::NotOurPeer(bad)),
         },

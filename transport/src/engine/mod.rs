@@ -396,6 +396,15 @@ pub struct Attach {
     /// socket. None: the caller took CLAIM off the link and wrote the proof itself, and the engine
     /// sends CONFIRM at once (the in-process tests drive a client this way, CONFIRM and the
     /// proof in either order).
+    ///
+    /// [`Handshake::Claim`]: until when the stream may bind (the proof and CONFIRM); None:
+    /// [`EngineConfig::claim_timeout`] from the attach.
+    ///
+    /// Either handshake may attach before its connection is established (an active one still
+    /// connecting, one made by [`Engine::expect`] before its peer came), with a kept socket:
+    /// the local side is relayed over it meanwhile, a CLAIM goes out once the connection is
+    /// established, and a connection that fails or does not come by this deadline leaves it
+    /// relayed.
     pub claim_by: Option<Instant>,
     /// For a connection that is already gone when the attach comes, without a `kept` socket:
     /// called (on the engine thread) with `local`, untouched (nothing was read from it or
@@ -496,6 +505,9 @@ enum Command {
         backlog: i32,
         acceptor: Arc<dyn Acceptor>,
         reply: std::sync::mpsc::SyncSender<io::Result<()>>,
+        /// [`Engine::expect`]: the connection (its token and shared state) the listener's one
+        /// accepted request becomes.
+        adopt: Option<(u64, Arc<ConnShared>)>,
     },
     CloseListener {
         token: u64,
@@ -560,6 +572,10 @@ impl Inner {
         self.next_token.fetch_add(1, Ordering::Relaxed)
     }
 }
+
+/// Backlog of an [`Engine::expect`] listener (one peer is expected; a few more requests may
+/// come at once, from whoever names the address).
+const EXPECT_BACKLOG: i32 = 4;
 
 /// A running engine (a cheap handle; the thread runs for the life of the process).
 #[derive(Clone)]
@@ -654,6 +670,7 @@ impl Engine {
             backlog,
             acceptor,
             reply,
+            adopt: None,
         });
         result
             .recv()
@@ -662,6 +679,42 @@ impl Engine {
             inner: Arc::clone(&self.inner),
             token,
             addr,
+        })
+    }
+
+    /// A connection whose peer connects to us: listens on `addr` for one request, which
+    /// `acceptor` judges (before anything is allocated for it; [`Decision::Defer`] counts as a
+    /// reject). The first one it accepts becomes this connection, and the listener closes; a
+    /// rejected one leaves it listening. The connection may be attached at once, before any
+    /// request came ([`Attach`]: with a kept socket, [`Handshake::Claim`] or
+    /// [`Handshake::Confirm`] with [`Attach::claim_by`]): its local side is relayed over the
+    /// kept socket meanwhile, and the handshake starts once the peer connected. The listener
+    /// closes too when the connection ends, or when its local side is relayed for good (a
+    /// peer that never came, or the deadline passed).
+    pub fn expect(&self, addr: SocketAddr, acceptor: Arc<dyn Acceptor>) -> io::Result<Conn> {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return Err(io::Error::other("the engine is not running"));
+        }
+        let listener = self.inner.token();
+        let token = self.inner.token();
+        let shared = Arc::new(ConnShared::connecting(None));
+        let (reply, result) = std::sync::mpsc::sync_channel(1);
+        self.inner.send(Command::Listen {
+            token: listener,
+            addr,
+            only_v6: None,
+            backlog: EXPECT_BACKLOG,
+            acceptor,
+            reply,
+            adopt: Some((token, Arc::clone(&shared))),
+        });
+        result
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("the engine is not running")))?;
+        Ok(Conn {
+            inner: Arc::clone(&self.inner),
+            token,
+            shared,
         })
     }
 

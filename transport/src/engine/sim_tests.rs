@@ -223,6 +223,25 @@ enum Fault {
     },
 }
 
+/// Both sides' links, their rings exchanged as the connection manager's private data does:
+/// the connection is established.
+fn establish(peers: &mut [Peer; 2], fabric: &Fabric, now: Instant) {
+    let config = config();
+    for (side, handshake) in [(CLIENT, Handshake::Confirm), (SERVER, Handshake::Claim)] {
+        peers[side].conn.link = Some(Link::simulated(&config, fabric, side, (now, handshake)));
+        peers[side].conn.cm = CmPhase::Established;
+    }
+    let rings = [
+        peers[CLIENT].link().ring_info(),
+        peers[SERVER].link().ring_info(),
+    ];
+    for (side, peer) in peers.iter_mut().enumerate() {
+        let link = peer.conn.link.as_mut().expect("a link");
+        link.set_peer(rings[1 - side]);
+        link.set_ready(now);
+    }
+}
+
 /// How a run goes: what each app sends, how the fabric and the apps are scheduled, when the
 /// proof travels, and the fault.
 #[derive(Debug, Clone)]
@@ -255,6 +274,21 @@ struct Plan {
     /// The client's engine and app do not run in these steps (a descheduled process), while
     /// the fabric and the server go on.
     client_stalls: std::ops::Range<usize>,
+    /// When the connection is established ([`Connect`]).
+    connect: Connect,
+}
+
+/// When the two sides' connection is established.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Connect {
+    /// Before anything is attached (the shim's connections to a peer's listener).
+    Before,
+    /// At this step, both sides attached before (a connection the accepting side makes back
+    /// to its TCP client, docs/shim-protocol.md "Services"): the connecting side (here the
+    /// accepting side of the RDMA connection) expects it, the other is still connecting.
+    At(usize),
+    /// Never: the connecting side's connect fails at this step (rejected, unreachable).
+    FailsAt(usize),
 }
 
 /// The two sides and their fabric.
@@ -279,29 +313,30 @@ impl Pair {
         let config = config();
         let fabric = Fabric::new();
         let now = Instant::now();
-        let conn = |side, handshake| {
-            let mut conn = StreamConn::new(
-                Arc::new(ConnShared::connecting(None)),
-                None,
-                CmPhase::Established,
-            );
-            conn.link = Some(Link::simulated(&config, &fabric, side, (now, handshake)));
-            conn
+        let later = plan.connect != Connect::Before;
+        let conn = |cm| StreamConn::new(Arc::new(ConnShared::connecting(None)), None, cm);
+        let (client, mut server) = if later {
+            (
+                Peer::new(conn(CmPhase::Connecting), plan.client_out.clone()),
+                Peer::new(conn(CmPhase::Expecting), plan.server_out.clone()),
+            )
+        } else {
+            let mut client = Peer::new(conn(CmPhase::Established), plan.client_out.clone());
+            // As the loop does at ESTABLISHED on the connecting side.
+            client.conn.unattached_deadline = Some(now + config.unattached_timeout);
+            let server = Peer::new(conn(CmPhase::Established), plan.server_out.clone());
+            let mut peers = [client, server];
+            establish(&mut peers, &fabric, now);
+            let [client, server] = peers;
+            (client, server)
         };
-        let mut client = Peer::new(conn(CLIENT, Handshake::Confirm), plan.client_out.clone());
-        // As the loop does at ESTABLISHED on the connecting side.
-        client.conn.unattached_deadline = Some(now + config.unattached_timeout);
-        let mut server = Peer::new(conn(SERVER, Handshake::Claim), plan.server_out.clone());
-        let (c_ring, s_ring) = (client.link().ring_info(), server.link().ring_info());
-        for (peer, ring) in [(&mut client, s_ring), (&mut server, c_ring)] {
-            let link = peer.conn.link.as_mut().expect("a link");
-            link.set_peer(ring);
-            link.set_ready(now);
-        }
         let (client_tcp, server_tcp) = UnixStream::pair().expect("socketpair");
         client_tcp.set_nonblocking(true).expect("nonblocking");
         server_tcp.set_nonblocking(true).expect("nonblocking");
-        server.attach(Arc::new(server_tcp.into()), Handshake::Claim, None, now);
+        // Attached before its connection came, the accepting side waits for it (and then for
+        // the proof and CONFIRM) as long as the connecting side waits for CLAIM.
+        let bind_by = later.then_some(now + CLAIM_BY);
+        server.attach(Arc::new(server_tcp.into()), Handshake::Claim, bind_by, now);
         let client_tcp = Arc::new(OwnedFd::from(client_tcp));
         let mut pair = Pair {
             fabric,
@@ -313,7 +348,7 @@ impl Pair {
             claimed_at: None,
             disconnected: [false; 2],
         };
-        if plan.early {
+        if plan.early || later {
             pair.attach_client(Some(now + CLAIM_BY));
         }
         pair
@@ -325,6 +360,23 @@ impl Pair {
             Fault::Fail { at, side, status } if at == n => self.fabric.fail_next(side, status),
             _ => {}
         }
+        match plan.connect {
+            // Established while both still wait for it; one that gave up by then tears its
+            // side down, and the other hears nothing.
+            Connect::At(at)
+                if at == n
+                    && self
+                        .peers
+                        .iter()
+                        .all(|p| matches!(p.conn.app, super::stream::App::Stream(_))) =>
+            {
+                establish(&mut self.peers, &self.fabric, self.now);
+            }
+            Connect::FailsAt(at) if at == n => {
+                self.peers[CLIENT].conn.error = Some(String::from("rejected"));
+            }
+            _ => {}
+        }
         let (a, b) = plan.carry[n % plan.carry.len()];
         self.fabric.deliver(CLIENT, a);
         self.fabric.deliver(SERVER, b);
@@ -332,6 +384,7 @@ impl Pair {
         // The client's upgrade: once CLAIM came, it attaches (CONFIRM) and writes the proof
         // on its TCP connection, each when the plan says (attached early, its engine does).
         if !plan.early
+            && plan.connect == Connect::Before
             && self.claimed_at.is_none()
             && let Some(secret) = self.peers[CLIENT].link().claim_seen()
         {
@@ -351,7 +404,7 @@ impl Pair {
         }
         // A client whose connection failed before its CLAIM came attaches all the same, as
         // the shim does: the engine relays it over TCP.
-        if self.peers[CLIENT].conn.error.is_some() {
+        if self.peers[CLIENT].conn.error.is_some() && plan.connect == Connect::Before {
             self.attach_client(None);
         }
         let order = if plan.server_first_every > 0 && n.is_multiple_of(plan.server_first_every) {
@@ -378,7 +431,9 @@ impl Pair {
             if over && !self.disconnected[side] {
                 self.disconnected[side] = true;
                 self.fabric.destroy(side);
-                if !self.fabric.is_cut() {
+                // A connection never established has no peer to tell.
+                let established = self.peers.iter().all(|p| p.conn.link.is_some());
+                if !self.fabric.is_cut() && established {
                     self.peers[1 - side].conn.peer_gone = true;
                 }
             }
@@ -437,6 +492,7 @@ impl Plan {
             client_waits: 0,
             server_first_every: 0,
             client_stalls: 0..0,
+            connect: Connect::Before,
         }
     }
 }
@@ -474,12 +530,14 @@ fn plan(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Plan> {
                 client_waits: 0,
                 server_first_every: 2,
                 client_stalls: 0..0,
+                connect: Connect::Before,
             },
         )
 }
 
-/// A run that ended cleanly delivered every byte both ways on the RDMA stream; any run gave
-/// each app a prefix of what the other sent.
+/// A run that ended cleanly delivered every byte both ways, on the RDMA stream (or, for a
+/// connection established after its attach whose stream failed before either side committed
+/// to it, relayed over TCP); any run gave each app a prefix of what the other sent.
 fn check(pair: &Pair, plan: &Plan) -> Result<(), TestCaseError> {
     let [client, server] = &pair.peers;
     prop_assert!(
@@ -492,9 +550,10 @@ fn check(pair: &Pair, plan: &Plan) -> Result<(), TestCaseError> {
         "the client's app got bytes the server never sent at {}",
         first_difference(&client.got, &plan.server_out)
     );
+    let relayed = plan.connect != Connect::Before;
     for (peer, name) in [(client, "client"), (server, "server")] {
         let end = peer.end().ok_or_else(|| TestCaseError::fail("no end"))?;
-        if end.error.is_none() {
+        if end.error.is_none() && !(relayed && end.path == StreamPath::Tcp) {
             prop_assert_eq!(end.path, StreamPath::Rdma, "{}", name);
         }
     }
@@ -509,8 +568,10 @@ fn check(pair: &Pair, plan: &Plan) -> Result<(), TestCaseError> {
         prop_assert_eq!(c.received, plan.server_out.len() as u64);
         prop_assert_eq!(s.sent, plan.server_out.len() as u64);
         prop_assert_eq!(s.received, plan.client_out.len() as u64);
-        prop_assert_eq!(client.decided(), Some(StreamPath::Rdma));
-        prop_assert_eq!(server.decided(), Some(StreamPath::Rdma));
+        if c.path == StreamPath::Rdma {
+            prop_assert_eq!(client.decided(), Some(StreamPath::Rdma));
+            prop_assert_eq!(server.decided(), Some(StreamPath::Rdma));
+        }
     }
     Ok(())
 }
@@ -968,5 +1029,109 @@ fn an_echo_whose_server_let_go_of_tcp_before_the_client_ran_arrives_whole() {
         "{} runs lost the reply: {:?}",
         bad.len(),
         bad.first()
+    );
+}
+
+/// A connection the accepting side of TCP makes back to its client (a Service's backend,
+/// docs/shim-protocol.md "Services"): both sides attach before it is established, relay their
+/// apps' first bytes over TCP, and bind once it is (at a random step, with random sizes,
+/// schedules and faults after it): each app gets every byte once and in order, and a run
+/// without a fault ends on the stream.
+#[test]
+fn a_connection_established_after_both_attached_moves_every_byte_once() {
+    let fault = prop_oneof![
+        3 => Just(Fault::None),
+        1 => (0usize..3_000).prop_map(|at| Fault::Cut { at }),
+        1 => (0usize..3_000, 0usize..2, proptest::sample::select(vec![4u32, 10, 12]))
+            .prop_map(|(at, side, status)| Fault::Fail { at, side, status }),
+    ];
+    fuzz::run(
+        "in-process streams established after the attach",
+        64,
+        Duration::from_secs(120),
+        move || {
+            (plan(fault.clone().boxed()), 0usize..300).prop_map(|(plan, at)| Plan {
+                early: true,
+                connect: Connect::At(at),
+                ..plan
+            })
+        },
+        |plan| {
+            let pair = run(&plan)?;
+            if matches!(plan.fault, Fault::None) {
+                for peer in &pair.peers {
+                    let end = peer.end().unwrap_or_else(unreachable);
+                    prop_assert_eq!(end.error, None);
+                    prop_assert_eq!(peer.decided(), Some(StreamPath::Rdma));
+                }
+            }
+            Ok(())
+        },
+    );
+}
+
+/// Both sides attached before their connection, which never comes (the connect is rejected,
+/// or comes after both gave up): each relays over TCP from the start and for good once the
+/// connect failed or its deadline passed, and every byte goes both ways, once and in order. A
+/// side whose peer ended its side on TCP first reports the connection as one that ended
+/// before its stream came; one that gave up while its peer was still there, as not claimed
+/// (the connecting side) or as staying on TCP (the accepting side).
+#[test]
+fn a_connection_that_never_comes_leaves_both_relayed() {
+    for connect in [
+        Connect::FailsAt(0),
+        Connect::FailsAt(30),
+        Connect::At(5_000),
+    ] {
+        let plan = Plan {
+            chunk: 700,
+            early: true,
+            connect,
+            ..Plan::fixed(bytes(50_000, 3), bytes(70_000, 4), (1, 1))
+        };
+        let mut pair = Pair::new(&plan);
+        pair.run(&plan).expect("both ended");
+        let [client, server] = &pair.peers;
+        assert_eq!(server.got, plan.client_out, "{connect:?}");
+        assert_eq!(client.got, plan.server_out, "{connect:?}");
+        let client_path = client.decided().expect("decided");
+        let server_path = server.decided().expect("decided");
+        assert!(
+            matches!(client_path, StreamPath::Unclaimed | StreamPath::Unmoved),
+            "{connect:?}: {client_path:?}"
+        );
+        assert!(
+            matches!(server_path, StreamPath::Tcp | StreamPath::Unmoved),
+            "{connect:?}: {server_path:?}"
+        );
+        for peer in &pair.peers {
+            let end = peer.end().unwrap_or_else(unreachable);
+            assert_eq!(
+                (end.path, end.error),
+                (StreamPath::Tcp, None),
+                "{connect:?}"
+            );
+        }
+    }
+    // Neither app ends its side: the connecting side gives up when its connect fails, the
+    // accepting side at its deadline.
+    let plan = Plan {
+        early: true,
+        close: false,
+        connect: Connect::FailsAt(0),
+        ..Plan::fixed(Vec::new(), Vec::new(), (1, 1))
+    };
+    let mut pair = Pair::new(&plan);
+    let mut n = 0;
+    while pair.peers.iter().any(|p| p.decided().is_none()) {
+        assert!(n < 5_000, "no decision");
+        pair.step(n, &plan);
+        n += 1;
+    }
+    assert_eq!(pair.peers[CLIENT].decided(), Some(StreamPath::Unclaimed));
+    assert_eq!(pair.peers[SERVER].decided(), Some(StreamPath::Tcp));
+    assert!(
+        n as u32 * TICK >= CLAIM_BY,
+        "the accepting side gave up early"
     );
 }

@@ -36,6 +36,11 @@ pub(super) struct Attached {
     /// The connecting side attached before CLAIM ([`Attach::claim_by`]): until when it waits
     /// for it (then: relay over TCP).
     pub(super) awaiting_claim: Option<Instant>,
+    /// The accepting side attached before its connection was established: its CLAIM (the
+    /// secret in [`Attached::awaiting`]) goes out once it is.
+    pub(super) claim_due: bool,
+    /// Attached before the connection was established ([`Attach::claim_by`]).
+    pub(super) early: bool,
     pub(super) local_eof: bool,
     /// The app closed with `SO_LINGER {1, 0}`: the stream fails, without FIN, once what was
     /// posted before reached the peer ([`pump`]).
@@ -123,6 +128,8 @@ pub(super) enum CmPhase {
     /// Active: resolving the address, then the route; connecting.
     Resolving,
     Connecting,
+    /// Passive, made by [`super::Engine::expect`]: no peer came yet (its listener waits).
+    Expecting,
     /// Passive: the acceptor deferred its decision (until the deadline).
     Deciding(Instant),
     /// Passive: accepted, not yet established.
@@ -195,9 +202,28 @@ impl StreamConn {
         self.offer.is_some() && self.id.is_some() && matches!(self.app, App::Unattached)
     }
 
-    /// True when nothing is left: no id, no resources, no local side.
+    /// An [`super::Engine::expect`] connection that may still take its peer: no peer came,
+    /// nothing failed, and its local side (if attached) still waits for the stream.
+    pub(super) fn expecting(&self) -> bool {
+        self.cm == CmPhase::Expecting
+            && self.error.is_none()
+            && match &self.app {
+                App::Unattached => true,
+                App::Stream(a) => a.uncommitted(),
+                App::Relay(..) | App::Done => false,
+            }
+    }
+
+    /// True when nothing is left: no id, no resources, no local side (an expecting connection
+    /// not attached yet is not finished: its attach is on its way).
     pub(super) fn finished(&self) -> bool {
-        self.id.is_none() && self.link.is_none() && matches!(self.app, App::Unattached | App::Done)
+        self.id.is_none()
+            && self.link.is_none()
+            && match self.app {
+                App::Unattached => self.cm != CmPhase::Expecting || self.error.is_some(),
+                App::Done => true,
+                App::Stream(_) | App::Relay(..) => false,
+            }
     }
 
     /// The stream carries bytes (established or accepted, not failing).
@@ -235,13 +261,29 @@ impl StreamConn {
             let _ = fd::set_nonblocking(k.as_fd());
         }
         self.unattached_deadline = None;
-        let alive = self.error.is_none()
+        let usable = self.error.is_none()
             && !self.peer_gone
+            && !matches!(self.cm, CmPhase::Disconnecting(_));
+        // Attached before the connection is established ([`Attach::claim_by`]): relayed over
+        // the kept socket until then.
+        let early = usable
+            && kept.is_some()
+            && matches!(
+                self.cm,
+                CmPhase::Resolving | CmPhase::Connecting | CmPhase::Expecting
+            )
             && self
                 .link
                 .as_ref()
-                .is_some_and(|r| r.handshake() == handshake)
-            && !matches!(self.cm, CmPhase::Disconnecting(_));
+                .is_none_or(|r| !r.is_ready() && r.handshake() == handshake)
+            && (handshake == Handshake::Claim
+                || (handshake == Handshake::Confirm && claim_by.is_some()));
+        let alive = early
+            || (usable
+                && self
+                    .link
+                    .as_ref()
+                    .is_some_and(|r| r.handshake() == handshake));
         let mut attached = Attached {
             local,
             local_ready: Ready {
@@ -253,6 +295,8 @@ impl StreamConn {
             kept_ready: Ready::default(),
             awaiting: None,
             awaiting_claim: claim_by.filter(|_| handshake == Handshake::Confirm),
+            claim_due: false,
+            early,
             local_eof: false,
             resetting: false,
             local_shut: false,
@@ -325,15 +369,18 @@ impl StreamConn {
                 (attached.on_event)(Event::Decided(StreamPath::Rdma));
             }
             Handshake::Claim => {
-                let (Some(r), Some(secret)) = (&mut self.link, Secret::random()) else {
+                let Some(secret) = Secret::random() else {
                     // No secret, no binding: the client gets no CLAIM and stays on TCP.
                     self.app = App::Stream(attached);
                     self.relay_instead(fds);
                     return;
                 };
-                r.claim(secret);
+                match &mut self.link {
+                    Some(r) if r.is_ready() => r.claim(secret),
+                    _ => attached.claim_due = true,
+                }
                 attached.awaiting = Some(Awaiting {
-                    deadline: now + config.claim_timeout,
+                    deadline: claim_by.unwrap_or(now + config.claim_timeout),
                     secret,
                     proven: false,
                 });
@@ -421,6 +468,19 @@ impl StreamConn {
         }
     }
 
+    /// An accepting side attached before its connection was established: its CLAIM goes out
+    /// once it is.
+    fn send_due_claim(&mut self) {
+        if let (Some(link), App::Stream(a)) = (self.link.as_mut(), &mut self.app)
+            && a.claim_due
+            && link.is_ready()
+            && let Some(w) = a.awaiting
+        {
+            a.claim_due = false;
+            link.claim(w.secret);
+        }
+    }
+
     /// Relays the first bytes over the kept TCP socket until both directions moved to the
     /// stream (docs/shim-protocol.md, "The move"); on the accepting side, the search for the
     /// proof among the client's bytes. A failure before either side committed ends the
@@ -468,8 +528,10 @@ impl StreamConn {
             w.proven = true;
         }
         if a.awaiting.is_some_and(|w| !w.proven) && pipes.down_eof() {
-            // The client ended its side on TCP without the proof: it stays there.
-            self.relay_instead(fds);
+            // The client ended its side on TCP without the proof: it stays there. Attached
+            // before its connection came, the peer may simply have finished first.
+            let early = a.early;
+            self.relay_as(early.then_some(StreamPath::Unmoved), fds);
             return;
         }
         if pipes.up_moved() && pipes.down_moved() {
@@ -652,6 +714,22 @@ impl StreamConn {
     /// the stream is over (failed, done, relayed, or its peer gone), so the connection
     /// manager's side is to be torn down.
     pub(super) fn settle(&mut self, fds: &mut Fds) -> bool {
+        // A connection attached before it was established that then failed to establish
+        // (rejected, unreachable, aborted): nobody committed, its local side is relayed.
+        if let Some(why) = &self.error
+            && let App::Stream(a) = &self.app
+            && a.uncommitted()
+        {
+            // The peer that ended its side on TCP first may have let go of what it made for the
+            // stream: it finished before its stream came.
+            let finished = a.early && a.handover.as_ref().is_some_and(Pipes::down_eof);
+            let why = why.clone();
+            if finished {
+                self.relay_as(Some(StreamPath::Unmoved), fds);
+            } else {
+                self.fail(why, fds);
+            }
+        }
         // A peer gone before its FIN leaves bytes of its direction missing: the stream fails.
         // One gone after its FIN has sent everything: the stream delivers what arrived and
         // ends when it did (`progress`), not at the disconnect (which would drop bytes the app
@@ -678,6 +756,7 @@ impl StreamConn {
         draining: bool,
         fds: &mut Fds,
     ) {
+        self.send_due_claim();
         self.step_handover(draining, fds);
         self.step_relay(draining, fds);
         if !self.stream_usable() {
