@@ -28,6 +28,11 @@ pub const TYPE_HELLO: u8 = 1;
 pub const TYPE_ACCEPT: u8 = 2;
 /// Type byte of REFUSE.
 pub const TYPE_REFUSE: u8 = 3;
+/// HELLO's flag of a connect made back by the accepting side to its TCP client, whose
+/// connection came through a Service's virtual IP (docs/shim-protocol.md, "Services"): its
+/// address is the client's as the accepting side's `accept()` returned it. A listener of the
+/// app's port refuses such a HELLO; the client's own listener takes no other.
+pub const HELLO_BACK: u8 = 1;
 /// Family byte of an IPv4 address.
 pub const FAMILY_V4: u8 = 4;
 /// Family byte of an IPv6 address.
@@ -43,7 +48,7 @@ pub const MAX_NEGOTIATE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The client's offer, in the connect request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Hello {
-    /// Reserved for options; 0 today. Unknown bits are carried, not rejected.
+    /// [`HELLO_BACK`], or 0; other bits are carried, not rejected.
     pub flags: u8,
     /// Echoed in the answer.
     pub nonce: u64,

@@ -131,12 +131,13 @@ pub fn connect(
     let service = allowed && services::is_service_ip(peer.ip());
     // Zero-copy sends (`SO_ZEROCOPY` set before the connect) wait for completions only the
     // kernel's TCP socket gives: that connection stays on it.
-    if allowed
-        && !service
-        && (flags & POLLED == 0 || watches::followable(fd))
-        && !sys::zero_copy(fd)
-    {
-        return upgrade::connect(fd, peer, real);
+    if allowed && (flags & POLLED == 0 || watches::followable(fd)) && !sys::zero_copy(fd) {
+        return if service {
+            // The backend the NAT picks connects back ([`upgrade::connect_through_service`]).
+            upgrade::connect_through_service(fd, peer, real)
+        } else {
+            upgrade::connect(fd, peer, real)
+        };
     }
     let (rc, err) = real(fd);
     if (rc == 0 || err == libc::EINPROGRESS)

@@ -905,6 +905,82 @@ pub fn tcp_socket(v6: bool) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// An int-valued option of socket `fd` at `level`; None when it cannot be read.
+fn int_option_at(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
+    let mut value: c_int = 0;
+    let mut len = size_of::<c_int>() as socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
+    let rc = unsafe { libc::getsockopt(fd, level, name, (&raw mut value).cast(), &mut len) };
+    (rc == 0).then_some(value)
+}
+
+/// The path MTU the kernel knows for `peer` (the route's MTU until a smaller one was learnt),
+/// from an unsent UDP connect in `peer`'s family (no packet leaves).
+pub fn path_mtu(peer: SocketAddr) -> Option<u32> {
+    let any: SocketAddr = match peer {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let probe = std::net::UdpSocket::bind(any).ok()?;
+    probe.connect(peer).ok()?;
+    let (level, name) = match peer {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_MTU),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_MTU),
+    };
+    int_option_at(probe.as_raw_fd(), level, name).and_then(|m| u32::try_from(m).ok())
+}
+
+/// `TCP_MAXSEG` of TCP socket `fd`: before its connect, the MSS it will offer (536 when the
+/// app set none).
+pub fn tcp_maxseg(fd: c_int) -> Option<c_int> {
+    int_option_at(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG)
+}
+
+/// Sets `TCP_MAXSEG` of TCP socket `fd` (before its connect: the MSS its SYN offers; 0: none
+/// of the app's own).
+pub fn set_tcp_maxseg(fd: c_int, mss: c_int) -> std::io::Result<()> {
+    // SAFETY: `mss` is a live int of the length passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            (&raw const mss).cast(),
+            size_of::<c_int>() as socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(last_error()) }
+}
+
+/// The MSS the peer of connected TCP socket `fd` offered in its SYN, as far as the connection
+/// shows it: its send MSS plus the timestamp option's 12 bytes when timestamps are on (equal
+/// to the offer when this side's own path allows as much).
+pub fn tcp_peer_mss(fd: c_int) -> Option<u32> {
+    /// `struct tcp_info` up to `tcpi_snd_mss`: 8 bytes of `u8` fields (`tcpi_options` the
+    /// sixth), `tcpi_rto`, `tcpi_ato`, then `tcpi_snd_mss`.
+    const SND_MSS: usize = 16;
+    const OPTIONS: usize = 5;
+    const TCPI_OPT_TIMESTAMPS: u8 = 1;
+    let mut info = [0u8; SND_MSS + 4];
+    let mut len = info.len() as socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which holds that many.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || (len as usize) < info.len() {
+        return None;
+    }
+    let snd_mss = u32::from_ne_bytes(info[SND_MSS..SND_MSS + 4].try_into().ok()?);
+    let timestamps = info[OPTIONS] & TCPI_OPT_TIMESTAMPS != 0;
+    Some(snd_mss + if timestamps { 12 } else { 0 })
+}
+
 /// `SO_REUSEADDR` of socket `fd`; None when it cannot be read.
 pub fn reuse_addr(fd: c_int) -> Option<bool> {
     int_option(fd, libc::SO_REUSEADDR).map(|v| v != 0)

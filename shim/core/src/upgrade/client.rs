@@ -87,7 +87,11 @@ pub fn reason_for(error: &ConnectError) -> Reason {
 fn local_reason(reason: Reason) -> bool {
     matches!(
         reason,
-        Reason::NegativeCache | Reason::Unsupported | Reason::Memlock | Reason::RdmaError
+        Reason::NegativeCache
+            | Reason::Unsupported
+            | Reason::Memlock
+            | Reason::RdmaError
+            | Reason::ServiceIp
     )
 }
 
@@ -367,6 +371,10 @@ mod tests {
             assert_eq!(reason_for(&error), want, "{error:?}");
         }
         assert!(local_reason(Reason::Memlock));
+        assert!(
+            local_reason(Reason::ServiceIp),
+            "about this socket, not the Service"
+        );
         assert!(!local_reason(Reason::PeerNotShimmed));
     }
 

@@ -37,6 +37,18 @@ pub fn decided(role: Role, path: StreamPath) -> (Path, Reason) {
     }
 }
 
+/// The path and reason of a connection upgraded through a Service's virtual IP ([`super::back`]):
+/// one that stays on TCP does because its peer did not make the connection back (a plain
+/// peer, or one whose shim could not), or refused it.
+pub fn decided_back(path: StreamPath) -> (Path, Reason) {
+    match path {
+        StreamPath::Rdma => (Path::Rdma, Reason::Upgraded),
+        StreamPath::Tcp | StreamPath::Unclaimed => (Path::Tcp, Reason::PeerNotShimmed),
+        StreamPath::Broken => (Path::Tcp, Reason::RdmaError),
+        StreamPath::Unmoved => (Path::Tcp, Reason::EndedFirst),
+    }
+}
+
 /// Counts the bytes a connection with a stream moved, by their path (as they move: a process
 /// may exit before its streams end).
 pub fn count_bytes(carried: Carried, sent: u64, received: u64) {
@@ -62,15 +74,43 @@ pub fn on_event(
     peer: Option<SocketAddr>,
     broken: Arc<AtomicBool>,
 ) -> Box<dyn FnMut(Event) + Send> {
+    on_event_as(role, fd, peer, broken, None)
+}
+
+/// [`on_event`] for a connection upgraded through a Service ([`super::back`], [`decided_back`]):
+/// one that stays TCP puts `cache` (the virtual IP and port; the client's IP on the server)
+/// in the negative cache.
+pub fn on_back_event(
+    role: Role,
+    fd: c_int,
+    peer: Option<SocketAddr>,
+    broken: Arc<AtomicBool>,
+    cache: SocketAddr,
+) -> Box<dyn FnMut(Event) + Send> {
+    on_event_as(role, fd, peer, broken, Some(cache))
+}
+
+fn on_event_as(
+    role: Role,
+    fd: c_int,
+    peer: Option<SocketAddr>,
+    broken: Arc<AtomicBool>,
+    back: Option<SocketAddr>,
+) -> Box<dyn FnMut(Event) + Send> {
     Box::new(move |event| match event {
         Event::Decided(decision) => {
-            let (path, reason) = decided(role, decision);
-            if decision == StreamPath::Unclaimed
-                && let Some(p) = peer
-            {
+            let (path, reason) = match back {
+                Some(_) => decided_back(decision),
+                None => decided(role, decision),
+            };
+            let cache = match back {
+                Some(key) => super::back::decided(key, decision).then_some(key),
+                None => peer.filter(|_| decision == StreamPath::Unclaimed),
+            };
+            if let Some(key) = cache {
                 // As for a connect that waited for its CLAIM in vain: the next ones to this
                 // peer stay TCP at once for a while.
-                let _ = super::NEGATIVE.insert(p, reason, super::now());
+                let _ = super::NEGATIVE.insert(key, reason, super::now());
             }
             record(role, fd, peer, path, reason);
         }

@@ -11,6 +11,8 @@
 //!   its acceptor checks the policy and registers `pending[client addr:port]`. `accept()` claims
 //!   the entry of the accepted peer at once (no waiting) and swaps; the engine sends CLAIM and
 //!   pumps after CONFIRM, or relays over the kept TCP socket when the client gave up.
+//! - Services (`back.rs`): a client's connection to a virtual IP is made back to it by the
+//!   backend that accepted it, whose `accept()` knows the client's own address.
 //! - Spares (`spare.rs`): after a connection upgraded, the client's next RDMA connect to the
 //!   same peer is made ahead, so a repeat connect only awaits it.
 //! - The swap (`swap.rs`) and the per-connection accounting (`events.rs`).
@@ -18,6 +20,7 @@
 //! Nothing here runs on the pass-through path: every entry point is reached only for a
 //! capable process's INET TCP socket (or an fd the fd table marks as swapped / side-listening).
 
+mod back;
 mod client;
 mod delegate;
 mod engine;
@@ -47,6 +50,7 @@ use crate::policy::canonical_ip;
 use crate::readiness;
 use crate::sys;
 
+pub use back::connect as connect_through_service;
 pub use client::{connect, reason_for};
 pub use engine::{config as engine_config, configure, flush_at_exit};
 pub use events::record;

@@ -31,7 +31,7 @@ use super::{PENDING_TIMEOUT, key, now};
 use crate::decision;
 use crate::forksafe::{ForkSafe, SLOTS};
 use crate::log::{Level, log_at};
-use crate::negotiation::{Hello, Message};
+use crate::negotiation::{self, Hello, Message};
 use crate::policy::canonical_ip;
 use crate::reason::{Path, Reason, Role};
 use crate::sys;
@@ -162,6 +162,10 @@ pub fn judge(
     allows: impl Fn(u16, SocketAddr) -> bool,
 ) -> Result<Hello, Message> {
     match Message::decode(payload) {
+        // A connect made back to a client: never one for a listener of the app's port.
+        Ok(Message::Hello(h)) if h.flags & negotiation::HELLO_BACK != 0 => {
+            Err(Message::refuse(h.nonce, Reason::PeerRefused))
+        }
         Ok(Message::Hello(h)) if from.map(canonical_ip) != Some(canonical_ip(h.client.ip())) => {
             Err(Message::refuse(h.nonce, Reason::PeerRefused))
         }
@@ -438,6 +442,8 @@ pub fn claim_and_swap(fd: c_int, peer: SocketAddr) -> Claim {
     }
     let found = take_registration(peer, now());
     let pending = match found {
+        // No HELLO: a client that came through a Service's virtual IP is connected back to.
+        None if super::back::accept(fd, peer) => return Claim::Swapped,
         None => return Claim::None,
         Some(Found::Fresh(p)) if p.conn.is_alive() => p,
         Some(Found::Fresh(_) | Found::Stale) => {
@@ -611,6 +617,17 @@ mod tests {
         assert_eq!(
             judge(b"junk", 80, from, |_, _| true),
             Err(Message::refuse(0, Reason::PeerRefused))
+        );
+        let back = Message::Hello(Hello {
+            flags: negotiation::HELLO_BACK,
+            nonce: 43,
+            client: sa("198.18.0.2:5000"),
+        })
+        .encode();
+        assert_eq!(
+            judge(&back, 80, from, |_, _| true),
+            Err(Message::refuse(43, Reason::PeerRefused)),
+            "a connect made back to a client is not for the app's port"
         );
     }
 }

@@ -55,7 +55,16 @@ pub const SCENARIOS: &[Scenario] = &[
         timeout: Duration::from_secs(240),
         run: foreign_door,
     },
+    Scenario {
+        name: "attack_an_impostor_connecting_back_through_a_service_gets_no_byte",
+        topology: Topology::Wire,
+        timeout: Duration::from_secs(300),
+        run: impostor_back,
+    },
 ];
+
+/// An echo server that accepts once a cue file exists.
+const GATED_ECHO: &str = include_str!("scripts/gated_echo.py");
 
 const ATTACKER_C: &str = include_str!("../../tools/attacker.c");
 const VICTIM_PY: &str = include_str!("../../tools/victim.py");
@@ -785,4 +794,148 @@ fn foreign_door(ctx: &Ctx) -> anyhow::Result<()> {
         "the holder's fds {fds_before} before the attacker, {fds_after} after; then {got:?}"
     ));
     Ok(())
+}
+
+/// A connection through a Service's virtual IP waits for its backend to connect back to the
+/// client's own address: an impostor on the fabric connects back first. A shimmed client on
+/// guest B connects through a VIP (nftables DNAT, as kube-proxy programs it) to a shimmed
+/// echo server on guest A that accepts only once the attack is under way; as soon as the
+/// client's port is known, the attacker on A connects to it with a HELLO flagged back naming
+/// it (the client's listener takes it: anyone may name an address), takes the client's CLAIM,
+/// sends CONFIRM and writes on the stream. It cannot write the CLAIM's secret into the client's TCP connection, so the
+/// client never binds: the attacker's bytes never reach the app, nothing of the app's reaches
+/// the attacker, and the connection goes on over TCP once the backend accepted, every echo
+/// exact (client and server count `PEER_NOT_SHIMMED`, the backend's own connection back
+/// refused: the listener took one peer; the client's connection outlives its wait for a
+/// connection back).
+fn impostor_back(ctx: &Ctx) -> anyhow::Result<()> {
+    const VIP: &str = "10.96.0.12";
+    let (a, b) = (ctx.addr_a, ctx.addr_b);
+    let py = python();
+    let cue = ctx.work.join("impostor-port");
+    match ctx.role {
+        rdma_streams_softroce::Role::A => {
+            let server = file(ctx, "gated_echo.py", GATED_ECHO)?;
+            let gate = ctx.tmp.join("accept-now");
+            let srv = ctx.spawn(&format!(
+                "{} {py} {} {a} 9793 {}",
+                shimmed(ctx, "impsrv", "")?,
+                server.display(),
+                gate.display()
+            ))?;
+            ctx.sh(&format!("{WAIT_PORT} wait_port 9793"))?;
+            // Compiled before the race starts.
+            attacker(ctx)?;
+            ctx.barrier("impostor-listening")?;
+            let port = wait_cue(&cue)?;
+            let mut hello = String::from("530101");
+            hello.push_str("0102030405060708");
+            hello.push_str(&format!("04{port:04x}"));
+            for octet in b.octets() {
+                hello.push_str(&format!("{octet:02x}"));
+            }
+            let (run, out) = attack(
+                ctx,
+                "impostor",
+                &format!(
+                    "raw_connect x {b} {port} {a} {hello} wait_claim x 10000 confirm x \
+                     write x EVIL-BACK recv x 3000 disconnect x"
+                ),
+            )?;
+            // The backend accepts once the impostor holds the client's listener (or gave up).
+            let held = wait_line(ctx, &out, "x ", Duration::from_secs(60));
+            std::fs::write(&gate, "")?;
+            held?;
+            let text = finished(ctx, "impostor", run, &out)?;
+            ctx.report(format_args!(
+                "an impostor connecting back to a client through a Service: {}",
+                text.lines().collect::<Vec<_>>().join("; ")
+            ));
+            ensure!(
+                text.contains("x established"),
+                "the client's listener did not take the impostor: {text}"
+            );
+            ensure!(text.contains("x claim "), "no CLAIM came: {text}");
+            ensure!(
+                !text.contains("x got"),
+                "the client's app wrote to the impostor: {text}"
+            );
+            ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+            let server_counts = counts(ctx, "impsrv", "server")?;
+            ensure!(
+                server_counts.get("tcp PEER_NOT_SHIMMED") == Some(&1) && server_counts.len() == 1,
+                "the server counted {server_counts:?}"
+            );
+            ctx.barrier("impostor-done")
+        }
+        _ => {
+            ctx.barrier("impostor-listening")?;
+            let nic = ctx
+                .sh(&format!("ip -o -4 addr show to {b} | awk '{{print $2}}'"))?
+                .stdout
+                .trim()
+                .to_owned();
+            ensure!(!nic.is_empty(), "no interface holds {b}");
+            ctx.sh(&format!(
+                "ip route replace {VIP}/32 dev {nic} src {b} && nft add table ip imp && \
+                 nft add chain ip imp out '{{ type nat hook output priority -100; }}' && \
+                 nft add rule ip imp out ip daddr {VIP} tcp dport 80 dnat to {a}:9793"
+            ))?;
+            let result = (|| {
+                let rounds = file(ctx, "rounds_client.py", super::shim_wire::ROUNDS_CLIENT)?;
+                let said = ctx.tmp.join("impcli.out");
+                let cli = ctx.spawn(&format!(
+                    "{} {py} {} {VIP} 80 1 10 > {} 2>&1",
+                    shimmed(
+                        ctx,
+                        "impcli",
+                        "STREAMSHIM_SERVICE_CIDRS=10.96.0.0/12 STREAMSHIM_NEGOTIATE_MS=3000"
+                    )?,
+                    rounds.display(),
+                    said.display()
+                ))?;
+                let text = wait_line(ctx, &said, "connected ", Duration::from_secs(60))?;
+                let port = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("connected "))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned();
+                std::fs::write(&cue, &port)?;
+                let out = ctx.wait("client", cli)?;
+                let text = std::fs::read_to_string(&said).unwrap_or_default();
+                ctx.log(format_args!("client:\n{text}"));
+                ensure!(
+                    out.success() && text.contains("rounds ok"),
+                    "the client failed: {out}\n{text}"
+                );
+                let client_counts = counts(ctx, "impcli", "client")?;
+                ensure!(
+                    client_counts.get("tcp PEER_NOT_SHIMMED") == Some(&1)
+                        && client_counts.len() == 1,
+                    "the client counted {client_counts:?}"
+                );
+                Ok(())
+            })();
+            let cleanup = ctx.sh(&format!(
+                "nft delete table ip imp; ip route del {VIP}/32 dev {nic}; true"
+            ));
+            result?;
+            cleanup?;
+            ctx.barrier("impostor-done")
+        }
+    }
+}
+
+/// The port another guest wrote to `cue`, within a minute.
+fn wait_cue(cue: &Path) -> anyhow::Result<u16> {
+    for _ in 0..600 {
+        if let Ok(text) = std::fs::read_to_string(cue)
+            && let Ok(port) = text.trim().parse()
+        {
+            return Ok(port);
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    bail!("no port in {} within a minute", cue.display())
 }

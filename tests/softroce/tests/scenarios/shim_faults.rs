@@ -229,7 +229,7 @@ const THREADED_ECHO: &str = include_str!("scripts/threaded_echo.py");
 
 /// One connection: 256 KiB out and back, byte-exact; prints how long `connect()` took (the
 /// first one of the process: it includes starting the shim's engine).
-const ECHO_CLIENT: &str = include_str!("scripts/echo_client.py");
+pub const ECHO_CLIENT: &str = include_str!("scripts/echo_client.py");
 
 fn connect_seconds(out: &str) -> f64 {
     out.split_whitespace()
@@ -285,8 +285,10 @@ fn one_sided(ctx: &Ctx) -> anyhow::Result<()> {
 /// answers. Three connections of a shimmed client to each, at the default negotiation bound,
 /// to a shimmed server behind them: byte-exact over TCP; the first costs one bound
 /// (`TIMEOUT`), the next two none (`NEGATIVE_CACHE`); the server counts them
-/// `PEER_NOT_SHIMMED`. A client told the Service CIDR (`STREAMSHIM_SERVICE_CIDRS`, as the
-/// chart's `shim.serviceCIDRs` sets it) negotiates none of its three (`SERVICE_IP`).
+/// `PEER_NOT_SHIMMED`. A client told the Service CIDR upgrades through the backend
+/// (`shim_wire_service_vip_upgrades_through_the_backend`, on two guests: here the translated
+/// connection would pass the one network namespace's connection tracking twice, whose second
+/// entry moves the client's port).
 fn service_vip(ctx: &Ctx) -> anyhow::Result<()> {
     // Routed out of b's interface (rxeb's netdev), and out of a dummy one without RDMA.
     const VIP: &str = "10.96.0.10";
@@ -309,16 +311,7 @@ fn service_vip(ctx: &Ctx) -> anyhow::Result<()> {
     ))?;
     let negotiated = [("tcp TIMEOUT", 1), ("tcp NEGATIVE_CACHE", 2)];
     let result = service_vip_clients(ctx, VIP, "v0", "", &negotiated)
-        .and_then(|()| service_vip_clients(ctx, PLAIN_VIP, "v1", "", &negotiated))
-        .and_then(|()| {
-            service_vip_clients(
-                ctx,
-                VIP,
-                "v2",
-                "STREAMSHIM_SERVICE_CIDRS=10.96.0.0/12",
-                &[("tcp SERVICE_IP", 3)],
-            )
-        });
+        .and_then(|()| service_vip_clients(ctx, PLAIN_VIP, "v1", "", &negotiated));
     let cleanup = ctx.sh(&format!(
         "nft delete table ip svc; ip route del {VIP}/32 dev {netdev}; ip link del svc0; true"
     ));

@@ -6,10 +6,11 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use libc::c_int;
 
-use super::{CHILD_END, CLAIM, Heard, REPLY_MARGIN, attach, next, reply, take_over};
+use super::{CHILD_END, CLAIM, Heard, REPLY_MARGIN, Side, attach, next, reply, take_over};
 use crate::log::{Level, log_at};
 use crate::reason::{Path, Reason, Role};
 use crate::sys::{self, fdpass};
+use crate::upgrade::back;
 use crate::upgrade::events::record;
 use crate::upgrade::now;
 use crate::upgrade::server::{Found, take_registration};
@@ -29,12 +30,20 @@ pub(super) fn answer(tcp: OwnedFd, answer_on: OwnedFd) {
         let _ = reply(&answer_on, NONE, None);
         return;
     };
-    let pending = match take_registration(peer, now()) {
-        None => {
-            let _ = reply(&answer_on, NONE, None);
-            return;
-        }
-        Some(Found::Fresh(p)) if p.conn.is_alive() => p,
+    let (conn, side, claim_by) = match take_registration(peer, now()) {
+        // No HELLO: a client that came through a Service's virtual IP is connected back to.
+        None => match back::connect_back(tcp.as_raw_fd(), peer) {
+            Some(back) => (
+                back.conn,
+                Side::ConnectedBack(back.cache),
+                Some(back.claim_by),
+            ),
+            None => {
+                let _ = reply(&answer_on, NONE, None);
+                return;
+            }
+        },
+        Some(Found::Fresh(p)) if p.conn.is_alive() => (p.conn, Side::Accepted, None),
         Some(Found::Fresh(_) | Found::Stale) => {
             let _ = reply(&answer_on, GAVE_UP, None);
             return;
@@ -44,7 +53,7 @@ pub(super) fn answer(tcp: OwnedFd, answer_on: OwnedFd) {
         Ok(p) => p,
         Err(e) => {
             log_at!(Level::Info, "claim for {peer}: no socketpair ({e})");
-            pending.conn.abort();
+            conn.abort();
             let _ = reply(&answer_on, NONE, None);
             return;
         }
@@ -55,19 +64,11 @@ pub(super) fn answer(tcp: OwnedFd, answer_on: OwnedFd) {
             Level::Debug,
             "claim for {peer}: the child did not take it ({e})"
         );
-        pending.conn.abort();
+        conn.abort();
         return;
     }
     drop(app);
-    attach(
-        &pending.conn,
-        local,
-        tcp,
-        Role::Server,
-        peer,
-        answer_on,
-        None,
-    );
+    attach(&conn, local, tcp, side, peer, answer_on, claim_by);
 }
 
 /// What a child's claim came to.

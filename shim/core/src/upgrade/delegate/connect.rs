@@ -28,13 +28,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use libc::c_int;
 
 use super::{
-    CHILD_END, CONNECT, Heard, REPLY_MARGIN, THREAD_STACK, attach, next, reply, take_over,
+    CHILD_END, CONNECT, Heard, REPLY_MARGIN, Side, THREAD_STACK, attach, next, reply, take_over,
 };
 use crate::fdtable::{self, COUNTED};
 use crate::guard::Guard;
 use crate::log::{Level, log_at};
 use crate::negotiation::put_addr;
-use crate::reason::{Reason, Role};
+use crate::reason::Reason;
 use crate::sys::{self, fdpass};
 use crate::upgrade::client::{count_tcp, ensure_bound, open_stream, plain};
 use crate::upgrade::swap::{reset, restore_tcp};
@@ -137,7 +137,7 @@ fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
         &conn,
         local,
         tcp,
-        Role::Client,
+        Side::Connected,
         peer,
         answer_on,
         Some(claim_by),

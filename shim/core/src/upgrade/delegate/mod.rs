@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use libc::c_int;
 use rdma_streams_transport::engine::{Attach, Conn, Event, Handshake};
 
-use super::events::{count_bytes, on_event};
+use super::events::{count_bytes, on_back_event, on_event};
 use super::swap;
 use crate::fdtable::{self, SHIM_OWNED};
 use crate::guard::Guard;
@@ -261,27 +261,50 @@ fn next(on: &OwnedFd, bound: Duration) -> Heard {
 
 /// Attaches a child's connection to its stream with `tcp` as the kept socket; `notice` hears
 /// of a reset; `claim_by`: a connect's engine waits for CLAIM until then ([`Attach::claim_by`]).
+/// Which side of its binding a delegated connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// A child's accepted connection that a client registered.
+    Accepted,
+    /// A child's connect.
+    Connected,
+    /// A child's accepted connection whose client came through a Service: the engine connects
+    /// back to it ([`crate::upgrade::back`]); the negative cache's key if it stays TCP.
+    ConnectedBack(SocketAddr),
+}
+
 fn attach(
     conn: &Conn,
     local: OwnedFd,
     tcp: OwnedFd,
-    role: Role,
+    side: Side,
     peer: SocketAddr,
     notice: OwnedFd,
     claim_by: Option<Instant>,
 ) {
     // The child's install sets the socket's linger as a swap does (one socket, two numbers).
     let kept = Arc::new(tcp);
-    let mut inner = on_event(role, -1, Some(peer), Arc::new(AtomicBool::new(false)));
+    let broken = Arc::new(AtomicBool::new(false));
+    let (mut inner, handshake) = match side {
+        Side::Accepted => (
+            on_event(Role::Server, -1, Some(peer), broken),
+            Handshake::Claim,
+        ),
+        Side::Connected => (
+            on_event(Role::Client, -1, Some(peer), broken),
+            Handshake::Confirm,
+        ),
+        Side::ConnectedBack(cache) => (
+            on_back_event(Role::Server, -1, Some(peer), broken, cache),
+            Handshake::Confirm,
+        ),
+    };
     let mut notice = Some(notice);
     conn.attach(
         local,
         Attach {
             kept: Some(kept),
-            handshake: match role {
-                Role::Server => Handshake::Claim,
-                Role::Client => Handshake::Confirm,
-            },
+            handshake,
             on_event: Box::new(move |event| {
                 if let Event::Ended(end) = &event
                     && let Some(n) = notice.take()
