@@ -58,7 +58,7 @@ const UNSET_MSS: c_int = 536;
 const MAX_MSS: u32 = 32767;
 /// How much longer than the negotiation bound each side waits for the other: the backend's
 /// `accept()`, its RDMA connect back, CLAIM, the proof and CONFIRM.
-const BACK_WAIT: Duration = Duration::from_secs(2);
+pub(super) const BACK_WAIT: Duration = Duration::from_secs(2);
 
 /// Connections in a row to one virtual IP (from one client address, on the backend) that
 /// ended before their stream came, after which the next ones stay TCP for a while: whether its
@@ -136,42 +136,19 @@ pub fn connect(
     real: &mut dyn FnMut(c_int) -> (c_int, c_int),
 ) -> c_int {
     if super::FORKED.load(std::sync::atomic::Ordering::Acquire) {
-        // A fork child's streams run in its ancestor's engine, which has no way back yet.
-        return plain(fd, peer, Reason::ServiceIp, real);
+        // A fork child: its ancestor's engine expects the connection back for it.
+        return super::delegate::connect(fd, peer, real);
     }
     if NEGATIVE.check(peer, now()).is_some() {
         return plain(fd, peer, Reason::NegativeCache, real);
     }
-    // An app that chose its own MSS keeps it: its SYN cannot carry the mark.
-    if sys::tcp_maxseg(fd) != Some(UNSET_MSS) {
-        return plain(fd, peer, Reason::ServiceIp, real);
-    }
     let Some(client) = ensure_bound(fd, peer) else {
         return plain(fd, peer, Reason::Unsupported, real);
     };
-    let Some(mss) = sys::path_mtu(peer).and_then(|m| marked_mss(m, peer.is_ipv6())) else {
-        return plain(fd, peer, Reason::ServiceIp, real);
-    };
-    let Some(engine) = engine() else {
-        return plain(fd, peer, Reason::RdmaError, real);
-    };
-    let listen = SocketAddr::new(canonical_ip(client.ip()), client.port());
-    let acceptor = Arc::new(BackAcceptor {
-        client,
-        port: peer.port(),
-    });
-    let conn = match engine.expect(listen, acceptor) {
+    let conn = match expect(fd, client, peer) {
         Ok(conn) => conn,
-        Err(e) => {
-            note(peer, &format!("no RDMA listener on {listen}: {e}"));
-            return plain(fd, peer, Reason::RdmaError, real);
-        }
+        Err(reason) => return plain(fd, peer, reason, real),
     };
-    let mark = c_int::try_from(mss).unwrap_or(UNSET_MSS);
-    if sys::set_tcp_maxseg(fd, mark).is_err() {
-        conn.abort();
-        return plain(fd, peer, Reason::Unsupported, real);
-    }
     let before = fdtable::get(fd);
     let s = match swap(fd) {
         Ok(s) => s,
@@ -240,6 +217,36 @@ pub(super) struct Back {
     pub cache: SocketAddr,
     /// Until when the attach waits for the client's CLAIM.
     pub claim_by: Instant,
+}
+
+/// The client's side before its kernel connect (see the module docs): TCP socket `tcp`, bound
+/// to `client`, connecting to `peer`, a Service's virtual IP and port. Listens for the
+/// connection back at `client` and marks the socket's MSS; the connection, to be attached once
+/// the TCP connection is established, or the reason it stays TCP.
+pub(super) fn expect(tcp: c_int, client: SocketAddr, peer: SocketAddr) -> Result<Conn, Reason> {
+    // An app that chose its own MSS keeps it: its SYN cannot carry the mark.
+    if sys::tcp_maxseg(tcp) != Some(UNSET_MSS) {
+        return Err(Reason::ServiceIp);
+    }
+    let mss = sys::path_mtu(peer)
+        .and_then(|m| marked_mss(m, peer.is_ipv6()))
+        .ok_or(Reason::ServiceIp)?;
+    let engine = engine().ok_or(Reason::RdmaError)?;
+    let listen = SocketAddr::new(canonical_ip(client.ip()), client.port());
+    let acceptor = Arc::new(BackAcceptor {
+        client,
+        port: peer.port(),
+    });
+    let conn = engine.expect(listen, acceptor).map_err(|e| {
+        note(peer, &format!("no RDMA listener on {listen}: {e}"));
+        Reason::RdmaError
+    })?;
+    let mark = c_int::try_from(mss).unwrap_or(UNSET_MSS);
+    if sys::set_tcp_maxseg(tcp, mark).is_err() {
+        conn.abort();
+        return Err(Reason::Unsupported);
+    }
+    Ok(conn)
 }
 
 /// The backend's side (see the module docs) for a connection accepted on TCP socket `tcp`

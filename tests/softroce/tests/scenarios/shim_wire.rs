@@ -30,6 +30,9 @@ const HTTP_ONCE: &str = include_str!("scripts/http_once.py");
 /// 64 KiB requests to an echo server for a while, on each of N connections.
 pub const ROUNDS_CLIENT: &str = include_str!("scripts/rounds_client.py");
 
+/// A client whose forked child connects too.
+const FORKED_CLIENT: &str = include_str!("scripts/forked_client.py");
+
 fn iperf3_and_curl(ctx: &Ctx) -> anyhow::Result<()> {
     let a = ctx.addr_a;
     let t = ctx.tmp.display().to_string();
@@ -100,9 +103,11 @@ fn iperf3_and_curl(ctx: &Ctx) -> anyhow::Result<()> {
 /// four short connections (one 256 KiB echo each) to the plain server: relayed over TCP while
 /// the client waits for a connection back that never comes, each ends first (`ENDED_FIRST`),
 /// and after three in a row the fourth stays TCP at once (`NEGATIVE_CACHE`); bytes exact.
-/// Last, nginx behind the VIP's port 82 (a master and two workers, which accept in fork
-/// children: the master's engine connects back) serves a 20 MB file three times to curl:
-/// every connection upgraded on both sides, sha256-exact.
+/// Then a client whose forked child (no exec, as a pre-fork server's worker) connects through
+/// the VIP twice after the parent once: its parent's engine expects the connections back, all
+/// three upgraded. Last, nginx behind the VIP's port 82 (a master and two workers, which accept
+/// in fork children: the master's engine connects back) serves a 20 MB file three times to
+/// curl: every connection upgraded on both sides, sha256-exact.
 fn service_vip(ctx: &Ctx) -> anyhow::Result<()> {
     const VIP: &str = "10.96.0.10";
     const CIDRS: &str = "STREAMSHIM_SERVICE_CIDRS=10.96.0.0/12 STREAMSHIM_NEGOTIATE_MS=200";
@@ -119,7 +124,7 @@ fn service_vip(ctx: &Ctx) -> anyhow::Result<()> {
             ))?;
             let server = file(ctx, "server.py", super::shim_faults::ECHO_SERVER)?;
             let shimmed_server = ctx.spawn(&format!(
-                "{} {py} {} {a} 9790 3 0",
+                "{} {py} {} {a} 9790 6 0",
                 shimmed(ctx, "svcsrv", "")?,
                 server.display()
             ))?;
@@ -142,7 +147,7 @@ fn service_vip(ctx: &Ctx) -> anyhow::Result<()> {
                 ctx.wait("plain server", plain_server)?.success(),
                 "the plain server failed"
             );
-            expect_counts(ctx, "svcsrv", "server", &[("rdma UPGRADED", 3)])?;
+            expect_counts(ctx, "svcsrv", "server", &[("rdma UPGRADED", 6)])?;
             ctx.barrier("svc-curl-done")?;
             ctx.sh(&format!("kill -QUIT $(cat {t}/nginx.pid)"))?;
             ensure!(ctx.wait("nginx", nginx)?.success(), "nginx failed");
@@ -207,7 +212,24 @@ fn service_vip_clients(ctx: &Ctx, vip: &str, env: &str) -> anyhow::Result<()> {
         "svcplain",
         "client",
         &[("tcp ENDED_FIRST", 3), ("tcp NEGATIVE_CACHE", 1)],
-    )
+    )?;
+    let forked = file(ctx, "forked_client.py", FORKED_CLIENT)?;
+    let out = ctx.sh(&format!(
+        "{} {py} {} {} {vip} 80 2 1",
+        shimmed(ctx, "svcfork", env)?,
+        forked.display(),
+        rounds.display()
+    ))?;
+    ensure!(
+        out.stdout.contains("forked ok") && out.stdout.matches("rounds ok").count() == 2,
+        "the forked client failed: {}",
+        out.stdout
+    );
+    ctx.report(format_args!(
+        "a shimmed client and its fork child through the Service VIP {vip}:80: {}",
+        out.stdout.trim().replace('\n', " | ")
+    ));
+    expect_counts(ctx, "svcfork", "client", &[("rdma UPGRADED", 3)])
 }
 
 /// nginx serving `<tmp>/www` on `port` of guest A's address: a master and two workers.

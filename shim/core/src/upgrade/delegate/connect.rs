@@ -35,7 +35,9 @@ use crate::guard::Guard;
 use crate::log::{Level, log_at};
 use crate::negotiation::put_addr;
 use crate::reason::Reason;
+use crate::services;
 use crate::sys::{self, fdpass};
+use crate::upgrade::back;
 use crate::upgrade::client::{count_tcp, ensure_bound, open_stream, plain};
 use crate::upgrade::swap::{reset, restore_tcp};
 use crate::upgrade::{NEGATIVE, negotiate_timeout, now};
@@ -96,7 +98,14 @@ fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
         return;
     }
     let bound = negotiate_timeout();
-    let conn = match open_stream(peer, client, bound) {
+    // A Service's virtual IP: the backend connects back ([`back`]).
+    let service = services::is_service_ip(peer.ip());
+    let made = if service {
+        back::expect(tcp.as_raw_fd(), client, peer)
+    } else {
+        open_stream(peer, client, bound)
+    };
+    let conn = match made {
         Ok(conn) => conn,
         Err(reason) => {
             let _ = plain_reply(&answer_on, reason);
@@ -131,17 +140,14 @@ fn serve(tcp: OwnedFd, answer_on: OwnedFd, peer: SocketAddr) {
         conn.abort();
         return;
     }
-    // The child's `connect()` returns now; the engine waits for CLAIM beside its app.
-    let claim_by = now() + bound;
-    attach(
-        &conn,
-        local,
-        tcp,
-        Side::Connected,
-        peer,
-        answer_on,
-        Some(claim_by),
-    );
+    // The child's `connect()` returns now; the engine waits for CLAIM beside its app (or, to
+    // a Service, for the connection back).
+    let (side, claim_by) = if service {
+        (Side::Expected(peer), now() + bound + back::BACK_WAIT)
+    } else {
+        (Side::Connected, now() + bound)
+    };
+    attach(&conn, local, tcp, side, peer, answer_on, Some(claim_by));
 }
 
 /// In a fork child: `connect(fd, peer)` for a capable ancestor's policy. Returns the kernel

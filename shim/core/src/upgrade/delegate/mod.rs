@@ -271,6 +271,8 @@ enum Side {
     /// A child's accepted connection whose client came through a Service: the engine connects
     /// back to it ([`crate::upgrade::back`]); the negative cache's key if it stays TCP.
     ConnectedBack(SocketAddr),
+    /// A child's connect to a Service's virtual IP (the key): the backend connects back.
+    Expected(SocketAddr),
 }
 
 fn attach(
@@ -297,6 +299,10 @@ fn attach(
         Side::ConnectedBack(cache) => (
             on_back_event(Role::Server, -1, Some(peer), broken, cache),
             Handshake::Confirm,
+        ),
+        Side::Expected(cache) => (
+            on_back_event(Role::Client, -1, Some(peer), broken, cache),
+            Handshake::Claim,
         ),
     };
     let mut notice = Some(notice);
