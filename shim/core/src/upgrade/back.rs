@@ -287,13 +287,11 @@ pub(super) fn connect_back(tcp: c_int, peer: SocketAddr) -> Option<Back> {
     })
 }
 
-/// [`connect_back`] for a connection accepted on `fd` in this process: true when it was
-/// swapped (the engine connects back and relays meanwhile); false when it stays TCP untouched,
-/// for the caller to count.
+/// [`connect_back`] for a connection accepted on `fd` in this process (a fork child's goes to
+/// its ancestor, [`super::server::claim_and_swap`]): true when it was swapped (the engine
+/// connects back and relays meanwhile); false when it stays TCP untouched, for the caller to
+/// count.
 pub fn accept(fd: c_int, peer: SocketAddr) -> bool {
-    if super::FORKED.load(std::sync::atomic::Ordering::Acquire) {
-        return false;
-    }
     let Some(back) = connect_back(fd, peer) else {
         return false;
     };

@@ -16,7 +16,9 @@ use rdma_streams_softroce::helpers::{Captured, Running};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
 use super::shim_handed::{LINE_CLIENT, REUSEPORT_SERVER};
-use super::support::{WAIT_PORT, counts, file, footprint, python, shimmed, wait_line};
+use super::support::{
+    WAIT_PORT, counts, file, footprint, python, service_dnat, shimmed, undo_service_dnat, wait_line,
+};
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -870,17 +872,7 @@ fn impostor_back(ctx: &Ctx) -> anyhow::Result<()> {
         }
         _ => {
             ctx.barrier("impostor-listening")?;
-            let nic = ctx
-                .sh(&format!("ip -o -4 addr show to {b} | awk '{{print $2}}'"))?
-                .stdout
-                .trim()
-                .to_owned();
-            ensure!(!nic.is_empty(), "no interface holds {b}");
-            ctx.sh(&format!(
-                "ip route replace {VIP}/32 dev {nic} src {b} && nft add table ip imp && \
-                 nft add chain ip imp out '{{ type nat hook output priority -100; }}' && \
-                 nft add rule ip imp out ip daddr {VIP} tcp dport 80 dnat to {a}:9793"
-            ))?;
+            let nic = service_dnat(ctx, ("imp", VIP), b, &[(80, format!("{a}:9793"))])?;
             let result = (|| {
                 let rounds = file(ctx, "rounds_client.py", super::shim_wire::ROUNDS_CLIENT)?;
                 let said = ctx.tmp.join("impcli.out");
@@ -917,9 +909,7 @@ fn impostor_back(ctx: &Ctx) -> anyhow::Result<()> {
                 );
                 Ok(())
             })();
-            let cleanup = ctx.sh(&format!(
-                "nft delete table ip imp; ip route del {VIP}/32 dev {nic}; true"
-            ));
+            let cleanup = undo_service_dnat(ctx, ("imp", VIP), &nic);
             result?;
             cleanup?;
             ctx.barrier("impostor-done")

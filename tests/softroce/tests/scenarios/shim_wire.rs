@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::ensure;
 use rdma_streams_softroce::{Ctx, Role, Scenario, Topology};
 
-use super::support::{WAIT_PORT, expect_counts, file, python, shimmed};
+use super::support::{
+    WAIT_PORT, expect_counts, file, python, service_dnat, shimmed, undo_service_dnat,
+};
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -156,24 +158,12 @@ fn service_vip(ctx: &Ctx) -> anyhow::Result<()> {
         }
         _ => {
             ctx.barrier("svc-listening")?;
-            let nic = ctx
-                .sh(&format!("ip -o -4 addr show to {b} | awk '{{print $2}}'"))?
-                .stdout
-                .trim()
-                .to_owned();
-            ensure!(!nic.is_empty(), "no interface holds {b}");
-            ctx.sh(&format!(
-                "ip route replace {VIP}/32 dev {nic} src {b} && nft add table ip svc && \
-                 nft add chain ip svc out '{{ type nat hook output priority -100; }}' && \
-                 nft add rule ip svc out ip daddr {VIP} tcp dport 80 dnat to {a}:9790 && \
-                 nft add rule ip svc out ip daddr {VIP} tcp dport 81 dnat to {a}:9791 && \
-                 nft add rule ip svc out ip daddr {VIP} tcp dport 82 dnat to {a}:9794"
-            ))?;
+            let rules =
+                [(80, 9790), (81, 9791), (82, 9794)].map(|(port, to)| (port, format!("{a}:{to}")));
+            let nic = service_dnat(ctx, ("svc", VIP), b, &rules)?;
             let result = service_vip_clients(ctx, VIP, CIDRS)
                 .and_then(|()| service_vip_curl(ctx, VIP, CIDRS));
-            let cleanup = ctx.sh(&format!(
-                "nft delete table ip svc; ip route del {VIP}/32 dev {nic}; true"
-            ));
+            let cleanup = undo_service_dnat(ctx, ("svc", VIP), &nic);
             result?;
             cleanup?;
             ctx.barrier("svc-curl-done")?;

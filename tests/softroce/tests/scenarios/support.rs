@@ -207,3 +207,39 @@ pub fn footprint(pid: u32) -> anyhow::Result<(u64, usize)> {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
     Ok((pin * 1024, fds))
 }
+
+/// A Service's virtual IP on this guest as kube-proxy programs it for a pod's node: `vip`
+/// routed out of the interface holding `src`, and nftables DNAT in the output hook (table
+/// `table`) of each `(port, destination)`. Returns the interface, for [`undo_service_dnat`].
+pub fn service_dnat(
+    ctx: &Ctx,
+    (table, vip): (&str, &str),
+    src: std::net::Ipv4Addr,
+    rules: &[(u16, String)],
+) -> anyhow::Result<String> {
+    let nic = ctx
+        .sh(&format!("ip -o -4 addr show to {src} | awk '{{print $2}}'"))?
+        .stdout
+        .trim()
+        .to_owned();
+    ensure!(!nic.is_empty(), "no interface holds {src}");
+    let mut script = format!(
+        "ip route replace {vip}/32 dev {nic} src {src} && nft add table ip {table} && \
+         nft add chain ip {table} out '{{ type nat hook output priority -100; }}'"
+    );
+    for (port, to) in rules {
+        script.push_str(&format!(
+            " && nft add rule ip {table} out ip daddr {vip} tcp dport {port} dnat to {to}"
+        ));
+    }
+    ctx.sh(&script)?;
+    Ok(nic)
+}
+
+/// Removes what [`service_dnat`] set up.
+pub fn undo_service_dnat(ctx: &Ctx, (table, vip): (&str, &str), nic: &str) -> anyhow::Result<()> {
+    ctx.sh(&format!(
+        "nft delete table ip {table}; ip route del {vip}/32 dev {nic}; true"
+    ))
+    .map(drop)
+}
