@@ -187,19 +187,7 @@ pub fn copy_option(from: c_int, to: c_int, name: c_int) {
 
 /// An int-valued `SOL_SOCKET` option of socket `fd`; None when it cannot be read.
 pub fn int_option(fd: c_int, name: c_int) -> Option<c_int> {
-    let mut value: c_int = 0;
-    let mut len = size_of::<c_int>() as socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            name,
-            (&raw mut value).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0).then_some(value)
+    int_option_at(fd, libc::SOL_SOCKET, name)
 }
 
 /// `SO_RCVLOWAT` of socket `fd` (1 when it cannot be read).
@@ -939,13 +927,18 @@ pub fn tcp_maxseg(fd: c_int) -> Option<c_int> {
 /// Sets `TCP_MAXSEG` of TCP socket `fd` (before its connect: the MSS its SYN offers; 0: none
 /// of the app's own).
 pub fn set_tcp_maxseg(fd: c_int, mss: c_int) -> std::io::Result<()> {
-    // SAFETY: `mss` is a live int of the length passed.
+    set_int_option_at(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG, mss)
+}
+
+/// Sets an int-valued option of socket `fd` at `level`.
+fn set_int_option_at(fd: c_int, level: c_int, name: c_int, value: c_int) -> std::io::Result<()> {
+    // SAFETY: `value` is a live int of the length passed.
     let rc = unsafe {
         libc::setsockopt(
             fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_MAXSEG,
-            (&raw const mss).cast(),
+            level,
+            name,
+            (&raw const value).cast(),
             size_of::<c_int>() as socklen_t,
         )
     };
@@ -988,18 +981,7 @@ pub fn reuse_addr(fd: c_int) -> Option<bool> {
 
 /// Sets `SO_REUSEADDR` of socket `fd`.
 pub fn set_reuse_addr(fd: c_int, on: bool) -> std::io::Result<()> {
-    let value = c_int::from(on);
-    // SAFETY: `value` is a live int of the length passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&raw const value).cast(),
-            size_of::<c_int>() as socklen_t,
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(last_error()) }
+    set_int_option_at(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, c_int::from(on))
 }
 
 /// Binds `fd` to `addr` (the real bind; bind is not hooked).
