@@ -829,6 +829,11 @@ impl Conn {
         self.shared.is_alive()
     }
 
+    /// Whether `other` is a handle to this same connection.
+    pub fn same_as(&self, other: &Conn) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Hands `local` (and the options) to the engine, which pumps it from now on and closes
     /// it at the end. On a connection that already ended, the handshake decides (see
     /// [`Handshake`]).

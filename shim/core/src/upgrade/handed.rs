@@ -215,6 +215,7 @@ pub fn adopt(fd: c_int) {
             app_end: Some(app),
             notice: Some(notice),
             errq: Arc::new(crate::errqueue::ErrQueue::new()),
+            late: None,
         },
     );
     fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);

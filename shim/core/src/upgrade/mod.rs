@@ -86,6 +86,10 @@ struct SwappedFd {
     notice: Option<Arc<delegate::Notice>>,
     /// The connection's emulated error queue (zero-copy completions).
     errq: Arc<ErrQueue>,
+    /// A stream that had no verbs resources yet when the fd was swapped (a connection back:
+    /// its peer connects after the attach): the direct handles and the send half are taken
+    /// from it once it has them ([`entry`]), or forgotten once it ended without.
+    late: Option<Conn>,
 }
 
 /// What the hooks tell a connection's engine whatever the switches say: urgent data
@@ -296,30 +300,100 @@ pub fn queue_reset(broken: &Arc<AtomicBool>) -> bool {
 }
 
 /// The stream `conn` behind the swapped `fd` may be read and written directly from now on, as
-/// far as the switches allow.
+/// far as the switches allow; a stream without its verbs resources yet gives its handles once
+/// it has them ([`SwappedFd::late`]).
 fn set_direct(fd: c_int, conn: &Conn) {
-    let reader = DIRECT_READ
-        .load(Ordering::Acquire)
-        .then(|| conn.reader())
-        .flatten();
-    let writer = DIRECT_WRITE
-        .load(Ordering::Acquire)
-        .then(|| conn.writer())
-        .flatten();
-    let halves = Arc::new(Halves {
-        send: conn.writer(),
-        conn: conn.clone(),
-    });
     // A mark the app set on its TCP socket, or its listener, before the swap.
     let mark = sys::rcvlowat(fd);
     if mark > 1 {
         conn.set_low_water(mark);
     }
+    let handles = Handles::of(conn);
     if let Some(s) = SWAPPED_FDS.lock().get_mut(&fd) {
-        s.reader = reader.map(Arc::new);
-        s.writer = writer.map(Arc::new);
-        s.halves = Some(halves);
+        match handles {
+            Some(h) => s.take(h),
+            None => {
+                s.halves = Some(Handles::without(conn));
+                s.late = Some(conn.clone());
+            }
+        }
     }
+}
+
+/// What the hooks use of a stream that has its verbs resources: the direct reader and writer
+/// (as far as the switches allow) and the halves.
+struct Handles {
+    reader: Option<Reader>,
+    writer: Option<Writer>,
+    halves: Arc<Halves>,
+}
+
+impl Handles {
+    /// None while `conn` has no verbs resources (its send half is made with them).
+    fn of(conn: &Conn) -> Option<Handles> {
+        let send = conn.writer()?;
+        let reader = DIRECT_READ
+            .load(Ordering::Acquire)
+            .then(|| conn.reader())
+            .flatten();
+        let writer = DIRECT_WRITE
+            .load(Ordering::Acquire)
+            .then(|| conn.writer())
+            .flatten();
+        Some(Handles {
+            reader,
+            writer,
+            halves: Arc::new(Halves {
+                send: Some(send),
+                conn: conn.clone(),
+            }),
+        })
+    }
+
+    /// The halves of `conn` without its verbs resources: what the hooks tell it goes to the
+    /// engine (the low-water mark to its relay; urgent data is then sent as usual).
+    fn without(conn: &Conn) -> Arc<Halves> {
+        Arc::new(Halves {
+            send: None,
+            conn: conn.clone(),
+        })
+    }
+}
+
+impl SwappedFd {
+    fn take(&mut self, h: Handles) {
+        self.reader = h.reader.map(Arc::new);
+        self.writer = h.writer.map(Arc::new);
+        self.halves = Some(h.halves);
+        self.late = None;
+    }
+}
+
+/// The swapped `fd`'s entry, given to `f` under the table's lock; first, for a stream that had
+/// no verbs resources when it was swapped, its handles once it has them (asked outside the
+/// table's lock: the stream's own lock is never taken under it; never in a fork child, where
+/// that lock may have been held by a thread of the parent at the fork).
+fn entry<T>(fd: c_int, f: impl FnOnce(&SwappedFd) -> Option<T>) -> Option<T> {
+    let late = {
+        let map = SWAPPED_FDS.lock();
+        let s = map.get(&fd)?;
+        match &s.late {
+            Some(conn) if !FORKED.load(Ordering::Acquire) => conn.clone(),
+            _ => return f(s),
+        }
+    };
+    let handles = Handles::of(&late);
+    let alive = handles.is_some() || late.is_alive();
+    let mut map = SWAPPED_FDS.lock();
+    let s = map.get_mut(&fd)?;
+    if s.late.as_ref().is_some_and(|c| c.same_as(&late)) {
+        match handles {
+            Some(h) => s.take(h),
+            None if !alive => s.late = None,
+            None => {}
+        }
+    }
+    f(s)
 }
 
 /// The app set `SO_RCVLOWAT` on the swapped `fd` ([`Conn::set_low_water`]).
@@ -327,7 +401,7 @@ pub fn set_low_water(fd: c_int, bytes: usize) {
     if FORKED.load(Ordering::Acquire) {
         return;
     }
-    let halves = SWAPPED_FDS.lock().get(&fd).and_then(|s| s.halves.clone());
+    let halves = entry(fd, |s| s.halves.clone());
     if let Some(h) = halves {
         h.conn.set_low_water(bytes);
     }
@@ -340,7 +414,7 @@ pub fn send_urgent(fd: c_int, buf: &[u8], flags: c_int) -> Option<std::io::Resul
     if FORKED.load(Ordering::Acquire) {
         return None;
     }
-    let halves = SWAPPED_FDS.lock().get(&fd)?.halves.clone()?;
+    let halves = entry(fd, |s| s.halves.clone())?;
     Some(halves.send.as_ref()?.send_urgent(fd, buf, flags))
 }
 
@@ -354,7 +428,7 @@ pub fn at_mark(fd: c_int) -> Option<std::io::Result<bool>> {
     if FORKED.load(Ordering::Acquire) {
         return None;
     }
-    let halves = SWAPPED_FDS.lock().get(&fd)?.halves.clone()?;
+    let halves = entry(fd, |s| s.halves.clone())?;
     Some(halves.conn.at_mark(fd, AT_MARK_WAIT))
 }
 
@@ -370,7 +444,7 @@ pub fn stream_counters(fd: c_int) -> Option<(u64, u64, u64)> {
     if FORKED.load(Ordering::Acquire) {
         return None;
     }
-    let halves = SWAPPED_FDS.lock().get(&fd)?.halves.clone()?;
+    let halves = entry(fd, |s| s.halves.clone())?;
     let c = halves.conn.counters(COUNTERS_WAIT)?;
     Some((c.sent, c.acked, c.received))
 }
@@ -382,7 +456,7 @@ pub fn writer(fd: c_int) -> Option<Arc<Writer>> {
     if FORKED.load(Ordering::Acquire) {
         return None;
     }
-    SWAPPED_FDS.lock().get(&fd)?.writer.clone()
+    entry(fd, |s| s.writer.clone())
 }
 
 /// `read`/`recv` of a swapped fd: the stream's received bytes copied straight from its ring
@@ -392,7 +466,7 @@ pub fn read_direct(fd: c_int, buf: &mut [u8]) -> Option<usize> {
     if FORKED.load(Ordering::Acquire) {
         return None;
     }
-    let reader = SWAPPED_FDS.lock().get(&fd)?.reader.clone()?;
+    let reader = entry(fd, |s| s.reader.clone())?;
     reader.read(fd, buf)
 }
 
@@ -407,7 +481,7 @@ pub fn read_or_wait(
     if FORKED.load(Ordering::Acquire) {
         return None;
     }
-    let reader = SWAPPED_FDS.lock().get(&fd)?.reader.clone()?;
+    let reader = entry(fd, |s| s.reader.clone())?;
     reader.read_or_wait(fd, buf, wait)
 }
 
@@ -418,7 +492,7 @@ pub fn hold(fd: c_int) -> Option<Hold> {
     if FORKED.load(Ordering::Acquire) {
         return None;
     }
-    let reader = SWAPPED_FDS.lock().get(&fd)?.reader.clone()?;
+    let reader = entry(fd, |s| s.reader.clone())?;
     reader.hold(true);
     Some(Hold(reader))
 }

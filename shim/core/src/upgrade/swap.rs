@@ -96,6 +96,7 @@ pub(super) fn install(
             app_end,
             notice,
             errq: Arc::new(crate::errqueue::ErrQueue::new()),
+            late: None,
         },
     );
     // The app's epoll registrations of the TCP socket move to the socketpair end with the
