@@ -508,6 +508,7 @@ impl Loop {
                 link.set_ready(now);
                 conn.cm = CmPhase::Accepted;
                 conn.shared.established(Vec::new());
+                conn.binding_starts(now, self.inner.config.claim_timeout);
                 if matches!(conn.app, App::Unattached) {
                     conn.unattached_deadline = Some(now + timeout);
                 }
@@ -794,7 +795,8 @@ impl Loop {
                 let unattached_timeout = conn
                     .unattached_timeout
                     .unwrap_or(self.inner.config.unattached_timeout);
-                established(conn, id, data, Instant::now(), unattached_timeout);
+                let timeouts = (unattached_timeout, self.inner.config.claim_timeout);
+                established(conn, id, data, Instant::now(), timeouts);
             }
             EventKind::Disconnected => {
                 conn.peer_gone = true;
@@ -1079,12 +1081,13 @@ fn fail_connect(conn: &mut StreamConn, e: ConnectError) {
 /// ESTABLISHED: the active side takes the peer's ring from its accept (private data that is
 /// not ours fails the connect) and waits for its attach until `unattached_timeout`; the
 /// passive side, which sent its accept, just hears the peer.
+/// `timeouts`: the engine's unattached and claim timeouts.
 fn established(
     conn: &mut StreamConn,
     id: CmId,
     data: &[u8],
     now: Instant,
-    unattached_timeout: Duration,
+    (unattached_timeout, claim_timeout): (Duration, Duration),
 ) {
     match conn.cm {
         CmPhase::Connecting => match PrivateData::decode(data, Kind::Accept) {
@@ -1099,6 +1102,7 @@ fn established(
                 if matches!(conn.app, App::Unattached) {
                     conn.unattached_deadline = Some(now + unattached_timeout);
                 }
+                conn.binding_starts(now, claim_timeout);
             }
             Err(bad) => fail_connect(conn, ConnectError::NotOurPeer(bad)),
         },

@@ -239,6 +239,8 @@ fn establish(peers: &mut [Peer; 2], fabric: &Fabric, now: Instant) {
         let link = peer.conn.link.as_mut().expect("a link");
         link.set_peer(rings[1 - side]);
         link.set_ready(now);
+        // As the loop does at the accept and at ESTABLISHED.
+        peer.conn.binding_starts(now, config.claim_timeout);
     }
 }
 
@@ -1068,6 +1070,31 @@ fn a_connection_established_after_both_attached_moves_every_byte_once() {
             Ok(())
         },
     );
+}
+
+/// A connection established just before the bound both sides attached with ran out (an engine
+/// busy relaying the first bytes comes to it late): the binding gets the claim timeout from
+/// there, and every byte moves once, the rest on the stream.
+#[test]
+fn a_connection_established_at_its_bound_still_binds() {
+    let at = usize::try_from(CLAIM_BY.as_millis() / TICK.as_millis()).unwrap_or(0) - 2;
+    let plan = Plan {
+        chunk: 700,
+        early: true,
+        client_waits: at,
+        connect: Connect::At(at),
+        ..Plan::fixed(bytes(50_000, 3), bytes(70_000, 4), (1, 1))
+    };
+    let mut pair = Pair::new(&plan);
+    pair.run(&plan).expect("both ended");
+    let [client, server] = &pair.peers;
+    assert_eq!(server.got, plan.client_out);
+    assert_eq!(client.got, plan.server_out);
+    for peer in &pair.peers {
+        assert_eq!(peer.decided(), Some(StreamPath::Rdma));
+        let end = peer.end().unwrap_or_else(unreachable);
+        assert_eq!((end.path, end.error), (StreamPath::Rdma, None));
+    }
 }
 
 /// Both sides attached before their connection, which never comes (the connect is rejected,

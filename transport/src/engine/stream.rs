@@ -468,6 +468,29 @@ impl StreamConn {
         }
     }
 
+    /// The connection of a side attached before it existed ([`Attach::claim_by`]) is
+    /// established now: `claim_by` bounded how long the connection itself could take; the
+    /// binding (CLAIM, the proof behind the bytes already on their way, CONFIRM) now gets what
+    /// any connection's gets, `claim_timeout` from here, however much of the first bound is
+    /// left. An engine busy relaying the first bytes may take longer than that bound to come to
+    /// CLAIM, and a binding given up for it keeps the connection on TCP (and a backend's client
+    /// out of streams for the negative cache's while).
+    pub(super) fn binding_starts(&mut self, now: Instant, claim_timeout: Duration) {
+        let App::Stream(a) = &mut self.app else {
+            return;
+        };
+        if !a.early {
+            return;
+        }
+        let until = now + claim_timeout;
+        if let Some(t) = a.awaiting_claim.as_mut() {
+            *t = (*t).max(until);
+        }
+        if let Some(w) = a.awaiting.as_mut().filter(|w| !w.proven) {
+            w.deadline = w.deadline.max(until);
+        }
+    }
+
     /// An accepting side attached before its connection was established: its CLAIM goes out
     /// once it is.
     fn send_due_claim(&mut self) {
