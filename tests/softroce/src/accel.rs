@@ -55,7 +55,7 @@ impl fmt::Display for Accel {
 }
 
 /// How long the KVM probe may take before TCG is chosen.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 const PROBE_MARKER: &str = "SOFTROCE-KVM-OK";
 
 /// The accelerator for `tools.kernel`: `SOFTROCE_ACCEL=kvm|tcg`, else the cached probe result,

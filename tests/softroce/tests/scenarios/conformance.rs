@@ -138,23 +138,22 @@ fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let py = python();
     let probe = file(ctx, "conformance.py", PROBE)?;
     let expected = matrix(MATRIX)?;
-    let plain = answers(
-        &ctx.sh(&format!("{py} {} {a} 11000 upgraded", probe.display()))?
-            .stdout,
-    );
+    // The plain run beside the fallen-back one: both mostly wait (the rows' pauses, the
+    // fallback's negotiation bound) and neither moves a byte by RDMA. The upgraded run alone.
+    let plain = ctx.spawn(&format!("{py} {} {a} 11000 upgraded", probe.display()))?;
+    let fallen = ctx.sh(&format!(
+        "{} {py} {} {a} 11200 fallback",
+        // Shorter than the probe's FALLBACK_ACCEPT_AFTER: no CLAIM comes in time.
+        shimmed(ctx, "fb", "STREAMSHIM_NEGOTIATE_MS=300")?,
+        probe.display()
+    ));
+    let plain = ctx.wait("the plain run", plain)?;
+    ensure!(plain.success(), "the plain run failed: {plain}");
+    let (plain, fallen) = (answers(&plain.stdout), answers(&fallen?.stdout));
     let upgraded = answers(
         &ctx.sh(&format!(
             "{} {py} {} {a} 11100 upgraded",
             shimmed(ctx, "up", "")?,
-            probe.display()
-        ))?
-        .stdout,
-    );
-    let fallen = answers(
-        &ctx.sh(&format!(
-            "{} {py} {} {a} 11200 fallback",
-            // Shorter than the probe's FALLBACK_ACCEPT_AFTER: no CLAIM comes in time.
-            shimmed(ctx, "fb", "STREAMSHIM_NEGOTIATE_MS=300")?,
             probe.display()
         ))?
         .stdout,
