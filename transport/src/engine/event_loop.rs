@@ -178,9 +178,12 @@ impl Loop {
                 }
                 self.dirty.extend(self.conns.keys().copied());
             }
-            self.timers_due();
-            self.expire_kept();
-            self.settle_dirty();
+            // One clock read for the round's timers and transitions (under TCG the guest's
+            // clock is an emulated device: each read costs the engine a few microseconds).
+            let now = Instant::now();
+            self.timers_due(now);
+            self.expire_kept(now);
+            self.settle_dirty(now);
             if self.draining {
                 let n = self.conns.values().filter(|c| c.unflushed()).count();
                 self.inner.unflushed.store(n, Ordering::Release);
@@ -216,8 +219,8 @@ impl Loop {
     }
 
     /// Gives back the regions no connection took in time.
-    fn expire_kept(&mut self) {
-        for (buffers, pinned) in self.pool.expire(Instant::now()) {
+    fn expire_kept(&mut self, now: Instant) {
+        for (buffers, pinned) in self.pool.expire(now) {
             drop(buffers);
             self.inner.budget.release(pinned);
         }
@@ -893,8 +896,7 @@ impl Loop {
         }
     }
 
-    fn timers_due(&mut self) {
-        let now = Instant::now();
+    fn timers_due(&mut self, now: Instant) {
         while let Some(Reverse((at, token))) = self.timers.peek().copied() {
             if at > now {
                 break;
@@ -931,8 +933,7 @@ impl Loop {
         }
     }
 
-    fn settle_dirty(&mut self) {
-        let now = Instant::now();
+    fn settle_dirty(&mut self, now: Instant) {
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();

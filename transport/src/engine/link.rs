@@ -272,7 +272,7 @@ impl Link {
             Some(b) => b,
             None => Link::register(config, device)?,
         };
-        let cq = device
+        let mut cq = device
             .create_cq(i32::try_from(rq + sq).unwrap_or(i32::MAX), token)
             .map_err(|e| SetupError::Local("ibv_create_cq", e))?;
         cq.arm()
@@ -528,10 +528,12 @@ impl Link {
     pub(super) fn poll(&mut self, now: Instant) -> Result<(), String> {
         let mut wcs = [Wc::default(); 32];
         while self.take_completions(&mut wcs, now)? == wcs.len() {}
-        // Re-arm, then look again: a completion between the last poll and the arm would
-        // otherwise raise no event.
-        self.cq.arm().map_err(|e| format!("arming the CQ: {e}"))?;
-        while self.take_completions(&mut wcs, now)? == wcs.len() {}
+        // Re-arm (when an event was taken since the last arm), then look again: a completion
+        // between the last poll and the arm would otherwise raise no event.
+        if self.cq.arm_needed() {
+            self.cq.arm().map_err(|e| format!("arming the CQ: {e}"))?;
+            while self.take_completions(&mut wcs, now)? == wcs.len() {}
+        }
         self.flush_control();
         Ok(())
     }

@@ -421,5 +421,10 @@ impl Completions for SimCq {
         Ok(())
     }
 
+    fn arm_needed(&self) -> bool {
+        // The simulated fabric raises no events: every look is a full one.
+        true
+    }
+
     fn note_event(&mut self) {}
 }

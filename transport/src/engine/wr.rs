@@ -66,6 +66,8 @@ pub(super) trait Completions {
     fn poll(&mut self, out: &mut [Wc]) -> io::Result<usize>;
     /// Signal the channel at the next completion.
     fn arm(&mut self) -> io::Result<()>;
+    /// [`Completions::arm`] has something to do: an event was taken since the last arm.
+    fn arm_needed(&self) -> bool;
     /// One completion event was taken for this queue.
     fn note_event(&mut self);
 }
@@ -77,6 +79,10 @@ impl Completions for Cq {
 
     fn arm(&mut self) -> io::Result<()> {
         Cq::arm(self)
+    }
+
+    fn arm_needed(&self) -> bool {
+        Cq::arm_needed(self)
     }
 
     fn note_event(&mut self) {

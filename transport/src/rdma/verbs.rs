@@ -126,6 +126,7 @@ impl Device {
             lib: self.lib,
             ptr: cq,
             unacked: 0,
+            armed: false,
         })
     }
 
@@ -228,6 +229,8 @@ pub struct Cq {
     lib: &'static Lib,
     ptr: *mut ibv_cq,
     unacked: u32,
+    /// Armed, and no event taken since: the next completion signals the channel.
+    armed: bool,
 }
 
 /// One work completion, copied out of the CQ.
@@ -248,19 +251,33 @@ pub struct Wc {
 }
 
 impl Cq {
-    /// Arms the CQ to signal the channel at the next completion.
-    pub fn arm(&self) -> io::Result<()> {
+    /// An event was taken since the last arm (or it was never armed): the next completion
+    /// signals nothing until [`Cq::arm`].
+    pub fn arm_needed(&self) -> bool {
+        !self.armed
+    }
+
+    /// Arms the CQ to signal the channel at the next completion; nothing to do while it is
+    /// armed (no event was taken since the last arm: the next completion still signals). rxe
+    /// arms in the kernel, so an arm at every look cost the engine a system call per wake-up.
+    pub fn arm(&mut self) -> io::Result<()> {
+        if self.armed {
+            return Ok(());
+        }
         // SAFETY: `ptr` is a live CQ.
         let rc = unsafe { rdma_sys::ibv_req_notify_cq(self.ptr, 0) };
         if rc != 0 {
             return Err(io::Error::from_raw_os_error(rc));
         }
+        self.armed = true;
         Ok(())
     }
 
     /// Counts one completion event taken for this CQ ([`Device::next_cq_event`]); acked in
     /// batches, and all before destroy.
     pub fn note_event(&mut self) {
+        // The event disarmed the CQ.
+        self.armed = false;
         self.unacked += 1;
         if self.unacked >= 64 {
             self.ack();
