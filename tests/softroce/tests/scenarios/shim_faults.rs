@@ -10,7 +10,9 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
-use super::support::{WAIT_PORT, expect_counts, file, python, shim, shimmed, wait_line};
+use super::support::{
+    WAIT_PORT, expect_counts, file, interface_of, python, shim, shimmed, wait_line,
+};
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -294,12 +296,7 @@ fn service_vip(ctx: &Ctx) -> anyhow::Result<()> {
     const VIP: &str = "10.96.0.10";
     const PLAIN_VIP: &str = "10.96.0.11";
     let (a, b) = (ctx.addr_a, ctx.addr_b);
-    let netdev = ctx
-        .sh(&format!("ip -o -4 addr show to {b} | awk '{{print $2}}'"))?
-        .stdout
-        .trim()
-        .to_owned();
-    ensure!(!netdev.is_empty(), "no interface holds {b}");
+    let netdev = interface_of(ctx, b)?;
     ctx.sh(&format!(
         "ip route replace {VIP}/32 dev {netdev} src {b} && \
          ip link add svc0 type dummy && ip addr add 10.97.0.1/24 dev svc0 && \

@@ -208,6 +208,19 @@ pub fn footprint(pid: u32) -> anyhow::Result<(u64, usize)> {
     Ok((pin * 1024, fds))
 }
 
+/// The interface of this guest that holds the IPv4 address `addr`.
+pub fn interface_of(ctx: &Ctx, addr: std::net::Ipv4Addr) -> anyhow::Result<String> {
+    let nic = ctx
+        .sh(&format!(
+            "ip -o -4 addr show to {addr} | awk '{{print $2}}'"
+        ))?
+        .stdout
+        .trim()
+        .to_owned();
+    ensure!(!nic.is_empty(), "no interface holds {addr}");
+    Ok(nic)
+}
+
 /// A Service's virtual IP on this guest as kube-proxy programs it for a pod's node: `vip`
 /// routed out of the interface holding `src`, and nftables DNAT in the output hook (table
 /// `table`) of each `(port, destination)`. Returns the interface, for [`undo_service_dnat`].
@@ -217,12 +230,7 @@ pub fn service_dnat(
     src: std::net::Ipv4Addr,
     rules: &[(u16, String)],
 ) -> anyhow::Result<String> {
-    let nic = ctx
-        .sh(&format!("ip -o -4 addr show to {src} | awk '{{print $2}}'"))?
-        .stdout
-        .trim()
-        .to_owned();
-    ensure!(!nic.is_empty(), "no interface holds {src}");
+    let nic = interface_of(ctx, src)?;
     let mut script = format!(
         "ip route replace {vip}/32 dev {nic} src {src} && nft add table ip {table} && \
          nft add chain ip {table} out '{{ type nat hook output priority -100; }}'"
