@@ -507,18 +507,6 @@ impl RecvFlow {
         true
     }
 
-    /// The last `n` bytes of the open claim were not handed on after all (a delivery that
-    /// took fewer): they wait again, the next to hand on. Call before [`RecvFlow::copied`].
-    pub fn unclaim(&mut self, n: usize) {
-        debug_assert!(self.claimed, "no claim open");
-        self.taken = self.taken.saturating_sub(n as u64).max(self.consumed);
-    }
-
-    /// An urgent byte waits to be handed on (at the mark or after it).
-    pub fn urgent_ahead(&self) -> bool {
-        self.urgent.is_some()
-    }
-
     /// The open claim's copy is done: its space and everything delivered after it is free.
     pub fn copied(&mut self) {
         self.claimed = false;
@@ -796,22 +784,6 @@ mod tests {
         r.copied();
         assert_eq!(r.report().0, 300, "the claim and what followed it");
         next(&mut r, 300).unwrap();
-    }
-
-    #[test]
-    fn a_claim_handed_on_in_part_leaves_the_rest_next_in_order() {
-        let mut r = RecvFlow::new(1024, 16);
-        next(&mut r, 300).unwrap();
-        assert!(r.claim(100));
-        r.unclaim(60);
-        r.copied();
-        assert_eq!(r.pending(), (40, 260), "the 60 not handed on are next");
-        assert_eq!(r.report().0, 40, "only what was handed on is free");
-        assert!(r.claim(260));
-        r.unclaim(260);
-        r.copied();
-        assert_eq!(r.pending(), (40, 260), "nothing handed on: all of it waits");
-        assert_eq!(r.report().0, 40);
     }
 
     proptest! {

@@ -11,13 +11,11 @@
 //! the ring into the socketpair, and the app reads it out. A [`Reader`] lets the shim's `read`,
 //! `recv` and `recvfrom` hooks copy it once, from the ring into the app's buffer.
 //!
-//! Nothing is lost or reordered: the receive state ([`RecvFlow`]) sits behind one lock. Whoever
-//! hands bytes on, the engine writing them into the socketpair or a reader copying them out of
-//! the ring, claims the next ones under it and moves them outside it, one claim at a time (the
-//! engine writes under the lock instead when a reader's claim is open or an urgent byte is
-//! ahead). A reader copies only when no claim is open and the app's end of the socketpair
-//! holds no byte, so every byte the engine delivered before was read first, and it copies from
-//! the flow's consumed position, the next byte in order. The bytes stay the peer's to overwrite only after the
+//! Nothing is lost or reordered: the receive state ([`RecvFlow`]) sits behind one lock that the
+//! engine holds while it writes ring bytes into the socketpair and a reader holds while it
+//! copies. A reader copies only when the app's end of the socketpair holds no byte, so every
+//! byte the engine delivered before was read first, and it copies from the flow's consumed
+//! position, the next byte in order. The bytes stay the peer's to overwrite only after the
 //! consumed position passed them, as for the engine's own deliveries (credits). Every other way
 //! of reading (`readv`, `recvmsg`, a child after `fork`, a program calling the kernel itself)
 //! reads the socketpair, which the engine keeps filling: those see every byte too, one copy
@@ -131,12 +129,6 @@ impl RecvState {
         }
     }
 
-    /// A reader holds the stream or waits on it (and no low-water mark makes that count for
-    /// nothing): the engine leaves the ring's bytes to it.
-    fn restrains(&self) -> bool {
-        self.low_water <= 1 && (self.held > 0 || self.waiting > 0)
-    }
-
     /// Fewer bytes wait than the app's low-water mark, and more may come: TCP would not call
     /// the socket readable yet. (At most half the ring is waited for, so the peer never
     /// blocks on a mark the ring cannot reach; the peer's FIN makes what arrived readable.)
@@ -229,48 +221,26 @@ impl Receiver {
 
     /// Writes what arrived to `local` while it takes it, as far as readers leave it to the
     /// engine (see the module docs); the byte count.
-    ///
-    /// The write into the socketpair wakes the app's reader, whose read hook then takes this
-    /// lock: so the engine claims the bytes under the lock, as a direct read does, and writes
-    /// them outside it (a reader woken meanwhile finds the claim open and reads the
-    /// socketpair). Held across the write instead, the lock made the woken reader sleep on it
-    /// until the engine, often preempted by that very reader, ran again. With an urgent mark
-    /// ahead, or a reader's copy open, the write happens under the lock.
     pub(super) fn deliver_to(&self, local: &OwnedFd, ready: &mut Ready) -> io::Result<u64> {
         let mut moved = 0u64;
+        // Held while writing: a direct read never runs between a delivery and its accounting.
         let mut state = self.lock();
         let mut budget = state.deliverable(|| unread_by_peer(local.as_raw_fd()).ok());
         while ready.writable && state.flow.has_pending() && budget > 0 {
             let (off, len) = state.flow.pending();
             let len = len.min(budget);
-            let claimed = !state.flow.urgent_ahead() && state.flow.claim(len);
-            let sent = if claimed {
-                drop(state);
-                let sent = self.region.send_to(local.as_raw_fd(), off, len);
-                state = self.lock();
-                state
-                    .flow
-                    .unclaim(len - sent.as_ref().map_or(0, |&n| n.min(len)));
-                state.flow.copied();
-                sent
-            } else if state.flow.at_mark() {
-                // The urgent byte goes alone, out of band: the app's end then answers as TCP's
-                // does to urgent data (`POLLPRI`, `SIOCATMARK`, `MSG_OOB`, `SIGURG`).
+            // The urgent byte goes alone, out of band: the app's end then answers as TCP's
+            // does to urgent data (`POLLPRI`, `SIOCATMARK`, `MSG_OOB`, `SIGURG`).
+            let sent = if state.flow.at_mark() {
                 self.region.send_urgent_to(local.as_raw_fd(), off)
             } else {
                 self.region.send_to(local.as_raw_fd(), off, len)
             };
             match sent {
                 Ok(n) => {
-                    if !claimed {
-                        state.flow.delivered(n);
-                    }
+                    state.flow.delivered(n);
                     moved += n as u64;
                     budget = budget.saturating_sub(n);
-                    if claimed && state.restrains() {
-                        // A reader came to hold or wait meanwhile: the rest is its to take.
-                        break;
-                    }
                 }
                 Err(e) if fd::transient(&e) => ready.writable = false,
                 Err(e) => return Err(e),
@@ -614,47 +584,6 @@ mod tests {
         assert_eq!(&buf[..5], b"first");
         assert_eq!(reader.read(app.as_raw_fd(), &mut buf), Some(5));
         assert_eq!(&buf[..5], b"later");
-    }
-
-    #[test]
-    fn the_engine_delivers_outside_the_lock_in_order_and_a_full_socketpair_loses_nothing() {
-        let (inner, recv) = (inner(), receiver(b"0123456789"));
-        let reader = Reader::new(&recv, inner, 1);
-        let (mut app, engine) = UnixStream::pair().unwrap();
-        engine.set_nonblocking(true).unwrap();
-        // Fill the socketpair: the delivery finds no room and keeps every byte pending.
-        let filler = [b'f'; 4096];
-        let mut filled = 0usize;
-        while let Ok(n) = (&engine).write(&filler) {
-            filled += n;
-        }
-        let local = OwnedFd::from(engine);
-        let mut ready = Ready::unknown();
-        assert_eq!(recv.deliver_to(&local, &mut ready).unwrap(), 0);
-        assert!(!ready.writable, "no room: wait for the writable edge");
-        {
-            let state = recv.lock();
-            assert!(!state.flow.claim_open(), "no claim left open");
-            assert_eq!(state.flow.pending(), (0, 10), "every byte still next");
-        }
-        let mut sink = vec![0u8; filled];
-        app.read_exact(&mut sink).unwrap();
-        // While a delivery's claim is open, a reader takes nothing from the ring.
-        assert!(recv.lock().flow.claim(4));
-        let mut buf = [0u8; 16];
-        assert_eq!(reader.read(app.as_raw_fd(), &mut buf), None);
-        {
-            let mut state = recv.lock();
-            state.flow.unclaim(4);
-            state.flow.copied();
-        }
-        let mut ready = Ready::unknown();
-        assert_eq!(recv.deliver_to(&local, &mut ready).unwrap(), 10);
-        app.read_exact(&mut buf[..10]).unwrap();
-        assert_eq!(&buf[..10], b"0123456789");
-        let mut state = recv.lock();
-        assert!(!state.flow.has_pending() && !state.flow.claim_open());
-        assert_eq!(state.flow.report().0, 10, "all of it consumed");
     }
 
     #[test]
