@@ -139,6 +139,7 @@ fn client(addr: SocketAddr, mib: usize, streams: usize) {
                 resolve_timeout: Duration::from_secs(5),
                 handshake: Handshake::Open,
                 unattached_timeout: None,
+                reuse_wait: None,
             });
             let answer = conn
                 .wait_established(Instant::now() + Duration::from_secs(20))

@@ -25,8 +25,9 @@
 //! SENDs:
 //!
 //! ```text
-//! 0      type: 1 CREDIT, 2 FIN, 3 CLAIM, 4 CONFIRM, 5 URGENT, 6 RING, 7 SWITCH
-//! 1..8   zero
+//! 0      type: 1 CREDIT, 2 FIN, 3 CLAIM, 4 CONFIRM, 5 URGENT, 6 RING, 7 SWITCH, 8 MOVED,
+//!        9 REUSE, 10 REUSED
+//! 1..8   zero (REUSE, REUSED: 1 the payload's length)
 //! 8..16  bytes of the sender's receive ring consumed so far (u64)
 //! 16..24 receives the sender reposted so far (u64)
 //! 24..40 CLAIM: the binding secret (16 random bytes)
@@ -36,16 +37,23 @@
 //!        its rkey (u32), 36 log2 of its size
 //! 24..32 SWITCH: the stream position from which the sender writes into the ring offered
 //!        last (u64), the first byte of the next data write
+//! 24..32 MOVED: the count of bytes the sender sent over TCP before its move
 //! 40..48 zero
 //! ```
+//!
+//! REUSE and REUSED (a finished connection's queue pair taken for the next connection between
+//! the same two processes: docs/shim-protocol.md, "Reused connections") carry no counters:
+//! bytes 8..48 hold an app payload of at most [`MAX_REUSE_PAYLOAD`] bytes (REUSE: a connect
+//! request's; REUSED: an accept's). A refusal is a disconnect.
 
 use crate::rdma::MAX_CONNECT_PRIVATE_DATA;
 
 /// First bytes of every private-data message.
 pub const MAGIC: [u8; 2] = *b"RS";
-/// The version this code speaks (4: control messages of 48 bytes with CLAIM's secret,
-/// URGENT, RING and SWITCH; the immediate is the stream position).
-pub const VERSION: u8 = 4;
+/// The version this code speaks (5: control messages of 48 bytes with CLAIM's secret,
+/// URGENT, RING, SWITCH, MOVED and the reuse of a finished connection's queue pair; the
+/// immediate is the stream position).
+pub const VERSION: u8 = 5;
 /// Header bytes before the app payload.
 pub const HEADER_LEN: usize = 20;
 /// Largest app payload of a connect request.
@@ -58,6 +66,10 @@ pub const MIN_RING_LOG: u8 = 12;
 pub const MAX_RING_LOG: u8 = 24;
 /// Bytes of a control message.
 pub const CONTROL_LEN: usize = 48;
+/// Largest app payload of REUSE and REUSED (the control message after its first 8 bytes; at
+/// least a connect request's [`MAX_CONNECT_PAYLOAD`]).
+pub const MAX_REUSE_PAYLOAD: usize = CONTROL_LEN - 8;
+const _: () = assert!(MAX_REUSE_PAYLOAD >= MAX_CONNECT_PAYLOAD);
 /// Bytes of the binding secret CLAIM carries.
 pub const SECRET_LEN: usize = 16;
 
@@ -304,9 +316,45 @@ pub enum ControlKind {
     /// The accepting side's bytes move to the stream (the shim's server side, once bound): it
     /// sent this many over TCP before; every later one comes on the stream.
     Moved(u64),
+    /// The connecting side asks for the next connection on this finished connection's queue
+    /// pair, with a connect request's payload (the shim's HELLO).
+    Reuse(Payload),
+    /// The accepting side took the next connection, with an accept's payload.
+    Reused(Payload),
 }
 
-/// One control message: a type and the sender's receive counters.
+/// An app payload carried in a control message ([`MAX_REUSE_PAYLOAD`] bytes at most).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Payload {
+    len: u8,
+    bytes: [u8; MAX_REUSE_PAYLOAD],
+}
+
+impl Payload {
+    /// `bytes` as a payload; None when longer than [`MAX_REUSE_PAYLOAD`].
+    pub fn new(bytes: &[u8]) -> Option<Payload> {
+        let mut p = Payload {
+            len: u8::try_from(bytes.len()).ok()?,
+            bytes: [0; MAX_REUSE_PAYLOAD],
+        };
+        p.bytes.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(p)
+    }
+
+    /// The payload's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Payload({} bytes)", self.len)
+    }
+}
+
+/// One control message: a type and the sender's receive counters (none in REUSE and REUSED:
+/// zero).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Control {
     /// What it says.
@@ -330,7 +378,14 @@ impl Control {
             ControlKind::Ring(_) => 6,
             ControlKind::Switch(_) => 7,
             ControlKind::Moved(_) => 8,
+            ControlKind::Reuse(_) => 9,
+            ControlKind::Reused(_) => 10,
         };
+        if let ControlKind::Reuse(p) | ControlKind::Reused(p) = self.kind {
+            b[1] = p.len;
+            b[8..].copy_from_slice(&p.bytes);
+            return b;
+        }
         b[8..16].copy_from_slice(&self.consumed.to_be_bytes());
         b[16..24].copy_from_slice(&self.reposted.to_be_bytes());
         if let ControlKind::Claim(secret) = self.kind {
@@ -377,6 +432,19 @@ impl Control {
             }),
             7 => ControlKind::Switch(word(24)),
             8 => ControlKind::Moved(word(24)),
+            9 | 10 => {
+                let payload = Payload::new(b[8..].get(..usize::from(b[1]))?)?;
+                let kind = if b[0] == 9 {
+                    ControlKind::Reuse(payload)
+                } else {
+                    ControlKind::Reused(payload)
+                };
+                return Some(Control {
+                    kind,
+                    consumed: 0,
+                    reposted: 0,
+                });
+            }
             _ => return None,
         };
         Some(Control {
@@ -495,7 +563,7 @@ mod tests {
             };
             assert_eq!(Control::decode(&c.encode()), Some(c));
         }
-        assert_eq!(Control::decode(&[9; CONTROL_LEN]), None);
+        assert_eq!(Control::decode(&[11; CONTROL_LEN]), None);
         let mut huge = Control {
             kind: ControlKind::Ring(RingInfo::default()),
             consumed: 0,
@@ -516,6 +584,39 @@ mod tests {
         let mut long = claim.to_vec();
         long.push(0);
         assert_eq!(Control::decode(&long), None, "long");
+    }
+
+    #[test]
+    fn reuse_messages_carry_a_payload_instead_of_counters() {
+        let hello = Payload::new(&[3; MAX_CONNECT_PAYLOAD]).unwrap();
+        let empty = Payload::new(&[]).unwrap();
+        let full = Payload::new(&[9; MAX_REUSE_PAYLOAD]).unwrap();
+        assert!(Payload::new(&[0; MAX_REUSE_PAYLOAD + 1]).is_none());
+        for kind in [
+            ControlKind::Reuse(hello),
+            ControlKind::Reused(empty),
+            ControlKind::Reuse(full),
+            ControlKind::Reused(hello),
+        ] {
+            let c = Control {
+                kind,
+                consumed: 0,
+                reposted: 0,
+            };
+            assert_eq!(Control::decode(&c.encode()), Some(c));
+        }
+        assert_eq!(full.bytes(), &[9; MAX_REUSE_PAYLOAD]);
+        // A length past the message is refused, not clamped.
+        let mut long = Control {
+            kind: ControlKind::Reuse(hello),
+            consumed: 0,
+            reposted: 0,
+        }
+        .encode();
+        long[1] = MAX_REUSE_PAYLOAD as u8 + 1;
+        assert_eq!(Control::decode(&long), None);
+        long[1] = 255;
+        assert_eq!(Control::decode(&long), None);
     }
 
     #[test]

@@ -60,6 +60,8 @@ pub const SHIM_DIRECT_READ_ENV: &str = "STREAMSHIM_DIRECT_READ";
 pub const SHIM_DIRECT_WRITE_ENV: &str = "STREAMSHIM_DIRECT_WRITE";
 /// The shim's switch of spare connections (`0` turns them off).
 pub const SHIM_SPARE_ENV: &str = "STREAMSHIM_SPARE";
+/// The shim's switch of reused connections (`0` turns them off).
+pub const SHIM_REUSE_ENV: &str = "STREAMSHIM_REUSE";
 /// The cluster's Service CIDRs, to which the shim's clients never negotiate.
 pub const SHIM_SERVICE_CIDRS_ENV: &str = "STREAMSHIM_SERVICE_CIDRS";
 
@@ -77,5 +79,6 @@ pub const SHIM_ENV: &[&str] = &[
     SHIM_DIRECT_READ_ENV,
     SHIM_DIRECT_WRITE_ENV,
     SHIM_SPARE_ENV,
+    SHIM_REUSE_ENV,
     SHIM_SERVICE_CIDRS_ENV,
 ];

@@ -60,6 +60,7 @@ impl Dial for EngineDial<'_> {
             resolve_timeout: deadline.saturating_duration_since(Instant::now()),
             handshake: Handshake::Open,
             unattached_timeout: None,
+            reuse_wait: None,
         });
         match conn.wait_established(deadline) {
             Ok(answer) => Ok((conn, answer)),

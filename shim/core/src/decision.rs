@@ -228,6 +228,10 @@ fn evaluate(settings: &Settings) -> State {
         log::plain_line(format_args!("streamshim: {e}; spare connections stay on"));
         true
     }));
+    upgrade::set_reuse(settings.reuse.clone().unwrap_or_else(|e| {
+        log::plain_line(format_args!("streamshim: {e}; reused connections stay on"));
+        true
+    }));
     services::set(settings.service_cidrs.clone().unwrap_or_else(|e| {
         log::plain_line(format_args!(
             "streamshim: {e}; connects to Services are negotiated"
@@ -289,6 +293,13 @@ pub fn write_stats_once() {
     }
     if let Some(peak) = upgrade::pinned_peak() {
         Stats::global().note_pinned_peak(peak);
+    }
+    if let Some((parked, reused, unanswered)) = upgrade::reuse_counts() {
+        Stats::global().note_reused_links(reused);
+        log_at!(
+            Level::Debug,
+            "queue pairs: {parked} parked, {reused} reused, {unanswered} REUSE unanswered"
+        );
     }
     match sink.write(Stats::global()) {
         Ok(path) => log_at!(Level::Debug, "stats written to {}", path.display()),

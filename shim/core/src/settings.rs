@@ -43,6 +43,9 @@ pub const DIRECT_READ_ENV: &str = "STREAMSHIM_DIRECT_READ";
 pub const DIRECT_WRITE_ENV: &str = "STREAMSHIM_DIRECT_WRITE";
 /// Spare connections: a client's next RDMA connect to a peer made ahead (`upgrade::spare`).
 pub const SPARE_ENV: &str = "STREAMSHIM_SPARE";
+/// Reused connections: a finished connection's queue pair carries the next one between the
+/// same two processes (`rdma_streams_transport::engine`'s `park`).
+pub const REUSE_ENV: &str = "STREAMSHIM_REUSE";
 /// The cluster's virtual IPs, never negotiated with ([`crate::services`]).
 pub const SERVICE_CIDRS_ENV: &str = "STREAMSHIM_SERVICE_CIDRS";
 
@@ -93,6 +96,8 @@ pub struct Settings {
     pub direct_write: Result<bool, String>,
     /// `STREAMSHIM_SPARE`, or the one-line error for a value neither 0 nor 1.
     pub spare: Result<bool, String>,
+    /// `STREAMSHIM_REUSE`, or the one-line error for a value neither 0 nor 1.
+    pub reuse: Result<bool, String>,
     /// `STREAMSHIM_SERVICE_CIDRS`, or the one-line error for a value that is not a list of
     /// CIDRs.
     pub service_cidrs: Result<ServiceCidrs, String>,
@@ -128,6 +133,7 @@ impl Settings {
         let direct_write =
             direct::switch_from_value(DIRECT_WRITE_ENV, var(DIRECT_WRITE_ENV).as_deref());
         let spare = direct::switch_from_value(SPARE_ENV, var(SPARE_ENV).as_deref());
+        let reuse = direct::switch_from_value(REUSE_ENV, var(REUSE_ENV).as_deref());
         let service_cidrs = services::from_value(var(SERVICE_CIDRS_ENV).as_deref());
         Settings {
             disable,
@@ -141,6 +147,7 @@ impl Settings {
             direct_read,
             direct_write,
             spare,
+            reuse,
             service_cidrs,
         }
     }
@@ -276,6 +283,7 @@ mod tests {
         assert_eq!(s.direct_read, Ok(true));
         assert_eq!(s.direct_write, Ok(true));
         assert_eq!(s.spare, Ok(true));
+        assert_eq!(s.reuse, Ok(true));
     }
 
     #[test]
@@ -307,6 +315,8 @@ mod tests {
         assert!(with(DIRECT_WRITE_ENV, Some("2")).direct_write.is_err());
         assert_eq!(with(SPARE_ENV, Some("0")).spare, Ok(false));
         assert!(with(SPARE_ENV, Some("yes")).spare.is_err());
+        assert_eq!(with(REUSE_ENV, Some("0")).reuse, Ok(false));
+        assert!(with(REUSE_ENV, Some("no")).reuse.is_err());
         let services = with(SERVICE_CIDRS_ENV, Some("10.96.0.0/12"))
             .service_cidrs
             .unwrap();

@@ -18,7 +18,8 @@
 //!  "total":{"rdma":3,"tcp":1},
 //!  "rdma_bytes":{"sent":1048576,"received":512,"direct":500,"direct_written":1048000},
 //!  "tcp_bytes_before_move":{"sent":300,"received":4096},
-//!  "rdma_closed":2,"rdma_resets":0,"pinned_peak":4399104,"spare_connects":2}
+//!  "rdma_closed":2,"rdma_resets":0,"pinned_peak":4399104,"spare_connects":2,
+//!  "reused_links":1}
 //! ```
 
 use std::collections::BTreeMap;
@@ -58,6 +59,7 @@ pub struct Stats {
     rdma_bytes_direct: AtomicU64,
     rdma_bytes_direct_written: AtomicU64,
     spare_connects: AtomicU64,
+    reused_links: AtomicU64,
     before_move_sent: AtomicU64,
     before_move_received: AtomicU64,
 }
@@ -83,6 +85,7 @@ impl Stats {
             rdma_bytes_direct: AtomicU64::new(0),
             rdma_bytes_direct_written: AtomicU64::new(0),
             spare_connects: AtomicU64::new(0),
+            reused_links: AtomicU64::new(0),
             before_move_sent: AtomicU64::new(0),
             before_move_received: AtomicU64::new(0),
         }
@@ -171,6 +174,7 @@ impl Stats {
         self.rdma_resets.store(0, Ordering::Relaxed);
         self.pinned_peak.store(0, Ordering::Relaxed);
         self.spare_connects.store(0, Ordering::Relaxed);
+        self.reused_links.store(0, Ordering::Relaxed);
         self.before_move_sent.store(0, Ordering::Relaxed);
         self.before_move_received.store(0, Ordering::Relaxed);
     }
@@ -178,6 +182,11 @@ impl Stats {
     /// A connect took a spare connection (its RDMA connect made ahead).
     pub fn add_spare_connect(&self) {
         self.spare_connects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The engine's connections that took a finished connection's queue pair so far.
+    pub fn note_reused_links(&self, n: u64) {
+        self.reused_links.fetch_max(n, Ordering::Relaxed);
     }
 
     /// The engine pinned `bytes` at once (kept when it is the most so far).
@@ -233,6 +242,7 @@ impl Stats {
             rdma_resets: self.rdma_resets.load(Ordering::Relaxed),
             pinned_peak: self.pinned_peak.load(Ordering::Relaxed),
             spare_connects: self.spare_connects.load(Ordering::Relaxed),
+            reused_links: self.reused_links.load(Ordering::Relaxed),
             tcp_bytes_before_move: MovedBytes {
                 sent: self.before_move_sent.load(Ordering::Relaxed),
                 received: self.before_move_received.load(Ordering::Relaxed),
@@ -335,6 +345,10 @@ pub struct StatsSnapshot {
     /// Connects that took a spare connection (their RDMA connect made ahead).
     #[serde(default)]
     pub spare_connects: u64,
+    /// Upgraded connections (both roles) that took a finished connection's queue pair instead
+    /// of a connect request of their own (docs/shim-protocol.md, "Reused connections").
+    #[serde(default)]
+    pub reused_links: u64,
     /// Bytes of connections with a stream that went over TCP before their move to it, or before
     /// they turned out to stay on TCP (the first bytes, which never wait for the stream;
     /// absent in files of older shims: 0).
@@ -515,6 +529,8 @@ mod tests {
         s.note_pinned_peak(4096);
         s.note_pinned_peak(1024);
         s.add_spare_connect();
+        s.note_reused_links(2);
+        s.note_reused_links(1);
         s.add_before_move(300, 4000);
         s.add_before_move(0, 96);
         let snap = s.snapshot_with_pid(4242);
@@ -537,6 +553,7 @@ mod tests {
             "rdma_resets": 1,
             "pinned_peak": 4096,
             "spare_connects": 1,
+            "reused_links": 2,
             "tcp_bytes_before_move": {"sent": 300, "received": 4096}
         });
         assert_eq!(v, expected);

@@ -30,6 +30,13 @@
  *                                       OTHER's key
  *   tcp_send NAME TEXT / tcp_recv NAME MS   the TCP connection (prints "NAME tcp-got ...")
  *   recv NAME MS                        prints what the peer wrote ("NAME got ...")
+ *   fin NAME                            posts FIN (the end of our side of the stream)
+ *   reuse NAME CLIENT                   posts REUSE with a HELLO naming CLIENT ("IP:PORT", or
+ *                                       "own": a new TCP socket of ours on NAME's source
+ *                                       address): asks for the next connection on NAME's queue
+ *                                       pair; the stream starts anew (positions 0, no CLAIM);
+ *                                       the answer shows as "NAME control 10" (REUSED) or
+ *                                       "NAME disconnected"
  *   disconnect NAME
  *   sleep MS
  *   wait_file PATH MS                   until PATH exists (another program's cue), at most MS
@@ -326,13 +333,13 @@ static void setup_verbs(struct conn *c)
 		post_recv(c, s);
 }
 
-/* The transport header (version 4) and the shim's HELLO naming `client`. */
+/* The transport header (version 5) and the shim's HELLO naming `client`. */
 static int hello(struct conn *c, const struct sockaddr_in *client, uint8_t *pd)
 {
 	memset(pd, 0, 56);
 	pd[0] = 'R';
 	pd[1] = 'S';
-	pd[2] = 4;
+	pd[2] = 5;
 	pd[3] = 1;
 	put64(pd + 4, c ? (uintptr_t)c->mem : 0);
 	put32(pd + 12, c ? c->mr->rkey : 0);
@@ -498,7 +505,7 @@ static void step_listen(char **a)
 	memset(pd, 0, sizeof(pd));
 	pd[0] = 'R';
 	pd[1] = 'S';
-	pd[2] = 4;
+	pd[2] = 5;
 	pd[3] = 2;
 	put64(pd + 4, (uintptr_t)c->mem);
 	put32(pd + 12, c->mr->rkey);
@@ -581,6 +588,54 @@ static void post_control_at(struct conn *c, uint8_t type, uint64_t position)
 static void post_control(struct conn *c, uint8_t type)
 {
 	post_control_at(c, type, 0);
+}
+
+/* reuse NAME CLIENT: REUSE (type 9: no counters, byte 1 the payload's length, the payload
+ * from byte 8) with a HELLO naming CLIENT. */
+static void step_reuse(char **a)
+{
+	struct conn *c = find(a[0]);
+	struct sockaddr_in client;
+	if (!strcmp(a[1], "own")) {
+		struct sockaddr_in b = *(struct sockaddr_in *)rdma_get_local_addr(c->id);
+		b.sin_port = 0;
+		socklen_t len = sizeof(client);
+		if (c->tcp >= 0)
+			close(c->tcp);
+		c->tcp = socket(AF_INET, SOCK_STREAM, 0);
+		if (c->tcp < 0 || bind(c->tcp, (struct sockaddr *)&b, sizeof(b)) ||
+		    getsockname(c->tcp, (struct sockaddr *)&client, &len))
+			die("binding the TCP socket");
+	} else {
+		parse_addr(a[1], &client);
+	}
+	uint8_t pd[56];
+	hello(NULL, &client, pd);
+	uint8_t *m = c->mem + RING + RECVS * CTRL;
+	memset(m, 0, CTRL);
+	m[0] = 9;
+	m[1] = pd[19];
+	memcpy(m + 8, pd + 20, pd[19]);
+	struct ibv_sge sge = { .addr = (uintptr_t)m, .length = CTRL, .lkey = c->mr->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = WR_CONTROL, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED,
+	}, *bad;
+	c->write_done = 0;
+	if (ibv_post_send(c->id->qp, &wr, &bad)) {
+		out("%s control-post-failed", c->name);
+		return;
+	}
+	/* The next connection on this queue pair starts at stream position 0, unclaimed. */
+	c->sent = 0;
+	c->got = 0;
+	c->claimed = 0;
+	c->controls = 0;
+	uint64_t end = now_ms() + 15000;
+	while (!c->write_done && now_ms() < end)
+		pump(5);
+	out("%s reuse-status %d client %s:%u", c->name, c->write_done ? c->last_status : -1,
+	    inet_ntoa(client.sin_addr), ntohs(client.sin_port));
 }
 
 static void step_flood(char **a)
@@ -705,6 +760,12 @@ int main(int argc, char **argv)
 		} else if (!strcmp(s, "confirm")) {
 			NEED(1);
 			post_control(find(a[0]), 4);
+		} else if (!strcmp(s, "fin")) {
+			NEED(1);
+			post_control(find(a[0]), 2);
+		} else if (!strcmp(s, "reuse")) {
+			NEED(2);
+			step_reuse(a);
 		} else if (!strcmp(s, "urgent")) {
 			NEED(2);
 			post_control_at(find(a[0]), 5, strtoull(a[1], NULL, 0));

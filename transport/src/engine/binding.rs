@@ -10,6 +10,12 @@
 //! | `Confirm` (the shim's connecting side) | once, before our CONFIRM | never | once, after our CONFIRM | after its MOVED |
 //! | `Claim` (the shim's accepting side) | never | once, after our CLAIM | never | after its CONFIRM |
 //!
+//! A finished connection's queue pair may carry the next connection between the same two
+//! processes (docs/shim-protocol.md, "Reused connections"): the connecting side takes REUSED
+//! once, after its REUSE; the accepting side takes REUSE once, after the peer's FIN. Either is
+//! the last message of the connection: the next one starts with a binding of its own, and
+//! anything after it here is a violation.
+//!
 //! RC keeps each direction in order, so a peer that follows the protocol never breaks these
 //! rules: the accepting side sends MOVED, then its first stream byte, once bound, which is
 //! after the CONFIRM, which the connecting side posts after it saw CLAIM and before its own
@@ -36,6 +42,9 @@ pub(super) enum Violation {
     /// A second FIN, or bytes after FIN.
     #[error("stream bytes or FIN after FIN")]
     AfterFin,
+    /// REUSE or REUSED out of place, or anything after one.
+    #[error("a reuse message the connection does not take ({0})")]
+    Reuse(&'static str),
 }
 
 /// One connection's binding state (see the module docs).
@@ -54,6 +63,10 @@ pub(super) struct Binding {
     moved: Option<u64>,
     /// The peer's FIN came.
     fin: bool,
+    /// Connecting side: our REUSE is out.
+    reuse_sent: bool,
+    /// The connection's last message came (REUSE or REUSED).
+    last: bool,
 }
 
 impl Binding {
@@ -66,6 +79,8 @@ impl Binding {
             confirm_seen: false,
             moved: None,
             fin: false,
+            reuse_sent: false,
+            last: false,
         }
     }
 
@@ -76,6 +91,9 @@ impl Binding {
 
     /// A control message came from the peer.
     pub(super) fn on_control(&mut self, kind: ControlKind) -> Result<(), Violation> {
+        if self.last {
+            return Err(Violation::Reuse("after the connection's last message"));
+        }
         match kind {
             ControlKind::Credit => Ok(()),
             // It marks a byte of the next data write, or moves the next write to another ring:
@@ -124,7 +142,32 @@ impl Binding {
                     Err(Violation::Moved("not a connecting side"))
                 }
             },
+            ControlKind::Reuse(_) => match self.handshake {
+                Handshake::Claim if !self.fin => Err(Violation::Reuse("REUSE before FIN")),
+                Handshake::Claim => {
+                    self.last = true;
+                    Ok(())
+                }
+                Handshake::Open | Handshake::Confirm => {
+                    Err(Violation::Reuse("REUSE to a connecting side"))
+                }
+            },
+            ControlKind::Reused(_) => match self.handshake {
+                Handshake::Confirm if !self.reuse_sent => Err(Violation::Reuse("unasked")),
+                Handshake::Confirm => {
+                    self.last = true;
+                    Ok(())
+                }
+                Handshake::Open | Handshake::Claim => {
+                    Err(Violation::Reuse("an answer to an accepting side"))
+                }
+            },
         }
+    }
+
+    /// Our REUSE goes out (the connecting side).
+    pub(super) fn reuse_sent(&mut self) {
+        self.reuse_sent = true;
     }
 
     /// Stream bytes came from the peer: Ok when the stream may carry them.
@@ -184,6 +227,44 @@ impl Binding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Payload;
+
+    #[test]
+    fn reuse_is_taken_once_in_its_place_and_ends_the_connection() {
+        let p = Payload::new(b"hello").unwrap();
+        // The accepting side: only after the peer's FIN, once, and nothing after it.
+        let mut b = Binding::new(Handshake::Claim);
+        b.claim_sent(S);
+        assert_eq!(b.on_control(ControlKind::Confirm), Ok(()));
+        assert!(b.on_control(ControlKind::Reuse(p)).is_err(), "before FIN");
+        let mut b = Binding::new(Handshake::Claim);
+        b.claim_sent(S);
+        assert_eq!(b.on_control(ControlKind::Confirm), Ok(()));
+        assert_eq!(b.on_control(ControlKind::Fin), Ok(()));
+        assert!(b.on_control(ControlKind::Reused(p)).is_err());
+        let mut b = Binding::new(Handshake::Claim);
+        b.claim_sent(S);
+        assert_eq!(b.on_control(ControlKind::Confirm), Ok(()));
+        assert_eq!(b.on_control(ControlKind::Fin), Ok(()));
+        assert_eq!(b.on_control(ControlKind::Credit), Ok(()));
+        assert_eq!(b.on_control(ControlKind::Reuse(p)), Ok(()));
+        assert!(b.on_control(ControlKind::Reuse(p)).is_err(), "a second");
+        assert!(b.on_control(ControlKind::Credit).is_err(), "after it");
+        // The connecting side: an answer only to its own REUSE, once.
+        let mut b = Binding::new(Handshake::Confirm);
+        assert!(b.on_control(ControlKind::Reused(p)).is_err(), "unasked");
+        let mut b = Binding::new(Handshake::Confirm);
+        assert!(b.on_control(ControlKind::Reuse(p)).is_err());
+        b.reuse_sent();
+        assert_eq!(b.on_control(ControlKind::Reused(p)), Ok(()));
+        assert!(b.on_control(ControlKind::Reused(p)).is_err(), "a second");
+        // The gateway's connections are never reused.
+        let mut b = Binding::new(Handshake::Open);
+        assert_eq!(b.on_control(ControlKind::Fin), Ok(()));
+        assert!(b.on_control(ControlKind::Reuse(p)).is_err());
+        b.reuse_sent();
+        assert!(b.on_control(ControlKind::Reused(p)).is_err());
+    }
 
     const S: Secret = Secret([9; crate::wire::SECRET_LEN]);
 

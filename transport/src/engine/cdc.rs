@@ -46,6 +46,11 @@ impl Controls {
         self.posted += 1;
     }
 
+    /// Messages queued and not posted.
+    pub(super) fn queued(&self) -> usize {
+        self.queued.len()
+    }
+
     /// Messages posted so far.
     pub(super) fn posted(&self) -> u64 {
         self.posted

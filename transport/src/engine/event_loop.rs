@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 
 use super::link::{Buffers, Link, SetupError};
+use super::park::{self, Parked, Side};
 use super::pool::Pool;
 use super::shared::{ConnShared, ConnectError, RejectedBy};
 use super::stream::{App, CmPhase, Fds, Offer, StreamConn};
 use super::{Acceptor, Attach, Command, Conn, Decision, EngineError, Handshake, Inner, Request};
 use crate::rdma::{CmId, ConnSettings, Context, Device, EventChannel, EventKind, Lib};
-use crate::wire::{Kind, PrivateData, RingInfo, TransportReject};
+use crate::wire::{Kind, Payload, PrivateData, RingInfo, TransportReject};
 
 const KEY_WAKE: u64 = u64::MAX;
 const KEY_CM: u64 = u64::MAX - 1;
@@ -51,13 +52,21 @@ struct Loop {
     pool: Pool<Buffers>,
     devices: Vec<Device>,
     conns: HashMap<u64, StreamConn>,
-    /// What an active connection sends with its connect: payload, resolve timeout (ms) and
-    /// handshake.
-    connecting: HashMap<u64, (Vec<u8>, i32, Handshake)>,
+    /// What an active connection asked for, while it resolves (the resolve timeout in ms).
+    connecting: HashMap<u64, (super::ConnectRequest, i32)>,
     listeners: HashMap<u64, ListenerEntry>,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
     dirty: Vec<u64>,
     draining: bool,
+    /// The connection a CQ's events are for, where it is not the one the CQ was made for (a
+    /// parked or reused connection's: `park`).
+    cq_owner: HashMap<u64, u64>,
+    /// Connections whose REUSE is out: the parked connection asked, and the request to make
+    /// instead when it is not answered.
+    reusing: HashMap<u64, (u64, super::ConnectRequest)>,
+    /// Connections that wait for a connection to their peer to be parked
+    /// ([`super::ConnectRequest::reuse_wait`]), with their request.
+    waiting: HashMap<u64, super::ConnectRequest>,
 }
 
 fn setup_error(what: &'static str) -> impl FnOnce(io::Error) -> EngineError {
@@ -122,6 +131,9 @@ pub(super) fn run(
         timers: BinaryHeap::new(),
         dirty: Vec::new(),
         draining: false,
+        cq_owner: HashMap::new(),
+        reusing: HashMap::new(),
+        waiting: HashMap::new(),
     };
     // A panic must not leave waiters hanging: every handle fails fast from now on (and a
     // flush sees `stopped` and returns: nothing more can be delivered).
@@ -329,15 +341,41 @@ impl Loop {
         }
     }
 
+    /// An outgoing connection: on a parked connection to the same listener from the same
+    /// address when there is one (`park`), else with a connect request.
     fn connect(&mut self, token: u64, request: super::ConnectRequest, shared: Arc<ConnShared>) {
+        let mut conn = StreamConn::new(shared, None, CmPhase::Resolving);
+        conn.unattached_timeout = request.unattached_timeout;
+        self.conns.insert(token, conn);
+        self.dirty.push(token);
+        if let Some(parked) = self.parked_for(&request)
+            && self.ask_reuse(token, parked, &request)
+        {
+            self.reusing.insert(token, (parked, request));
+            return;
+        }
+        if let Some(wait) = request.reuse_wait.filter(|_| self.inner.config.reuse_links)
+            && request.handshake == Handshake::Confirm
+            && let Some(conn) = self.conns.get_mut(&token)
+        {
+            conn.cm = CmPhase::Waiting(Instant::now() + wait);
+            self.waiting.insert(token, request);
+            return;
+        }
+        self.resolve(token, request);
+    }
+
+    /// Starts connection `token`'s connect request: its id, then address resolution.
+    fn resolve(&mut self, token: u64, request: super::ConnectRequest) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
         let id = match self.channel.create_id(token, self.inner.config.port_space) {
             Ok(id) => id,
             Err(e) => {
-                shared.fail(ConnectError::Local {
-                    what: "rdma_create_id",
-                    error: e.to_string(),
-                });
-                return;
+                let error = e.to_string();
+                let what = "rdma_create_id";
+                return fail_connect(conn, ConnectError::Local { what, error });
             }
         };
         // Older kernels lack the option: their default timeout applies.
@@ -346,18 +384,374 @@ impl Loop {
             .unwrap_or(i32::MAX)
             .max(1);
         if let Err(e) = id.resolve_addr(request.src, request.dst, ms) {
-            shared.fail(ConnectError::Unreachable {
-                what: "rdma_resolve_addr",
-                status: e.raw_os_error().unwrap_or(0),
-            });
             id.destroy();
+            let status = e.raw_os_error().unwrap_or(0);
+            let what = "rdma_resolve_addr";
+            return fail_connect(conn, ConnectError::Unreachable { what, status });
+        }
+        self.connecting.insert(token, (request, ms));
+        conn.id = Some(id);
+        conn.cm = CmPhase::Resolving;
+    }
+
+    /// A parked connection (`park`) that a connect of `request` may take.
+    fn parked_for(&self, request: &super::ConnectRequest) -> Option<u64> {
+        if !self.inner.config.reuse_links || request.handshake != Handshake::Confirm {
+            return None;
+        }
+        let now = Instant::now();
+        let src = request.src.map(|s| s.ip());
+        self.conns
+            .iter()
+            .find(|(_, c)| {
+                c.error.is_none()
+                    && !c.peer_gone
+                    && c.parked.is_some_and(|p| p.takes(request.dst, src, now))
+            })
+            .map(|(t, _)| *t)
+    }
+
+    /// Sends REUSE with `request`'s payload on parked connection `parked` for connection
+    /// `token`, which waits for REUSED (at most [`park::REUSE_WAIT`]); false when it cannot.
+    fn ask_reuse(&mut self, token: u64, parked: u64, request: &super::ConnectRequest) -> bool {
+        let Some(payload) = Payload::new(&request.payload) else {
+            return false;
+        };
+        let Some(p) = self.conns.get_mut(&parked) else {
+            return false;
+        };
+        let (Some(link), Some(state)) = (p.link.as_mut(), p.parked.as_mut()) else {
+            return false;
+        };
+        link.request_reuse(payload);
+        state.reuser = Some(token);
+        self.dirty.push(parked);
+        let deadline = Instant::now() + park::REUSE_WAIT;
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.cm = CmPhase::Reusing(deadline);
+        }
+        true
+    }
+
+    /// Connection `token`'s REUSE went unanswered (its parked connection ended, or the wait
+    /// passed): the parked connection goes, and a connect request is made instead.
+    fn reuse_instead(&mut self, token: u64, now: Instant) {
+        let Some((parked, request)) = self.reusing.remove(&token) else {
+            return;
+        };
+        self.inner.reuse.unanswered.fetch_add(1, Ordering::Relaxed);
+        if let Some(p) = self.conns.get_mut(&parked)
+            && p.parked.is_some_and(|s| s.reuser == Some(token))
+        {
+            p.parked = None;
+            p.error
+                .get_or_insert_with(|| String::from("REUSE unanswered"));
+            self.disconnect(parked, now);
+            self.dirty.push(parked);
+        }
+        if self
+            .conns
+            .get(&token)
+            .is_some_and(|c| matches!(c.cm, CmPhase::Reusing(_)) && c.error.is_none())
+        {
+            self.resolve(token, request);
+        }
+        self.dirty.push(token);
+    }
+
+    /// Keeps connection `token`'s queue pair for the next connection between the same two
+    /// processes instead of disconnecting (`park`), when its stream finished in order and left
+    /// the queue pair fit for it. True when the connection manager's teardown is to wait: the
+    /// connection was parked (under a token of its own), or waits for its send queue's last
+    /// completion first.
+    fn park(&mut self, token: u64, now: Instant) -> bool {
+        if !self.inner.config.reuse_links {
+            return false;
+        }
+        let Some(conn) = self.conns.get(&token) else {
+            return false;
+        };
+        if !conn.stream_done()
+            || conn.peer_gone
+            || conn.parked.is_some()
+            || !matches!(conn.cm, CmPhase::Established | CmPhase::Accepted)
+        {
+            return false;
+        }
+        let (Some(id), Some(link)) = (conn.id, conn.link.as_ref()) else {
+            return false;
+        };
+        let side = match (link.handshake(), conn.offer) {
+            (Handshake::Confirm, _) => match (id.peer_addr(), id.local_addr()) {
+                (Some(dst), Some(src)) => Side::Connecting { dst, src: src.ip() },
+                _ => return false,
+            },
+            (
+                Handshake::Claim,
+                Some(Offer {
+                    listener: Some(listener),
+                    from,
+                    ..
+                }),
+            ) => Side::Accepting { listener, from },
+            _ => return false,
+        };
+        let parked = self.conns.values().filter_map(|c| c.parked.as_ref());
+        if !park::room(parked, side.peer()) {
+            return false;
+        }
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return false;
+        };
+        let Some(link) = conn.link.as_mut() else {
+            return false;
+        };
+        if !link.parkable() {
+            return false;
+        }
+        if !link.quiesce() {
+            // A probe's completion (its event settles the connection again) empties it.
+            return true;
+        }
+        let (Some(id), Some(link)) = (conn.id.take(), conn.link.take()) else {
+            return false;
+        };
+        let p = self.inner.token();
+        id.set_token(p);
+        self.cq_owner.insert(link.cq_key(), p);
+        let mut kept = StreamConn::new(
+            Arc::new(ConnShared::connecting(id.peer_addr())),
+            Some(id),
+            CmPhase::Established,
+        );
+        kept.app = App::Done;
+        kept.link = Some(link);
+        kept.parked = Some(Parked::new(side, now));
+        self.conns.insert(p, kept);
+        self.dirty.push(p);
+        self.inner.reuse.parked.fetch_add(1, Ordering::Relaxed);
+        self.take_over_resolving(p, now);
+        true
+    }
+
+    /// A connect to parked connection `parked`'s peer that waits for one
+    /// ([`super::ConnectRequest::reuse_wait`]) or is still resolving (its connect request not
+    /// sent: the peer knows nothing of it) takes the parked connection instead.
+    fn take_over_resolving(&mut self, parked: u64, now: Instant) {
+        let Some(state) = self.conns.get(&parked).and_then(|c| c.parked) else {
+            return;
+        };
+        let waiting = self.waiting.iter().find(|(t, r)| {
+            state.takes(r.dst, r.src.map(|s| s.ip()), now)
+                && self.conns.get(t).is_some_and(|c| c.error.is_none())
+        });
+        if let Some(token) = waiting.map(|(t, _)| *t)
+            && let Some(request) = self.waiting.remove(&token)
+        {
+            if self.ask_reuse(token, parked, &request) {
+                self.reusing.insert(token, (parked, request));
+            } else {
+                self.resolve(token, request);
+            }
             return;
         }
-        self.connecting
-            .insert(token, (request.payload, ms, request.handshake));
-        let mut conn = StreamConn::new(shared, Some(id), CmPhase::Resolving);
-        conn.unattached_timeout = request.unattached_timeout;
+        let found = self.connecting.iter().find(|(t, (r, _))| {
+            r.handshake == Handshake::Confirm
+                && state.takes(r.dst, r.src.map(|s| s.ip()), now)
+                && self
+                    .conns
+                    .get(t)
+                    .is_some_and(|c| c.cm == CmPhase::Resolving && c.error.is_none())
+        });
+        let Some(token) = found.map(|(t, _)| *t) else {
+            return;
+        };
+        let Some((request, _)) = self.connecting.remove(&token) else {
+            return;
+        };
+        if let Some(id) = self.conns.get_mut(&token).and_then(|c| c.id.take()) {
+            id.destroy();
+        }
+        if self.ask_reuse(token, parked, &request) {
+            self.reusing.insert(token, (parked, request));
+        } else {
+            self.resolve(token, request);
+        }
+    }
+
+    /// A parked connection after an event or its timer: disconnected when it failed, its peer
+    /// left or nothing took it in time; the peer's REUSE judged (accepting side), or its REUSED
+    /// taken (connecting side), once the send queue is empty.
+    fn settle_parked(&mut self, token: u64, now: Instant) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let Some(state) = conn.parked else { return };
+        let expired = state.until <= now && state.reuser.is_none();
+        let failed = conn.error.is_some() || conn.peer_gone;
+        // A connection whose REUSE is out and that ended meanwhile (aborted) leaves the
+        // peer's answer to nobody.
+        let orphaned = state.reuser.is_some_and(|r| !self.conns.contains_key(&r));
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if failed || expired || orphaned {
+            conn.parked = None;
+            if let Some(reuser) = state.reuser {
+                self.reuse_instead(reuser, now);
+            }
+            self.disconnect(token, now);
+            self.dirty.push(token);
+            return;
+        }
+        let ready = conn
+            .link
+            .as_mut()
+            .is_some_and(|l| l.reuse_pending() && l.quiesce());
+        if ready {
+            match (state.side, state.reuser) {
+                (Side::Accepting { listener, from }, _) => {
+                    self.reuse_incoming(token, (listener, from), now);
+                }
+                (Side::Connecting { .. }, Some(reuser)) => self.reused(token, reuser, now),
+                (Side::Connecting { .. }, None) => {}
+            }
+        }
+    }
+
+    /// The peer's REUSE on parked connection `parked` (the accepting side of `listener`, the
+    /// peer at `from`): judged by the listener's acceptor as a connect request is, before
+    /// anything else; taken, the queue pair carries a new incoming connection, which REUSED
+    /// accepts. Refused (or past the bounds on unattached connections), it is disconnected.
+    fn reuse_incoming(
+        &mut self,
+        parked: u64,
+        (listener, from): (u64, Option<IpAddr>),
+        now: Instant,
+    ) {
+        let Some(mut p) = self.conns.remove(&parked) else {
+            return;
+        };
+        let (Some(id), Some(mut link)) = (p.id, p.link.take()) else {
+            return;
+        };
+        let payload = link.take_reuse();
+        let judge = self
+            .listeners
+            .get(&listener)
+            .filter(|l| l.handshake == Handshake::Claim && l.adopt.is_none())
+            .map(|l| Arc::clone(&l.acceptor));
+        let (Some(acceptor), Some(payload)) = (judge, payload) else {
+            p.link = Some(link);
+            p.parked = None;
+            p.error = Some(String::from("REUSE for a listener that is gone"));
+            self.conns.insert(parked, p);
+            self.disconnect(parked, now);
+            self.dirty.push(parked);
+            return;
+        };
+        if self.too_many_unattached(from) {
+            p.link = Some(link);
+            p.parked = None;
+            p.error = Some(String::from(
+                "REUSE past the bound on unattached connections",
+            ));
+            self.conns.insert(parked, p);
+            self.disconnect(parked, now);
+            self.dirty.push(parked);
+            return;
+        }
+        p.shared.closed();
+        let token = self.inner.token();
+        id.set_token(token);
+        self.cq_owner.insert(link.cq_key(), token);
+        link.renew(Handshake::Claim, now, false);
+        let peer = id.peer_addr();
+        let shared = Arc::new(ConnShared::connecting(peer));
+        let deadline = now + self.inner.config.unattached_timeout;
+        let mut conn = StreamConn::new(Arc::clone(&shared), Some(id), CmPhase::Deciding(deadline));
+        conn.offer = Some(Offer {
+            ring: RingInfo::default(),
+            from,
+            handshake: Handshake::Claim,
+            listener: Some(listener),
+        });
+        conn.reused = true;
+        conn.shared.set_sides(link.receiver(), link.sender());
+        conn.link = Some(link);
         self.conns.insert(token, conn);
+        let handle = Conn {
+            inner: Arc::clone(&self.inner),
+            token,
+            shared,
+        };
+        let decision = acceptor.on_request(Request {
+            local: id.local_addr(),
+            peer,
+            payload: payload.bytes(),
+            conn: handle,
+        });
+        match decision {
+            Decision::Accept(payload) => self.accept(token, &payload),
+            Decision::Reject(_) => {
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.error = Some(String::from("rejected"));
+                }
+                self.disconnect(token, now);
+            }
+            // Decided later with `Conn::accept` or `Conn::reject`, by the deadline.
+            Decision::Defer => {}
+        }
+        self.dirty.push(token);
+    }
+
+    /// REUSED on parked connection `parked` for connection `token`: the queue pair carries
+    /// `token` from now on, established with REUSED's payload as a connect's accept. With
+    /// nobody waiting for it any more, the parked connection goes (and the peer's
+    /// registration with it).
+    fn reused(&mut self, parked: u64, token: u64, now: Instant) {
+        self.reusing.remove(&token);
+        let waiting = self
+            .conns
+            .get(&token)
+            .is_some_and(|c| matches!(c.cm, CmPhase::Reusing(_)) && c.error.is_none());
+        if !waiting {
+            if let Some(p) = self.conns.get_mut(&parked) {
+                p.parked = None;
+                p.error = Some(String::from("REUSED for a connection that is gone"));
+            }
+            self.disconnect(parked, now);
+            self.dirty.push(parked);
+            return;
+        }
+        let Some(mut p) = self.conns.remove(&parked) else {
+            return;
+        };
+        let (Some(id), Some(mut link)) = (p.id.take(), p.link.take()) else {
+            return;
+        };
+        p.shared.closed();
+        let payload = link
+            .take_reuse()
+            .map(|p| p.bytes().to_vec())
+            .unwrap_or_default();
+        link.renew(Handshake::Confirm, now, true);
+        id.set_token(token);
+        self.cq_owner.insert(link.cq_key(), token);
+        let timeouts = (
+            self.inner.config.unattached_timeout,
+            self.inner.config.claim_timeout,
+        );
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let unattached_timeout = conn.unattached_timeout.unwrap_or(timeouts.0);
+        conn.shared.set_sides(link.receiver(), link.sender());
+        conn.link = Some(link);
+        conn.id = Some(id);
+        connected(conn, id, payload, now, (unattached_timeout, timeouts.1));
+        self.inner.reuse.reused.fetch_add(1, Ordering::Relaxed);
+        self.dirty.push(token);
     }
 
     fn listen(
@@ -445,6 +839,11 @@ impl Loop {
         }
         if accept {
             self.accept(token, payload);
+        } else if conn.reused {
+            // A refused REUSE is a disconnect: the peer makes a connect request instead, which
+            // gets the refusal.
+            conn.error = Some(String::from("rejected"));
+            self.disconnect(token, Instant::now());
         } else {
             let data = PrivateData::encode(Kind::Reject, RingInfo::default(), payload);
             if let Some(id) = conn.id {
@@ -500,6 +899,23 @@ impl Loop {
         let Some(link) = conn.link.as_mut() else {
             return;
         };
+        if conn.reused {
+            // The queue pair is connected: REUSED is the accept.
+            let Some(payload) = Payload::new(payload) else {
+                conn.error = Some(String::from("an accept payload too long for REUSED"));
+                self.disconnect(token, now);
+                return;
+            };
+            link.answer_reuse(payload);
+            self.inner.reuse.reused.fetch_add(1, Ordering::Relaxed);
+            conn.cm = CmPhase::Established;
+            conn.shared.established(Vec::new());
+            conn.binding_starts(now, self.inner.config.claim_timeout);
+            if matches!(conn.app, App::Unattached) {
+                conn.unattached_deadline = Some(now + timeout);
+            }
+            return;
+        }
         let data = PrivateData::encode(Kind::Accept, link.ring_info(), payload);
         let settings = ConnSettings {
             private_data: &data,
@@ -642,6 +1058,7 @@ impl Loop {
             ring: request.ring,
             from: peer.map(|p| p.ip()),
             handshake,
+            listener,
         });
         self.conns.insert(token, conn);
         let handle = Conn {
@@ -721,6 +1138,7 @@ impl Loop {
                 ring: request.ring,
                 from: peer.map(|p| p.ip()),
                 handshake,
+                listener: None,
             });
             conn.shared.set_peer(peer);
         }
@@ -846,7 +1264,9 @@ impl Loop {
         let (payload, handshake) = self
             .connecting
             .remove(&token)
-            .map_or((Vec::new(), Handshake::Open), |c| (c.0, c.2));
+            .map_or((Vec::new(), Handshake::Open), |(r, _)| {
+                (r.payload, r.handshake)
+            });
         // `setup` borrows the whole engine, so the connection is looked up after it (`setup`
         // removes none; were it gone, there would be nothing to connect).
         let setup = self.setup(id, token, handshake);
@@ -885,7 +1305,8 @@ impl Loop {
         };
         loop {
             match device.next_cq_event() {
-                Ok(Some(token)) => {
+                Ok(Some(key)) => {
+                    let token = self.cq_owner.get(&key).copied().unwrap_or(key);
                     if let Some(link) = self.conns.get_mut(&token).and_then(|c| c.link.as_mut()) {
                         link.note_cq_event();
                     }
@@ -924,6 +1345,17 @@ impl Loop {
                     self.dirty.push(token);
                     continue;
                 }
+                CmPhase::Reusing(t) if t <= now => {
+                    self.reuse_instead(token, now);
+                    continue;
+                }
+                CmPhase::Waiting(t) if t <= now => {
+                    if let Some(request) = self.waiting.remove(&token) {
+                        self.resolve(token, request);
+                    }
+                    self.dirty.push(token);
+                    continue;
+                }
                 _ => {}
             }
             let mut fds = Fds::default();
@@ -953,6 +1385,14 @@ impl Loop {
             return;
         };
         let mut fds = Fds::default();
+        if conn.parked.is_some() {
+            conn.progress(now, config, self.draining, &mut fds);
+            conn.settle(&mut fds);
+            self.apply(fds);
+            self.settle_parked(token, now);
+            self.schedule(token);
+            return;
+        }
         let moved = conn.moved();
         conn.progress(now, config, self.draining, &mut fds);
         let moved = conn.moved().saturating_sub(moved);
@@ -970,7 +1410,7 @@ impl Loop {
         let teardown =
             stream_over && conn.id.is_some() && !matches!(conn.cm, CmPhase::Disconnecting(_));
         self.apply(fds);
-        if teardown {
+        if teardown && !self.park(token, now) {
             self.disconnect(token, now);
         }
         let Some(conn) = self.conns.get_mut(&token) else {
@@ -989,12 +1429,22 @@ impl Loop {
             conn.shared.closed();
             self.conns.remove(&token);
             self.connecting.remove(&token);
+            self.reusing.remove(&token);
+            self.waiting.remove(&token);
             return;
         }
-        // One live entry per connection: a new one only when the deadline came earlier than
-        // the live one, or that one fired. A deadline that moved later (the peer was heard)
-        // waits for the live entry, which then finds nothing due and schedules the next:
-        // one wake-up per keepalive period, not one entry and one wake-up per event.
+        self.schedule(token);
+    }
+
+    /// Connection `token`'s timer. One live entry per connection: a new one only when the
+    /// deadline came earlier than the live one, or that one fired. A deadline that moved later
+    /// (the peer was heard) waits for the live entry, which then finds nothing due and
+    /// schedules the next: one wake-up per keepalive period, not one entry and one wake-up
+    /// per event.
+    fn schedule(&mut self, token: u64) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
         if let Some(at) = conn.next_deadline(&self.inner.config)
             && conn.timer_at.is_none_or(|live| at < live)
         {
@@ -1037,6 +1487,9 @@ impl Loop {
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
+        if let Some(link) = &conn.link {
+            self.cq_owner.remove(&link.cq_key());
+        }
         if let Some(id) = conn.id.take() {
             if let Some(link) = &mut conn.link {
                 // No writer posts on the QP from now on.
@@ -1073,6 +1526,27 @@ impl Loop {
     }
 }
 
+/// The active side's connection is established (its accept, or REUSED on a parked
+/// connection, carried `payload`): it waits for its attach until `unattached_timeout`.
+fn connected(
+    conn: &mut StreamConn,
+    id: CmId,
+    payload: Vec<u8>,
+    now: Instant,
+    (unattached_timeout, claim_timeout): (Duration, Duration),
+) {
+    if let Some(link) = conn.link.as_mut() {
+        link.set_ready(now);
+    }
+    conn.cm = CmPhase::Established;
+    conn.shared.set_peer(id.peer_addr());
+    conn.shared.established(payload);
+    if matches!(conn.app, App::Unattached) {
+        conn.unattached_deadline = Some(now + unattached_timeout);
+    }
+    conn.binding_starts(now, claim_timeout);
+}
+
 /// The connection was not established: its handles are told why.
 fn fail_connect(conn: &mut StreamConn, e: ConnectError) {
     conn.error = Some(e.to_string());
@@ -1095,15 +1569,14 @@ fn established(
             Ok(accept) => {
                 if let Some(link) = conn.link.as_mut() {
                     link.set_peer(accept.ring);
-                    link.set_ready(now);
                 }
-                conn.cm = CmPhase::Established;
-                conn.shared.set_peer(id.peer_addr());
-                conn.shared.established(accept.payload);
-                if matches!(conn.app, App::Unattached) {
-                    conn.unattached_deadline = Some(now + unattached_timeout);
-                }
-                conn.binding_starts(now, claim_timeout);
+                connected(
+                    conn,
+                    id,
+                    accept.payload,
+                    now,
+                    (unattached_timeout, claim_timeout),
+                );
             }
             Err(bad) => fail_connect(conn, ConnectError::NotOurPeer(bad)),
         },

@@ -22,7 +22,7 @@ use super::wr::{self, Completion, Completions, Post};
 use super::{Budget, EngineConfig, Handshake, SLOT};
 use crate::flow::{RecvFlow, SendFlow};
 use crate::rdma::{Access, CmId, Device, Local, Mr, Pd, Region, Wc};
-use crate::wire::{ControlKind, RingInfo, Secret};
+use crate::wire::{ControlKind, Payload, RingInfo, Secret};
 
 /// A connection's region, its protection domain and their registrations, ready for the next
 /// connection ([`super::pool`]): after its connection ended (its QP destroyed), the receive
@@ -79,6 +79,7 @@ pub(super) struct Link {
     device: usize,
     ring: usize,
     rq: u32,
+    sq: u32,
     reserve: u64,
     max_chunk: u64,
     max_unacked: u64,
@@ -118,6 +119,39 @@ pub(super) struct Link {
     /// A busy ring could not be registered: this connection stays on its start rings.
     busy_failed: bool,
     activity: Activity,
+    /// The peer's start ring (from its connect request or accept): where a connection that
+    /// reuses this queue pair writes from its first byte.
+    peer_start: RingInfo,
+    /// The CQ's context (the token of the connection it was made for), which its completion
+    /// events name.
+    cq_key: u64,
+    /// The peer's REUSE (accepting side) or REUSED (connecting side), not taken yet.
+    reuse: Option<Payload>,
+}
+
+/// A connection's two halves over `qp` and `region`: the start rings of `ring` bytes, `rq`
+/// receives and `sq` send queue entries, at most `max_unacked` bytes in flight.
+fn halves(
+    qp: &Arc<dyn Post>,
+    region: &Arc<Region>,
+    (ring, rq, sq): (usize, u32, u32),
+    lkey: u32,
+    max_unacked: u64,
+) -> (Arc<Sender>, Arc<Receiver>) {
+    let sender = Arc::new(Sender::new(
+        Arc::clone(qp),
+        Arc::clone(region),
+        (ring, ring),
+        2 * ring + rq as usize * SLOT,
+        lkey,
+        sq,
+        max_unacked,
+    ));
+    let recv = Receiver::new(
+        Arc::clone(region),
+        RecvFlow::new(ring as u64, u64::from(rq)),
+    );
+    (sender, recv)
 }
 
 /// The busy receive ring: the first of the two after the start part.
@@ -288,7 +322,7 @@ impl Link {
             (Arc::new(qp), Box::new(cq)),
             (Keys::Registered { recv_mr, mr, pd }, Arc::clone(budget)),
             region,
-            (index, pinned),
+            (index, pinned, token),
             (now, handshake),
         );
         if let Err(e) = link.post_receives() {
@@ -318,7 +352,7 @@ impl Link {
             (qp, cq),
             (keys, budget),
             region,
-            (0, 0),
+            (0, 0, 0),
             (now, handshake),
         );
         link.post_receives()
@@ -333,20 +367,13 @@ impl Link {
         (qp, cq): (Arc<dyn Post>, Box<dyn Completions>),
         (keys, budget): (Keys, Arc<Budget>),
         region: Arc<Region>,
-        (index, pinned): (usize, u64),
+        (index, pinned, cq_key): (usize, u64, u64),
         (now, handshake): (Instant, Handshake),
     ) -> Link {
         let ring = config.start_ring();
         let (rq, sq) = (config.recv_queue.max(4), config.send_queue.max(4));
-        let sender = Arc::new(Sender::new(
-            Arc::clone(&qp),
-            Arc::clone(&region),
-            (ring, ring),
-            2 * ring + rq as usize * SLOT,
-            keys.lkey(),
-            sq,
-            config.max_unacked() as u64,
-        ));
+        let max_unacked = config.max_unacked() as u64;
+        let (sender, recv) = halves(&qp, &region, (ring, rq, sq), keys.lkey(), max_unacked);
         // Busy rings only where the region has them and the budget can be asked.
         let busy = if matches!(keys, Keys::Registered { .. }) {
             config.busy_ring()
@@ -357,19 +384,17 @@ impl Link {
             qp,
             cq,
             keys,
-            recv: Receiver::new(
-                Arc::clone(&region),
-                RecvFlow::new(ring as u64, u64::from(rq)),
-            ),
+            recv,
             reading: false,
             region,
             pinned,
             device: index,
             ring,
             rq,
+            sq,
             reserve: u64::from(rq / 4).max(1),
             max_chunk: config.max_chunk() as u64,
-            max_unacked: config.max_unacked() as u64,
+            max_unacked,
             busy,
             busy_off: config.start_bytes(),
             budget,
@@ -385,6 +410,9 @@ impl Link {
             probe_outstanding: false,
             last_rx: now,
             binding: Binding::new(handshake),
+            peer_start: RingInfo::default(),
+            cq_key,
+            reuse: None,
         }
     }
 
@@ -457,6 +485,7 @@ impl Link {
 
     /// The peer's ring: sending may start once the QP is ready.
     pub(super) fn set_peer(&mut self, peer: RingInfo) {
+        self.peer_start = peer;
         let max_unacked = self.max_unacked.min(self.ring as u64);
         let flow = SendFlow::new(
             peer.size(),
@@ -599,6 +628,12 @@ impl Link {
         self.binding
             .on_control(control.kind)
             .map_err(|v| v.to_string())?;
+        if let ControlKind::Reuse(payload) | ControlKind::Reused(payload) = control.kind {
+            // The connection's last message (the binding takes nothing after it): it carries
+            // no counters.
+            self.reuse = Some(payload);
+            return Ok(());
+        }
         self.sender.credit(control.consumed, control.reposted)?;
         if control.kind == ControlKind::Fin {
             self.recv.peer_fin();
@@ -947,5 +982,100 @@ impl Link {
     /// When the next probe is due.
     pub(super) fn probe_due(&self, keepalive: Duration) -> Option<Instant> {
         (self.ready && !self.quiet && !self.probe_outstanding).then(|| self.last_rx + keepalive)
+    }
+
+    /// The CQ's context: the token of the connection the link was made for.
+    pub(super) fn cq_key(&self) -> u64 {
+        self.cq_key
+    }
+
+    /// The stream finished in order and left this queue pair fit to carry the next connection
+    /// (docs/shim-protocol.md, "Reused connections"): both FINs went through, every byte
+    /// arrived was handed on, both directions are on their start rings with no ring move
+    /// under way, and no app thread copies from or into the region. Direct reads and writes
+    /// of the finished stream end here for good.
+    pub(super) fn parkable(&mut self) -> bool {
+        if !self.ready || self.quiet || !self.peer_fin() || !self.fin_done() {
+            return false;
+        }
+        self.set_reading(false);
+        self.set_writing(false);
+        let recv = self.recv.ring_state();
+        self.recv.retire()
+            && !self.sender.copying()
+            && !self.recv.has_pending()
+            && recv.ring.start == 0
+            && recv.ring.size == self.ring as u64
+            && !recv.moving
+            && self.busy_mrs.iter().all(Option::is_none)
+            && matches!(self.send_ring, SendRing::Start)
+            && self.peer_offer.is_none()
+            && self.sender.writes_into(&self.peer_start)
+    }
+
+    /// Whether the send queue is empty; when not, a probe (signaled) makes sure a completion
+    /// will report it.
+    pub(super) fn quiesce(&mut self) -> bool {
+        if self.sender.idle() {
+            return true;
+        }
+        if self.ready && !self.quiet && !self.probe_outstanding {
+            self.probe_outstanding = self.sender.probe();
+        }
+        false
+    }
+
+    /// Asks the peer for the next connection on this queue pair (the connecting side of a
+    /// parked link), with a connect request's `payload`.
+    pub(super) fn request_reuse(&mut self, payload: Payload) {
+        self.binding.reuse_sent();
+        self.control(ControlKind::Reuse(payload));
+    }
+
+    /// The peer's REUSE (accepting side) or REUSED (connecting side) came and was not taken.
+    pub(super) fn reuse_pending(&self) -> bool {
+        self.reuse.is_some()
+    }
+
+    /// The peer's REUSE (accepting side) or REUSED (connecting side), once.
+    pub(super) fn take_reuse(&mut self) -> Option<Payload> {
+        self.reuse.take()
+    }
+
+    /// This queue pair carries the next connection, which starts with `handshake`: new halves
+    /// at stream position 0 on the start rings, a binding of its own, and the peer's start
+    /// ring as the first place our writes go. The last connection's halves stay off (its
+    /// app's handles reach nothing of the next one). Only after [`Link::parkable`] and
+    /// [`Link::quiesce`] held, and once the last connection's last message was taken (the
+    /// peer's REUSE, or its REUSED: `reused` counts REUSED's receive in the new connection,
+    /// whose first message it was).
+    pub(super) fn renew(&mut self, handshake: Handshake, now: Instant, reused: bool) {
+        let (sender, recv) = halves(
+            &self.qp,
+            &self.region,
+            (self.ring, self.rq, self.sq),
+            self.keys.lkey(),
+            self.max_unacked,
+        );
+        if reused {
+            recv.reposted();
+        }
+        self.sender = sender;
+        self.recv = recv;
+        self.reading = false;
+        self.writing = false;
+        self.binding = Binding::new(handshake);
+        self.activity = Activity::new(now);
+        self.last_rx = now;
+        self.probe_outstanding = false;
+        self.peer_offer = None;
+        self.reuse = None;
+        self.set_peer(self.peer_start);
+    }
+
+    /// Answers the peer's REUSE: the next connection is taken, with an accept's `payload`
+    /// (after [`Link::renew`]: REUSED is the new connection's first message).
+    pub(super) fn answer_reuse(&mut self, payload: Payload) {
+        self.control(ControlKind::Reused(payload));
     }
 }

@@ -41,6 +41,7 @@
 //! | `binding`, `proof` | what the peer may send by the handshake; the TCP proof | (SMC's CLC handshake) |
 //! | `event_loop` | the thread: epoll, CM events, commands, timers | |
 //! | `relay` | a connection that stays on TCP, relayed | |
+//! | `park` | finished connections kept for the next one between the same two processes | (SMC-R's link groups) |
 //! | `rings` | when a stream's rings move to their busy size and back | (`smc_buf_create`'s sizing) |
 //! | `pool`, `budget`, `pin_limits` | kept regions and the pinned-memory budget | |
 
@@ -50,6 +51,7 @@ mod cdc;
 mod event_loop;
 mod link;
 mod lock_order;
+mod park;
 mod pin_limits;
 mod pool;
 mod proof;
@@ -128,6 +130,10 @@ pub struct EngineConfig {
     pub kept_regions: usize,
     /// How long a kept region waits for a connection before it is given back.
     pub kept_region_idle: Duration,
+    /// A connection of the shim's handshakes that finished in order keeps its queue pair for
+    /// the next connection between the same two processes (`park`; docs/shim-protocol.md,
+    /// "Reused connections").
+    pub reuse_links: bool,
     /// Told every long-lived fd the engine or the RDMA libraries open (the shim protects them
     /// from the app's `close()`).
     pub fd_observer: Option<Arc<dyn Fn(RawFd) + Send + Sync>>,
@@ -150,6 +156,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("max_unattached_per_peer", &self.max_unattached_per_peer)
             .field("kept_regions", &self.kept_regions)
             .field("kept_region_idle", &self.kept_region_idle)
+            .field("reuse_links", &self.reuse_links)
             .finish_non_exhaustive()
     }
 }
@@ -192,6 +199,7 @@ impl Default for EngineConfig {
             max_unattached_per_peer: 64,
             kept_regions: 8,
             kept_region_idle: Duration::from_secs(2),
+            reuse_links: true,
             fd_observer: None,
             on_thread_start: None,
             thread_name: String::from("rdma-streams"),
@@ -430,6 +438,9 @@ pub struct ConnectRequest {
     /// How long the connection, once established, waits for its attach before it is torn
     /// down; None: [`EngineConfig::unattached_timeout`].
     pub unattached_timeout: Option<Duration>,
+    /// Without a finished connection's queue pair to take at once (`park`), how long to wait
+    /// for one to the same peer before making a connect request (None: not at all).
+    pub reuse_wait: Option<Duration>,
 }
 
 /// An incoming connect request, shown to a listener's [`Acceptor`].
@@ -543,6 +554,14 @@ enum Command {
 /// [`Inner::unflushed`] before the engine counted.
 const NOT_COUNTED: usize = usize::MAX;
 
+/// See [`Engine::reuse_counts`].
+#[derive(Default)]
+struct ReuseCounts {
+    parked: AtomicU64,
+    reused: AtomicU64,
+    unanswered: AtomicU64,
+}
+
 struct Inner {
     config: EngineConfig,
     commands: OrderedMutex<VecDeque<Command>>,
@@ -558,6 +577,8 @@ struct Inner {
     progress: AtomicU64,
     /// Connections (any state) the engine holds.
     connections: AtomicUsize,
+    /// What happened to finished connections' queue pairs (`park`).
+    reuse: ReuseCounts,
     /// The engine thread ended (its setup failed or it panicked): handles fail fast.
     stopped: AtomicBool,
 }
@@ -613,6 +634,7 @@ impl Engine {
             unflushed: AtomicUsize::new(NOT_COUNTED),
             progress: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
+            reuse: ReuseCounts::default(),
             stopped: AtomicBool::new(false),
         });
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
@@ -766,6 +788,18 @@ impl Engine {
     /// The most bytes the engine pinned at once so far.
     pub fn pinned_peak(&self) -> u64 {
         self.inner.budget.peak()
+    }
+
+    /// Finished connections kept for the next one, connections that took one (either side),
+    /// and connects whose REUSE went unanswered so far (docs/shim-protocol.md, "Reused
+    /// connections").
+    pub fn reuse_counts(&self) -> (u64, u64, u64) {
+        let r = &self.inner.reuse;
+        (
+            r.parked.load(Ordering::Relaxed),
+            r.reused.load(Ordering::Relaxed),
+            r.unanswered.load(Ordering::Relaxed),
+        )
     }
 
     /// The configuration.

@@ -513,6 +513,7 @@ mod tests {
             unflushed: AtomicUsize::new(NOT_COUNTED),
             progress: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
+            reuse: crate::engine::ReuseCounts::default(),
             stopped: AtomicBool::new(false),
         })
     }

@@ -28,7 +28,7 @@ use super::shared::ConnShared;
 use super::sim::Fabric;
 use super::stream::{CmPhase, Fds, GUARD_WAIT, StreamConn};
 use super::{Attach, End, EngineConfig, Event, Handshake, StreamPath};
-use crate::wire::Secret;
+use crate::wire::{Payload, Secret};
 
 const CLIENT: usize = 0;
 const SERVER: usize = 1;
@@ -278,6 +278,9 @@ struct Plan {
     client_stalls: std::ops::Range<usize>,
     /// When the connection is established ([`Connect`]).
     connect: Connect,
+    /// A side whose stream is over keeps its queue pair for the next connection (parks it,
+    /// `super::park`) instead of disconnecting.
+    park: bool,
 }
 
 /// When the two sides' connection is established.
@@ -312,9 +315,13 @@ impl Pair {
     /// Both sides established (their rings exchanged, as the connection manager's private
     /// data does), the server attached with its kept socket: its CLAIM is on its way.
     fn new(plan: &Plan) -> Pair {
+        Pair::with(plan, Fabric::new(), None, Instant::now())
+    }
+
+    /// As [`Pair::new`], at `now` on `fabric`, over `links` (both sides' queue pairs, renewed
+    /// for this connection) when given.
+    fn with(plan: &Plan, fabric: Fabric, links: Option<[Link; 2]>, now: Instant) -> Pair {
         let config = config();
-        let fabric = Fabric::new();
-        let now = Instant::now();
         let later = plan.connect != Connect::Before;
         let conn = |cm| StreamConn::new(Arc::new(ConnShared::connecting(None)), None, cm);
         let (client, mut server) = if later {
@@ -328,7 +335,15 @@ impl Pair {
             client.conn.unattached_deadline = Some(now + config.unattached_timeout);
             let server = Peer::new(conn(CmPhase::Established), plan.server_out.clone());
             let mut peers = [client, server];
-            establish(&mut peers, &fabric, now);
+            match links {
+                Some(links) => {
+                    for (peer, link) in peers.iter_mut().zip(links) {
+                        peer.conn.link = Some(link);
+                        peer.conn.binding_starts(now, config.claim_timeout);
+                    }
+                }
+                None => establish(&mut peers, &fabric, now),
+            }
             let [client, server] = peers;
             (client, server)
         };
@@ -430,7 +445,7 @@ impl Pair {
             // The loop disconnects a connection whose stream is over: its queue pair goes,
             // with whatever it posted that had not arrived, and the peer hears DISCONNECTED
             // (unless the link is cut: the CM's messages are lost too).
-            if over && !self.disconnected[side] {
+            if over && !self.disconnected[side] && !plan.park {
                 self.disconnected[side] = true;
                 self.fabric.destroy(side);
                 // A connection never established has no peer to tell.
@@ -495,6 +510,7 @@ impl Plan {
             server_first_every: 0,
             client_stalls: 0..0,
             connect: Connect::Before,
+            park: false,
         }
     }
 }
@@ -533,6 +549,7 @@ fn plan(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Plan> {
                 server_first_every: 2,
                 client_stalls: 0..0,
                 connect: Connect::Before,
+                park: false,
             },
         )
 }
@@ -1161,4 +1178,120 @@ fn a_connection_that_never_comes_leaves_both_relayed() {
         n as u32 * TICK >= CLAIM_BY,
         "the accepting side gave up early"
     );
+}
+
+/// Both engines poll and the fabric carries everything, until `done` holds (a bounded number
+/// of rounds).
+fn until_links(
+    fabric: &Fabric,
+    links: &mut [Link; 2],
+    now: Instant,
+    mut done: impl FnMut(&mut [Link; 2]) -> bool,
+) -> Result<(), TestCaseError> {
+    for _ in 0..1_000 {
+        fabric.deliver(CLIENT, 64);
+        fabric.deliver(SERVER, 64);
+        for link in links.iter_mut() {
+            link.poll(now).map_err(TestCaseError::fail)?;
+        }
+        if done(links) {
+            return Ok(());
+        }
+    }
+    Err(TestCaseError::fail("the links never settled"))
+}
+
+/// A connection finished in order on both sides, then its queue pairs carry the next one
+/// (docs/shim-protocol.md, "Reused connections"): REUSE and REUSED, each side's halves renewed
+/// at its boundary, then the next connection's binding and bytes. At random sizes and
+/// interleavings for both, the next connection's apps get exactly what the other sent: no byte
+/// of the last connection, no lost or repeated one, credits that add up from the start.
+#[test]
+fn a_parked_queue_pair_carries_the_next_connection_and_nothing_of_the_last() {
+    fuzz::run(
+        "in-process reuse of a finished connection's queue pair",
+        24,
+        Duration::from_secs(120),
+        || {
+            (
+                plan(Just(Fault::None).boxed()),
+                plan(Just(Fault::None).boxed()),
+            )
+        },
+        |(first, second)| {
+            let first = Plan {
+                park: true,
+                ..first
+            };
+            let mut pair = Pair::new(&first);
+            pair.run(&first)?;
+            check(&pair, &first)?;
+            let Pair {
+                fabric, peers, now, ..
+            } = pair;
+            let [mut client, mut server] = peers;
+            let (Some(c), Some(s)) = (client.conn.link.take(), server.conn.link.take()) else {
+                return Err(TestCaseError::fail("a link went"));
+            };
+            let mut links = [c, s];
+            prop_assert!(links[CLIENT].parkable(), "the client's");
+            prop_assert!(links[SERVER].parkable(), "the server's");
+            until_links(&fabric, &mut links, now, |l| {
+                let client = l[CLIENT].quiesce();
+                l[SERVER].quiesce() && client
+            })?;
+            let hello = Payload::new(b"the next connection").expect("short");
+            links[CLIENT].request_reuse(hello);
+            until_links(&fabric, &mut links, now, |l| l[SERVER].reuse_pending())?;
+            prop_assert!(links[SERVER].quiesce(), "nothing posted since it parked");
+            prop_assert_eq!(links[SERVER].take_reuse(), Some(hello));
+            links[SERVER].renew(Handshake::Claim, now, false);
+            let accept = Payload::new(b"taken").expect("short");
+            links[SERVER].answer_reuse(accept);
+            until_links(&fabric, &mut links, now, |l| {
+                l[CLIENT].reuse_pending() && l[CLIENT].quiesce()
+            })?;
+            prop_assert_eq!(links[CLIENT].take_reuse(), Some(accept));
+            links[CLIENT].renew(Handshake::Confirm, now, true);
+            let mut next = Pair::with(&second, fabric, Some(links), now);
+            next.run(&second)?;
+            check(&next, &second)?;
+            for peer in &next.peers {
+                let end = peer.end().unwrap_or_else(unreachable);
+                prop_assert_eq!(end.error, None);
+            }
+            Ok(())
+        },
+    );
+}
+
+/// What the binding refuses around a reuse, on the fabric: a REUSE before the peer's FIN, and
+/// anything the peer sends after its REUSE, fail the accepting side's link.
+#[test]
+fn a_reuse_out_of_place_fails_the_link() {
+    let plan = Plan {
+        park: true,
+        ..Plan::fixed(bytes(3000, 1), bytes(2000, 2), (2, 2))
+    };
+    let mut pair = Pair::new(&plan);
+    pair.run(&plan).expect("both ended");
+    let Pair {
+        fabric, peers, now, ..
+    } = pair;
+    let [mut client, mut server] = peers;
+    let mut links = [
+        client.conn.link.take().expect("a link"),
+        server.conn.link.take().expect("a link"),
+    ];
+    let hello = Payload::new(b"x").expect("short");
+    links[CLIENT].request_reuse(hello);
+    until_links(&fabric, &mut links, now, |l| l[SERVER].reuse_pending()).expect("REUSE");
+    // A second REUSE on the same connection: the server's link fails on it.
+    links[CLIENT].request_reuse(hello);
+    fabric.deliver(CLIENT, 64);
+    let failed = (0..100).any(|_| {
+        fabric.deliver(CLIENT, 64);
+        links[SERVER].poll(now).is_err()
+    });
+    assert!(failed, "a second REUSE is refused");
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::link::Link;
+use super::park::Parked;
 use super::proof::Scan;
 use super::relay::{Pipes, Ready, Relay, Step};
 use super::shared::ConnShared;
@@ -134,6 +135,12 @@ pub(super) enum CmPhase {
     Deciding(Instant),
     /// Passive: accepted, not yet established.
     Accepted,
+    /// Active: asked for a parked connection with REUSE (until the deadline: then a connect
+    /// request instead).
+    Reusing(Instant),
+    /// Active: waits for a connection to the peer to finish and be parked (until the deadline:
+    /// then a connect request).
+    Waiting(Instant),
     Established,
     /// Disconnect sent; the id is destroyed at DISCONNECTED or at the deadline.
     Disconnecting(Instant),
@@ -159,6 +166,11 @@ pub(super) struct StreamConn {
     /// When the event loop's live timer for this connection fires (its other entries in the
     /// loop's heap are stale and skipped): one entry per deadline, not one per event.
     pub(super) timer_at: Option<Instant>,
+    /// A finished connection kept for the next one (`super::park`).
+    pub(super) parked: Option<Parked>,
+    /// An incoming connection that came as a REUSE on a parked connection: its accept is a
+    /// REUSED, its refusal a disconnect.
+    pub(super) reused: bool,
 }
 
 /// What an incoming connect request offered: the peer's ring and where it came from, and how
@@ -168,6 +180,8 @@ pub(super) struct Offer {
     pub(super) ring: RingInfo,
     pub(super) from: Option<std::net::IpAddr>,
     pub(super) handshake: Handshake,
+    /// The listener whose acceptor judged it (None: an [`super::Engine::expect`] one).
+    pub(super) listener: Option<u64>,
 }
 
 /// What the loop must do with epoll registrations after a transition.
@@ -193,6 +207,8 @@ impl StreamConn {
             peer_gone: false,
             offer: None,
             timer_at: None,
+            parked: None,
+            reused: false,
         }
     }
 
@@ -215,12 +231,18 @@ impl StreamConn {
     }
 
     /// True when nothing is left: no id, no resources, no local side (an expecting connection
-    /// not attached yet is not finished: its attach is on its way).
+    /// not attached yet is not finished: its attach is on its way; nor is one whose REUSE is
+    /// out or that waits for a queue pair to reuse: its queue pair is on its way).
     pub(super) fn finished(&self) -> bool {
         self.id.is_none()
             && self.link.is_none()
             && match self.app {
-                App::Unattached => self.cm != CmPhase::Expecting || self.error.is_some(),
+                App::Unattached => {
+                    !matches!(
+                        self.cm,
+                        CmPhase::Expecting | CmPhase::Reusing(_) | CmPhase::Waiting(_)
+                    ) || self.error.is_some()
+                }
                 App::Done => true,
                 App::Stream(_) | App::Relay(..) => false,
             }
@@ -974,8 +996,12 @@ impl StreamConn {
             }
         };
         at(self.unattached_deadline);
+        at(self.parked.map(|p| p.until));
         match self.cm {
-            CmPhase::Deciding(t) | CmPhase::Disconnecting(t) => at(Some(t)),
+            CmPhase::Deciding(t)
+            | CmPhase::Disconnecting(t)
+            | CmPhase::Reusing(t)
+            | CmPhase::Waiting(t) => at(Some(t)),
             _ => {}
         }
         if let App::Relay(r, _) = &self.app {

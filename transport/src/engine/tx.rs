@@ -395,8 +395,10 @@ impl Sender {
         let seq = state.controls.posted();
         let off = self.control_off + (seq % u64::from(state.sq)) as usize * SLOT;
         self.region.store(off, &bytes)?;
-        // FIN's completion says every byte before it arrived; a credit's says nothing needed.
-        let signaled = state.signal_next(Request::Control, kind == ControlKind::Fin);
+        // FIN's completion says every byte before it arrived, REUSE's that the connection's
+        // send queue is empty for the next one; a credit's says nothing needed.
+        let must = matches!(kind, ControlKind::Fin | ControlKind::Reuse(_));
+        let signaled = state.signal_next(Request::Control, must);
         self.qp.send(
             TAG_CONTROL | seq,
             Local {
@@ -587,6 +589,19 @@ impl Sender {
     /// True while a writer copies into the region (it must not serve another connection).
     pub(super) fn copying(&self) -> bool {
         self.lock().claimed
+    }
+
+    /// Nothing is queued, posted and not completed, or claimed: the send queue is empty (a
+    /// connection's next one on this queue pair starts its accounting from nothing).
+    pub(super) fn idle(&self) -> bool {
+        let state = self.lock();
+        state.sq_used == 0 && state.controls.queued() == 0 && !state.claimed
+    }
+
+    /// Our writes go into `ring` (the peer's start ring: no switch moved them elsewhere).
+    pub(super) fn writes_into(&self, ring: &RingInfo) -> bool {
+        let state = self.lock();
+        state.peer.addr == ring.addr && state.peer.size_log == ring.size_log
     }
 }
 

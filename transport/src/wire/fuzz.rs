@@ -154,3 +154,43 @@ fn valid_control_messages_round_trip_and_survive_flips() {
         },
     );
 }
+
+#[test]
+fn reuse_messages_round_trip_and_survive_flips() {
+    fuzz::run(
+        "wire reuse messages",
+        2_000,
+        LIMIT,
+        || {
+            (
+                any::<bool>(),
+                proptest::collection::vec(any::<u8>(), 0..=MAX_REUSE_PAYLOAD),
+                any::<(usize, u8)>(),
+            )
+        },
+        |(reuse, bytes, flip)| {
+            let payload = Payload::new(&bytes).expect("within the bound");
+            let kind = if reuse {
+                ControlKind::Reuse(payload)
+            } else {
+                ControlKind::Reused(payload)
+            };
+            let c = Control {
+                kind,
+                consumed: 0,
+                reposted: 0,
+            };
+            let encoded = c.encode();
+            prop_assert_eq!(Control::decode(&encoded), Some(c));
+            let mut flipped = encoded;
+            flipped[flip.0 % CONTROL_LEN] ^= flip.1;
+            if let Some(d) = Control::decode(&flipped) {
+                if let ControlKind::Reuse(p) | ControlKind::Reused(p) = d.kind {
+                    prop_assert!(p.bytes().len() <= MAX_REUSE_PAYLOAD);
+                }
+                prop_assert_eq!(Control::decode(&d.encode()), Some(d));
+            }
+            Ok(())
+        },
+    );
+}

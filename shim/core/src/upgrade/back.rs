@@ -278,6 +278,7 @@ pub(super) fn connect_back(tcp: c_int, peer: SocketAddr) -> Option<Back> {
         resolve_timeout: bound,
         handshake: Handshake::Confirm,
         unattached_timeout: None,
+        reuse_wait: None,
     });
     log_at!(Level::Debug, "connecting back to {peer} for {local}");
     Some(Back {

@@ -259,6 +259,7 @@ pub(super) fn open_stream(
         resolve_timeout: bound,
         handshake: Handshake::Confirm,
         unattached_timeout: None,
+        reuse_wait: None,
     });
     finish_stream(peer, &conn, nonce, bound)?;
     Ok(conn)

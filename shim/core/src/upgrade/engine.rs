@@ -30,6 +30,15 @@ const EXIT_FLUSH: Duration = Duration::from_secs(60);
 /// ... and for any byte to move (a peer that stopped reading, or is gone, costs this much).
 const EXIT_STALL: Duration = Duration::from_secs(5);
 
+/// `STREAMSHIM_REUSE` (set at the decision, before the engine starts).
+static REUSE: AtomicBool = AtomicBool::new(true);
+
+/// Turns reused connections on or off for the engine this process starts (the decision, from
+/// `STREAMSHIM_REUSE`).
+pub fn set_reuse(on: bool) {
+    REUSE.store(on, Ordering::Release);
+}
+
 /// Called by the decision of a capable process.
 pub fn configure(lib: &'static Lib, memlock_limit: Option<u64>, ring_bytes: usize) {
     let _ = SETUP.set(Setup {
@@ -51,6 +60,7 @@ pub fn config(memlock_limit: Option<u64>, ring_bytes: usize) -> EngineConfig {
         // Everything the engine thread calls (libc, librdmacm) goes straight to the originals.
         on_thread_start: Some(Arc::new(|| std::mem::forget(Guard::enter()))),
         thread_name: String::from("streamshim-io"),
+        reuse_links: REUSE.load(Ordering::Acquire),
         ..EngineConfig::default()
     }
 }

@@ -52,6 +52,7 @@ use crate::sys;
 
 pub use back::connect as connect_through_service;
 pub use client::{connect, reason_for};
+pub use engine::set_reuse;
 pub use engine::{config as engine_config, configure, flush_at_exit};
 pub use events::record;
 pub use handed::adopt;
@@ -128,6 +129,15 @@ pub fn pinned_peak() -> Option<u64> {
         return None;
     }
     engine::engine().map(rdma_streams_transport::engine::Engine::pinned_peak)
+}
+
+/// The engine's reuse counts (parked, reused, unanswered), if the engine runs in this
+/// process.
+pub fn reuse_counts() -> Option<(u64, u64, u64)> {
+    if FORKED.load(Ordering::Acquire) {
+        return None;
+    }
+    engine::engine().map(rdma_streams_transport::engine::Engine::reuse_counts)
 }
 
 /// Whether upgraded fds may be read straight from their rings ([`read_direct`]).

@@ -171,7 +171,7 @@ fn bind_beside(fd: c_int, addr: SocketAddr) -> std::io::Result<()> {
 
 /// After a connection from `client` to `peer` upgraded: makes the spare for the next one, if
 /// spares are on, the pool has none for the destination and room, and the budget holds it.
-pub(super) fn replenish(peer: SocketAddr, client: SocketAddr) {
+pub(super) fn replenish(peer: SocketAddr, client: SocketAddr, reuse_wait: Option<Duration>) {
     if !ENABLED.load(Ordering::Acquire) {
         return;
     }
@@ -209,6 +209,7 @@ pub(super) fn replenish(peer: SocketAddr, client: SocketAddr) {
         resolve_timeout: super::negotiate_timeout(),
         handshake: Handshake::Confirm,
         unattached_timeout: Some(MAX_AGE),
+        reuse_wait,
     });
     let spare = Spare {
         placeholder,
@@ -249,11 +250,14 @@ static LIVE: ForkSafe<BTreeMap<c_int, (SocketAddr, SocketAddr)>> =
     ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
 
 /// The connection on `fd` from `client` to `peer` upgraded; `took` is the age of the spare its
-/// connect took, if any. The next spare is made now when the process connects to the peer in
-/// quick succession (the spare it took was younger than [`QUICK`]) or holds other connections
-/// to it (a pool that grows); else when this connection closes ([`closed`]), so that the
-/// spare's setup, which runs on the same engine threads, does not delay this connection's
-/// first exchange.
+/// connect took, if any. The next spare is made now. It takes a finished connection's queue
+/// pair to the peer when the engine keeps one (docs/shim-protocol.md, "Reused connections"):
+/// a message each way, nothing set up. Without one, the process connects to the peer in quick
+/// succession (the spare it took was younger than [`QUICK`]) or holds other connections to it
+/// (a pool that grows), and the spare's connect request is made at once; else the engine
+/// waits [`QUICK`] for one of the process's connections to the peer to finish (its queue pair
+/// then carries the spare) before it makes the connect request, so that the spare's setup,
+/// which runs on the same engine threads, does not delay this connection's first exchange.
 pub(super) fn upgraded(fd: c_int, peer: SocketAddr, client: SocketAddr, took: Option<Duration>) {
     if !ENABLED.load(Ordering::Acquire) {
         return;
@@ -264,9 +268,8 @@ pub(super) fn upgraded(fd: c_int, peer: SocketAddr, client: SocketAddr, took: Op
         live.insert(fd, (peer, client));
         n
     };
-    if others > 0 || took.is_some_and(|age| age < QUICK) {
-        replenish(peer, client);
-    }
+    let wait = (others == 0 && took.is_none_or(|age| age >= QUICK)).then_some(QUICK);
+    replenish(peer, client, wait);
 }
 
 /// The app closed `fd` (or replaced its number): an upgraded client connection's peer gets
@@ -275,7 +278,7 @@ pub(super) fn closed(fd: c_int) {
     let Some((peer, client)) = LIVE.lock().remove(&fd) else {
         return;
     };
-    replenish(peer, client);
+    replenish(peer, client, None);
 }
 
 /// In a fork child: the spares' RDMA connections are the parent's (forgotten, never aborted

@@ -58,6 +58,12 @@ pub const SCENARIOS: &[Scenario] = &[
         run: foreign_door,
     },
     Scenario {
+        name: "attack_a_reused_connection_is_judged_and_bound_as_a_new_one",
+        topology: Topology::Loop,
+        timeout: Duration::from_secs(360),
+        run: reused_connection,
+    },
+    Scenario {
         name: "attack_an_impostor_connecting_back_through_a_service_gets_no_byte",
         topology: Topology::Wire,
         timeout: Duration::from_secs(300),
@@ -928,4 +934,109 @@ fn wait_cue(cue: &Path) -> anyhow::Result<u16> {
         thread::sleep(Duration::from_millis(100));
     }
     bail!("no port in {} within a minute", cue.display())
+}
+
+/// A finished connection's queue pair carries the next connection only as a new connect
+/// request would (docs/shim-protocol.md, "Reused connections"): an attacker that held a proven
+/// connection (its own TCP connection, proof, CONFIRM, bytes both ways, FIN each way) sends
+/// REUSE naming a victim's TCP address. The server judges it as it judges a connect request and
+/// registers the address (REUSED), CLAIMs it when the victim's TCP connection is accepted, and
+/// without the proof relays the victim over TCP: nothing of the victim reaches the attacker,
+/// nothing of the attacker's reaches the app. A REUSE before the attacker's FIN, and one naming
+/// an address that is not the queue pair's own source, end the connection instead.
+fn reused_connection(ctx: &Ctx) -> anyhow::Result<()> {
+    let (a, b) = (ctx.addr_a, ctx.addr_b);
+    let srv_out = ctx.tmp.join("srv.out");
+    let srv = serve(
+        ctx,
+        "srv",
+        "STREAMSHIM_LOG=debug",
+        9130,
+        &format!("server {a} 9130 echo 4"),
+        Some(&srv_out),
+    )?;
+    // A connection of the attacker's own, proven and bound, its bytes both ways.
+    let proven = |n: &str| {
+        format!(
+            "connect {n} {a} 9130 {b} own tcp {n} {a} 9130 wait_claim {n} 30000 prove {n} \
+             confirm {n} write {n} LEGIT-{n}"
+        )
+    };
+    // 1. Ended in order, then REUSE naming the victim's address: judged and registered, then
+    // CLAIMed for the victim, who is relayed over TCP.
+    let (run, out) = attack(
+        ctx,
+        "reuse",
+        &format!(
+            "{} fin a1 recv a1 1500 reuse a1 {b}:40130 wait_claim a1 30000 confirm a1 \
+             write a1 EVIL-ON-A-REUSED-PAIR recv a1 3000",
+            proven("a1")
+        ),
+    )?;
+    wait_line(ctx, &out, "a1 reuse-status", Duration::from_secs(90))?;
+    let cli = client(ctx, None, "", &format!("client {a} 9130 {b} 40130 echo"))?;
+    let text = finished(ctx, "reuse", run, &out)?;
+    ensure!(
+        text.contains("a1 got") && text.contains("reply-to:LEGIT-a1"),
+        "the attacker's own connection was not served: {text}"
+    );
+    ensure!(
+        text.contains("a1 control 10"),
+        "the REUSE was not taken (no REUSED): {text}"
+    );
+    ensure!(
+        text.contains("a1 claim "),
+        "the server never CLAIMed the reused registration: {text}"
+    );
+    ensure!(
+        !text.contains("VICTIM"),
+        "the victim's bytes reached the attacker: {text}"
+    );
+    ensure!(
+        cli.stdout.contains("got b'reply-to:VICTIM-DATA'"),
+        "the victim was not served: {}",
+        cli.stdout
+    );
+
+    // 2. REUSE before the attacker's FIN: the connection ends.
+    let (run, out) = attack(
+        ctx,
+        "early",
+        &format!("{} reuse a2 own recv a2 3000", proven("a2")),
+    )?;
+    let text = finished(ctx, "early", run, &out)?;
+    ensure!(
+        text.contains("a2 disconnected") && !text.contains("a2 control 10"),
+        "a REUSE before FIN did not end the connection: {text}"
+    );
+
+    // 3. REUSE naming an address that is not the queue pair's source: refused (a disconnect).
+    let (run, out) = attack(
+        ctx,
+        "elsewhere",
+        &format!(
+            "{} fin a3 recv a3 1500 reuse a3 {a}:40132 recv a3 3000",
+            proven("a3")
+        ),
+    )?;
+    let text = finished(ctx, "elsewhere", run, &out)?;
+    ensure!(
+        text.contains("a3 disconnected") && !text.contains("a3 control 10"),
+        "a REUSE naming another address was taken: {text}"
+    );
+
+    ensure!(ctx.wait("server", srv)?.success(), "the server failed");
+    let served = std::fs::read_to_string(&srv_out)?;
+    ctx.log(format_args!("server:\n{served}"));
+    ensure!(
+        !served.contains("EVIL"),
+        "attacker bytes reached the app:\n{served}"
+    );
+    ensure!(
+        nth_line(&served, "read ", 1).is_some_and(|l| l.ends_with("b'VICTIM-DATA'")),
+        "the victim's bytes did not reach the app whole:\n{served}"
+    );
+    let server_counts = counts(ctx, "srv", "server")?;
+    ctx.report(format_args!("server counts: {server_counts:?}"));
+    Ok(())
 }

@@ -1,5 +1,6 @@
-//! Many connections: 1,000 short ones in a row (every one upgraded; open fds, threads and
-//! pinned memory of both processes back where they were), and 64 at once, each checked with
+//! Many connections: 1,000 short ones in a row (every one upgraded, nearly every one on the
+//! queue pair of the one before it; open fds, threads and pinned memory of both processes back
+//! where they were), and 64 at once, each checked with
 //! sha256, with part of their bytes read straight from the rings (direct reads), then 8 with
 //! direct reads off.
 
@@ -96,6 +97,21 @@ fn churn(ctx: &Ctx) -> anyhow::Result<()> {
         taken >= u64::from(N) * 9 / 10,
         "only {taken} of {N} connects took a spare connection"
     );
+    // And those spares are the finished connections' queue pairs, not connect requests of
+    // their own (docs/shim-protocol.md, "Reused connections"): each side counts them.
+    for (prefix, who) in [("cli", "client"), ("srv", "server")] {
+        let reused: u64 = stats(ctx, prefix)?
+            .values()
+            .map(|v| v["reused_links"].as_u64().unwrap_or(0))
+            .sum();
+        ctx.report(format_args!(
+            "{who}: {reused} connections reused a queue pair"
+        ));
+        ensure!(
+            reused >= u64::from(N) * 9 / 10,
+            "{who}: only {reused} of {N} connections reused a finished one's queue pair"
+        );
+    }
     expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", u64::from(N) + 2)])
 }
 
