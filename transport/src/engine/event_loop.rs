@@ -207,6 +207,11 @@ impl Loop {
     }
 
     fn timeout(&mut self) -> EpollTimeout {
+        if !self.dirty.is_empty() {
+            // Connections a transition touched are settled before anything else can happen
+            // to them: without an event of their own, nothing else would wake the loop.
+            return EpollTimeout::ZERO;
+        }
         let now = Instant::now();
         let mut next = self.pool.next_expiry();
         while let Some(Reverse((at, token))) = self.timers.peek().copied() {
@@ -1365,16 +1370,24 @@ impl Loop {
         }
     }
 
+    /// Settles every connection that saw something, and those their transitions touched (a
+    /// connection parked under a token of its own, a parked one a connect asked): a few passes
+    /// in this round, the rest at once in the next (see [`Self::timeout`]).
     fn settle_dirty(&mut self, now: Instant) {
-        let mut dirty = std::mem::take(&mut self.dirty);
-        dirty.sort_unstable();
-        dirty.dedup();
-        for token in dirty.iter().copied() {
-            self.settle(token, now);
-        }
-        dirty.clear();
-        if self.dirty.is_empty() {
-            self.dirty = dirty;
+        for _ in 0..4 {
+            if self.dirty.is_empty() {
+                return;
+            }
+            let mut dirty = std::mem::take(&mut self.dirty);
+            dirty.sort_unstable();
+            dirty.dedup();
+            for token in dirty.iter().copied() {
+                self.settle(token, now);
+            }
+            dirty.clear();
+            if self.dirty.is_empty() {
+                self.dirty = dirty;
+            }
         }
     }
 

@@ -250,14 +250,15 @@ static LIVE: ForkSafe<BTreeMap<c_int, (SocketAddr, SocketAddr)>> =
     ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
 
 /// The connection on `fd` from `client` to `peer` upgraded; `took` is the age of the spare its
-/// connect took, if any. The next spare is made now. It takes a finished connection's queue
-/// pair to the peer when the engine keeps one (docs/shim-protocol.md, "Reused connections"):
-/// a message each way, nothing set up. Without one, the process connects to the peer in quick
-/// succession (the spare it took was younger than [`QUICK`]) or holds other connections to it
-/// (a pool that grows), and the spare's connect request is made at once; else the engine
-/// waits [`QUICK`] for one of the process's connections to the peer to finish (its queue pair
-/// then carries the spare) before it makes the connect request, so that the spare's setup,
-/// which runs on the same engine threads, does not delay this connection's first exchange.
+/// connect took, if any. The next spare takes a finished connection's queue pair to the peer
+/// when the engine keeps one (docs/shim-protocol.md, "Reused connections"): a message each
+/// way, nothing set up. Without one, it is made at once with a connect request when the
+/// process connects to the peer in quick succession (the spare it took was younger than
+/// [`QUICK`]) or holds other connections to it (a pool that grows); else the engine waits
+/// [`QUICK`] for one of the process's connections to the peer to finish and lend its queue
+/// pair before it makes the connect request (with reused connections off: the spare is made
+/// when this connection closes, [`closed`]), so that a spare's setup, which runs on the same
+/// engine threads, does not delay this connection's first exchange.
 pub(super) fn upgraded(fd: c_int, peer: SocketAddr, client: SocketAddr, took: Option<Duration>) {
     if !ENABLED.load(Ordering::Acquire) {
         return;
@@ -268,8 +269,11 @@ pub(super) fn upgraded(fd: c_int, peer: SocketAddr, client: SocketAddr, took: Op
         live.insert(fd, (peer, client));
         n
     };
-    let wait = (others == 0 && took.is_none_or(|age| age >= QUICK)).then_some(QUICK);
-    replenish(peer, client, wait);
+    if others > 0 || took.is_some_and(|age| age < QUICK) {
+        replenish(peer, client, None);
+    } else if engine().is_some_and(|e| e.config().reuse_links) {
+        replenish(peer, client, Some(QUICK));
+    }
 }
 
 /// The app closed `fd` (or replaced its number): an upgraded client connection's peer gets
