@@ -250,15 +250,16 @@ static LIVE: ForkSafe<BTreeMap<c_int, (SocketAddr, SocketAddr)>> =
     ForkSafe::new([const { Mutex::new(BTreeMap::new()) }; SLOTS]);
 
 /// The connection on `fd` from `client` to `peer` upgraded; `took` is the age of the spare its
-/// connect took, if any. The next spare takes a finished connection's queue pair to the peer
-/// when the engine keeps one (docs/shim-protocol.md, "Reused connections"): a message each
-/// way, nothing set up. Without one, it is made at once with a connect request when the
-/// process connects to the peer in quick succession (the spare it took was younger than
-/// [`QUICK`]) or holds other connections to it (a pool that grows); else the engine waits
-/// [`QUICK`] for one of the process's connections to the peer to finish and lend its queue
-/// pair before it makes the connect request (with reused connections off: the spare is made
-/// when this connection closes, [`closed`]), so that a spare's setup, which runs on the same
-/// engine threads, does not delay this connection's first exchange.
+/// connect took, if any. The next spare is made now when the process connects to the peer in
+/// quick succession (the spare it took was younger than [`QUICK`]) or holds other connections
+/// to it (a pool that grows), or, when the engine reuses finished connections' queue pairs
+/// (docs/shim-protocol.md, "Reused connections"), when this connect took a spare at all (the
+/// process makes connection after connection): then it takes a finished connection's queue
+/// pair, a message each way, or waits [`QUICK`] for one to finish before it makes a connect
+/// request. Else the spare is made when this connection closes ([`closed`]; its own queue
+/// pair then carries it), so that a spare's setup, which runs on the same engine threads, does
+/// not delay a connection's first exchange and a single long connection pins no spare beside
+/// it.
 pub(super) fn upgraded(fd: c_int, peer: SocketAddr, client: SocketAddr, took: Option<Duration>) {
     if !ENABLED.load(Ordering::Acquire) {
         return;
@@ -271,9 +272,14 @@ pub(super) fn upgraded(fd: c_int, peer: SocketAddr, client: SocketAddr, took: Op
     };
     if others > 0 || took.is_some_and(|age| age < QUICK) {
         replenish(peer, client, None);
-    } else if engine().is_some_and(|e| e.config().reuse_links) {
+    } else if took.is_some() && reusing() {
         replenish(peer, client, Some(QUICK));
     }
+}
+
+/// Whether the engine keeps finished connections' queue pairs for the next ones.
+fn reusing() -> bool {
+    engine().is_some_and(|e| e.config().reuse_links)
 }
 
 /// The app closed `fd` (or replaced its number): an upgraded client connection's peer gets
@@ -282,7 +288,8 @@ pub(super) fn closed(fd: c_int) {
     let Some((peer, client)) = LIVE.lock().remove(&fd) else {
         return;
     };
-    replenish(peer, client, None);
+    // This connection's own queue pair is about to be parked: the spare waits for it.
+    replenish(peer, client, reusing().then_some(QUICK));
 }
 
 /// In a fork child: the spares' RDMA connections are the parent's (forgotten, never aborted
