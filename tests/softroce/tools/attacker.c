@@ -561,13 +561,19 @@ static void post_write(struct conn *via, uint64_t raddr, uint32_t rkey, const vo
 	out("%s write-status %d", via->name, via->write_done ? via->last_status : -1);
 }
 
-static void post_control_at(struct conn *c, uint8_t type, uint64_t position)
+/* The send slot a control message is written into before send_control posts it. */
+static uint8_t *control_slot(struct conn *c)
 {
 	uint8_t *m = c->mem + RING + RECVS * CTRL;
 	memset(m, 0, CTRL);
-	m[0] = type;
-	if (type == 5)
-		put64(m + 24, position);
+	return m;
+}
+
+/* Posts the control message in the send slot (signaled) and waits for its completion:
+ * "NAME WHAT-status N" (-1: none came). */
+static void send_control(struct conn *c, const char *what)
+{
+	uint8_t *m = c->mem + RING + RECVS * CTRL;
 	struct ibv_sge sge = { .addr = (uintptr_t)m, .length = CTRL, .lkey = c->mr->lkey };
 	struct ibv_send_wr wr = {
 		.wr_id = WR_CONTROL, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
@@ -582,7 +588,16 @@ static void post_control_at(struct conn *c, uint8_t type, uint64_t position)
 	uint64_t end = now_ms() + 15000;
 	while (!c->write_done && now_ms() < end)
 		pump(5);
-	out("%s control-status %d", c->name, c->write_done ? c->last_status : -1);
+	out("%s %s-status %d", c->name, what, c->write_done ? c->last_status : -1);
+}
+
+static void post_control_at(struct conn *c, uint8_t type, uint64_t position)
+{
+	uint8_t *m = control_slot(c);
+	m[0] = type;
+	if (type == 5)
+		put64(m + 24, position);
+	send_control(c, "control");
 }
 
 static void post_control(struct conn *c, uint8_t type)
@@ -611,31 +626,17 @@ static void step_reuse(char **a)
 	}
 	uint8_t pd[56];
 	hello(NULL, &client, pd);
-	uint8_t *m = c->mem + RING + RECVS * CTRL;
-	memset(m, 0, CTRL);
+	uint8_t *m = control_slot(c);
 	m[0] = 9;
 	m[1] = pd[19];
 	memcpy(m + 8, pd + 20, pd[19]);
-	struct ibv_sge sge = { .addr = (uintptr_t)m, .length = CTRL, .lkey = c->mr->lkey };
-	struct ibv_send_wr wr = {
-		.wr_id = WR_CONTROL, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
-		.send_flags = IBV_SEND_SIGNALED,
-	}, *bad;
-	c->write_done = 0;
-	if (ibv_post_send(c->id->qp, &wr, &bad)) {
-		out("%s control-post-failed", c->name);
-		return;
-	}
+	out("%s reuse client %s:%u", c->name, inet_ntoa(client.sin_addr), ntohs(client.sin_port));
 	/* The next connection on this queue pair starts at stream position 0, unclaimed. */
 	c->sent = 0;
 	c->got = 0;
 	c->claimed = 0;
 	c->controls = 0;
-	uint64_t end = now_ms() + 15000;
-	while (!c->write_done && now_ms() < end)
-		pump(5);
-	out("%s reuse-status %d client %s:%u", c->name, c->write_done ? c->last_status : -1,
-	    inet_ntoa(client.sin_addr), ntohs(client.sin_port));
+	send_control(c, "reuse");
 }
 
 static void step_flood(char **a)

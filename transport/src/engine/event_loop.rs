@@ -685,18 +685,7 @@ impl Loop {
         conn.shared.set_sides(link.receiver(), link.sender());
         conn.link = Some(link);
         self.conns.insert(token, conn);
-        let handle = Conn {
-            inner: Arc::clone(&self.inner),
-            token,
-            shared,
-        };
-        let decision = acceptor.on_request(Request {
-            local: id.local_addr(),
-            peer,
-            payload: payload.bytes(),
-            conn: handle,
-        });
-        match decision {
+        match self.ask(acceptor.as_ref(), (token, shared), id, payload.bytes()) {
             Decision::Accept(payload) => self.accept(token, &payload),
             Decision::Reject(_) => {
                 if let Some(c) = self.conns.get_mut(&token) {
@@ -1066,18 +1055,7 @@ impl Loop {
             listener,
         });
         self.conns.insert(token, conn);
-        let handle = Conn {
-            inner: Arc::clone(&self.inner),
-            token,
-            shared,
-        };
-        let decision = acceptor.on_request(Request {
-            local: id.local_addr(),
-            peer,
-            payload: &request.payload,
-            conn: handle,
-        });
-        match decision {
+        match self.ask(acceptor.as_ref(), (token, shared), id, &request.payload) {
             Decision::Accept(payload) => self.accept(token, &payload),
             Decision::Reject(payload) => {
                 let data = PrivateData::encode(Kind::Reject, RingInfo::default(), &payload);
@@ -1113,17 +1091,8 @@ impl Loop {
             return;
         };
         let peer = id.peer_addr();
-        let handle = Conn {
-            inner: Arc::clone(&self.inner),
-            token,
-            shared: Arc::clone(&conn.shared),
-        };
-        let decision = acceptor.on_request(Request {
-            local: id.local_addr(),
-            peer,
-            payload: &request.payload,
-            conn: handle,
-        });
+        let shared = Arc::clone(&conn.shared);
+        let decision = self.ask(acceptor, (token, shared), id, &request.payload);
         let Decision::Accept(payload) = decision else {
             let payload = match decision {
                 Decision::Reject(p) => p,
@@ -1149,6 +1118,27 @@ impl Loop {
         }
         self.accept(token, &payload);
         self.dirty.push(token);
+    }
+
+    /// What `acceptor` says of connection `token` (its handle's state `shared`), which the peer
+    /// of `id` asked for with `payload` (a connect request's, or a REUSE's).
+    fn ask(
+        &self,
+        acceptor: &dyn Acceptor,
+        (token, shared): (u64, Arc<ConnShared>),
+        id: CmId,
+        payload: &[u8],
+    ) -> Decision {
+        acceptor.on_request(Request {
+            local: id.local_addr(),
+            peer: id.peer_addr(),
+            payload,
+            conn: Conn {
+                inner: Arc::clone(&self.inner),
+                token,
+                shared,
+            },
+        })
     }
 
     /// Closes the listener `token` (its id destroyed; connections it brought stay).
