@@ -162,7 +162,7 @@ clippy:
 # with LD_PRELOAD, nor the binaries (the gateway's test bed, rdma-gateway-testbed) that the
 # Soft-RoCE guests run.
 # tests/softroce boots QEMU guests with Soft-RoCE and runs the real-RDMA suite in them (about
-# 22 minutes under TCG on a 2-core machine: the loop guest 1134 s, then the wire pair 198 s).
+# 25 minutes under TCG on a 2-core machine: the loop guest 1279 s, then the wire pair 214 s).
 unit:
 	$(CARGO) build --workspace
 	@log=$$(mktemp); set -o pipefail; \
