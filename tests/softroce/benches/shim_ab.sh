@@ -10,7 +10,9 @@
 #   cargo run -p rdma-streams-softroce --example guest -- -- env \
 #     SHIMS="tcp=tcp base=/tmp/base/target/release/libstreamshim.so new=$PWD/target/release/libstreamshim.so" \
 #     bash "$PWD/tests/softroce/benches/shim_ab.sh"
-# SHIMS: NAME=PATH pairs (PATH `tcp`: no shim); REPS (default 3); N connects per run (100).
+# SHIMS: NAME=PATH pairs (PATH `tcp`: no shim), PATH optionally followed by `,VAR=VALUE`
+# settings for both ends (`reuse-only=$PWD/target/release/libstreamshim.so,STREAMSHIM_SPARE=0`);
+# REPS (default 3); N connects per run (100).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 A=${SOFTROCE_ADDR_A:-198.18.0.1}
@@ -24,10 +26,12 @@ ms() { # KEY LINE
 port=7100
 for ((rep = 0; rep < ${REPS:-3}; rep++)); do
 	for kv in $SHIMS; do
-		name=${kv%%=*} so=${kv#*=}
+		name=${kv%%=*} rest=${kv#*=}
+		so=${rest%%,*} settings=()
+		[ "$so" != "$rest" ] && IFS=, read -r -a settings <<<"${rest#*,}"
 		port=$((port + 1))
 		pre=(env)
-		[ "$so" != tcp ] && pre=(env LD_PRELOAD="$so" STREAMSHIM_NEGOTIATE_MS=5000)
+		[ "$so" != tcp ] && pre=(env LD_PRELOAD="$so" STREAMSHIM_NEGOTIATE_MS=5000 "${settings[@]}")
 		"${pre[@]}" "$T" server "$A" "$port" >"$W/srv.out" 2>&1 &
 		srv=$!
 		for _ in $(seq 1 100); do
