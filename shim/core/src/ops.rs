@@ -433,9 +433,10 @@ pub fn writer(fd: c_int) -> Option<Arc<Writer>> {
     upgrade::writer(fd)
 }
 
-/// One direct write of the start of `chunk` into the send ring of the upgraded `fd` behind
-/// `writer` ([`Writer::write`]): the byte count, None when the ring takes none now (the caller
-/// writes the rest to the fd, in order behind these). `wait_until`: until when the write may
+/// One direct write of the start of `chunk` for the upgraded `fd` behind `writer`: before its
+/// move, on the kept TCP socket ([`Writer::write_early`]), after it into the send ring
+/// ([`Writer::write`]). The byte count, None when neither takes any now (the caller writes the
+/// rest to the fd, in order behind these). `wait_until`: until when the write may
 /// wait for room in the ring ([`write_wait_until`]), asked only when there is none.
 pub fn write_direct(
     writer: &Writer,
@@ -443,6 +444,10 @@ pub fn write_direct(
     chunk: &[u8],
     wait_until: &mut dyn FnMut() -> Option<Instant>,
 ) -> Option<usize> {
+    if let Some(n) = writer.write_early(fd, chunk) {
+        Stats::global().add_before_move_direct(n as u64);
+        return Some(n);
+    }
     let n = writer.write(fd, chunk, wait_until)?;
     Stats::global().add_rdma_bytes_direct_written(n as u64);
     Some(n)

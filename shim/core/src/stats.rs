@@ -17,7 +17,7 @@
 //!  "server":{"total":{"rdma":0,"tcp":0},"rdma":{},"tcp":{}},
 //!  "total":{"rdma":3,"tcp":1},
 //!  "rdma_bytes":{"sent":1048576,"received":512,"direct":500,"direct_written":1048000},
-//!  "tcp_bytes_before_move":{"sent":300,"received":4096},
+//!  "tcp_bytes_before_move":{"sent":300,"received":4096,"direct":200},
 //!  "rdma_closed":2,"rdma_resets":0,"pinned_peak":4399104,"spare_connects":2,
 //!  "reused_links":1}
 //! ```
@@ -62,6 +62,7 @@ pub struct Stats {
     reused_links: AtomicU64,
     before_move_sent: AtomicU64,
     before_move_received: AtomicU64,
+    before_move_direct: AtomicU64,
 }
 
 static GLOBAL: Stats = Stats::new();
@@ -88,6 +89,7 @@ impl Stats {
             reused_links: AtomicU64::new(0),
             before_move_sent: AtomicU64::new(0),
             before_move_received: AtomicU64::new(0),
+            before_move_direct: AtomicU64::new(0),
         }
     }
 
@@ -114,6 +116,12 @@ impl Stats {
         self.before_move_sent.fetch_add(sent, Ordering::Relaxed);
         self.before_move_received
             .fetch_add(received, Ordering::Relaxed);
+    }
+
+    /// Counts bytes of a connection before its move that the app's thread sent on the TCP
+    /// socket itself (a part of [`Stats::add_before_move`]'s `sent`).
+    pub fn add_before_move_direct(&self, n: u64) {
+        self.before_move_direct.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Adds bytes the app sent over an upgraded (RDMA) connection.
@@ -177,6 +185,7 @@ impl Stats {
         self.reused_links.store(0, Ordering::Relaxed);
         self.before_move_sent.store(0, Ordering::Relaxed);
         self.before_move_received.store(0, Ordering::Relaxed);
+        self.before_move_direct.store(0, Ordering::Relaxed);
     }
 
     /// A connect took a spare connection (its RDMA connect made ahead).
@@ -246,6 +255,7 @@ impl Stats {
             tcp_bytes_before_move: MovedBytes {
                 sent: self.before_move_sent.load(Ordering::Relaxed),
                 received: self.before_move_received.load(Ordering::Relaxed),
+                direct: self.before_move_direct.load(Ordering::Relaxed),
             },
         }
     }
@@ -318,6 +328,10 @@ pub struct MovedBytes {
     pub sent: u64,
     /// Received from the peer, read by the app.
     pub received: u64,
+    /// Of `sent`, bytes the app's `write`/`send` sent on the TCP socket itself instead of
+    /// through the socketpair and the engine (absent in files of older shims: 0).
+    #[serde(default)]
+    pub direct: u64,
 }
 
 /// A copy of the counters, as written to the stats file.
@@ -533,6 +547,7 @@ mod tests {
         s.note_reused_links(1);
         s.add_before_move(300, 4000);
         s.add_before_move(0, 96);
+        s.add_before_move_direct(200);
         let snap = s.snapshot_with_pid(4242);
         assert_eq!(snap.role(Role::Client).get(Path::Rdma, Reason::Upgraded), 3);
         assert_eq!(
@@ -554,7 +569,7 @@ mod tests {
             "pinned_peak": 4096,
             "spare_connects": 1,
             "reused_links": 2,
-            "tcp_bytes_before_move": {"sent": 300, "received": 4096}
+            "tcp_bytes_before_move": {"sent": 300, "received": 4096, "direct": 200}
         });
         assert_eq!(v, expected);
         let back: StatsSnapshot = serde_json::from_value(v).unwrap();

@@ -1,7 +1,7 @@
 //! The engine's lock order, written once and checked in debug builds.
 //!
 //! The engine thread and the app's threads (direct reads and writes, handles waiting on a
-//! connection) share four kinds of locks. A thread that holds one may take only a lock of a
+//! connection) share five kinds of locks. A thread that holds one may take only a lock of a
 //! later [`Level`]:
 //!
 //! 1. [`Level::Send`]: a connection's send half ([`super::tx`]). Posting a control message
@@ -10,6 +10,8 @@
 //! 3. [`Level::Shared`]: its phase as its handles see it ([`super::shared`]): nothing is taken
 //!    under it.
 //! 4. [`Level::Commands`]: the engine's command queue: nothing is taken under it.
+//! 5. [`Level::Early`]: the app's own writes to the kept TCP socket before the move
+//!    ([`super::early`]): nothing is taken under it.
 //!
 //! Two locks of one level are never held at once (no thread holds two connections' send
 //! halves), so no cycle can form. [`OrderedMutex::lock`] checks this in debug builds (a
@@ -27,6 +29,7 @@ pub(super) enum Level {
     Receive = 2,
     Shared = 3,
     Commands = 4,
+    Early = 5,
 }
 
 /// A mutex with its [`Level`]; poisoning is ignored (every holder keeps the state consistent
@@ -126,10 +129,16 @@ mod held {
     }
 
     fn levels(bits: u8) -> Vec<Level> {
-        [Level::Send, Level::Receive, Level::Shared, Level::Commands]
-            .into_iter()
-            .filter(|l| bits & (1 << *l as u8) != 0)
-            .collect()
+        [
+            Level::Send,
+            Level::Receive,
+            Level::Shared,
+            Level::Commands,
+            Level::Early,
+        ]
+        .into_iter()
+        .filter(|l| bits & (1 << *l as u8) != 0)
+        .collect()
     }
 }
 

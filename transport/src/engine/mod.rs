@@ -48,6 +48,7 @@
 mod binding;
 mod budget;
 mod cdc;
+mod early;
 mod event_loop;
 mod link;
 mod lock_order;
@@ -396,8 +397,9 @@ pub struct Attach {
     pub on_bytes: Option<fn(Carried, u64, u64)>,
     /// [`Handshake::Confirm`] only: the connecting side attached before its CLAIM came (its
     /// app's `connect()` returned with the TCP connection's). The engine reads nothing of
-    /// `local` until CLAIM comes, at the latest by then; it then writes the CLAIM's secret on
-    /// `kept` (the proof: nothing else writes to that socket) and only then sends CONFIRM and
+    /// `local` for the stream until CLAIM comes, at the latest by then; it then writes the
+    /// CLAIM's secret on `kept` (the proof: behind every byte of the app, the relay's and those
+    /// the app's thread sent itself, [`Writer::write_early`]) and only then sends CONFIRM and
     /// pumps. No CLAIM by then, the peer's disconnect, or bytes or EOF from the peer's app on
     /// the kept TCP connection first: no proof is written, and `local` is relayed over `kept`
     /// ([`StreamPath::Unclaimed`]); a reset of that connection fails it as it would fail a TCP
@@ -420,6 +422,18 @@ pub struct Attach {
     /// that socket another way (the gateway relays it over TCP). None: the stream ends
     /// [`StreamPath::Broken`] and `local` is shut down.
     pub give_back: Option<Box<dyn FnOnce(OwnedFd) + Send>>,
+}
+
+impl Attach {
+    /// The connection's first bytes go over `kept` until its move: a connecting side attached
+    /// before its CLAIM, or an accepting side.
+    pub(super) fn relays_first_bytes(&self) -> bool {
+        match self.handshake {
+            Handshake::Claim => true,
+            Handshake::Confirm => self.claim_by.is_some(),
+            Handshake::Open => false,
+        }
+    }
 }
 
 /// What a connecting side asks for.
@@ -872,6 +886,14 @@ impl Conn {
     /// it at the end. On a connection that already ended, the handshake decides (see
     /// [`Handshake`]).
     pub fn attach(&self, local: OwnedFd, attach: Attach) {
+        // A connection whose first bytes go over TCP until its move: the app's thread may
+        // send them itself from now on, before the engine takes the connection
+        // (docs/shim-protocol.md, "The move"; the engine closes the gate again when it does).
+        if let Some(kept) = &attach.kept
+            && attach.relays_first_bytes()
+        {
+            self.shared.early().open(kept);
+        }
         self.inner.send(Command::Attach {
             token: self.token,
             local,
@@ -891,7 +913,12 @@ impl Conn {
     /// ring ([`Writer`]); None before the connection has its verbs resources.
     pub fn writer(&self) -> Option<Writer> {
         let send = self.shared.sender()?;
-        Some(Writer::new(&send, Arc::clone(&self.inner), self.token))
+        Some(Writer::new(
+            &send,
+            Arc::clone(&self.inner),
+            self.token,
+            Arc::clone(self.shared.early()),
+        ))
     }
 
     /// The app set `SO_RCVLOWAT` to `bytes` on its end: fewer arrived bytes are held back from

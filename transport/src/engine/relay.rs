@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use super::early::EarlyWrites;
 use super::proof::{Found, Scan};
 use crate::fd;
 use crate::rdma::unread_by_peer;
@@ -74,6 +75,13 @@ struct Direction {
 }
 
 impl Direction {
+    /// The app's thread sent `n` bytes itself, ahead of any it writes to the source later
+    /// ([`EarlyWrites`]): counted as read and written.
+    fn absorb(&mut self, n: u64) {
+        self.taken += n;
+        self.moved += n;
+    }
+
     /// `n` buffered bytes were written out.
     fn took(&mut self, n: usize) {
         self.start += n;
@@ -192,6 +200,16 @@ pub(super) struct Pipes {
     /// Set while bytes and the urgent byte behind them are written to the local side
     /// ([`Pipes::tell_urgent_writes`]).
     gate: Option<Arc<AtomicBool>>,
+    /// The app's own writes to the far side before the local side's move, while open.
+    early: Option<Arc<EarlyWrites>>,
+}
+
+impl Drop for Pipes {
+    fn drop(&mut self) {
+        if let Some(early) = self.early.take() {
+            early.close();
+        }
+    }
 }
 
 /// How a relay step ended.
@@ -217,6 +235,25 @@ impl Pipes {
             low_water: 1,
             local_is_unix: fd::is_local_socket(local),
             gate: None,
+            early: None,
+        }
+    }
+
+    /// Until the local side's move, the app's thread may send its bytes on `far` itself,
+    /// through `early` ([`EarlyWrites`]): this relay publishes what it holds of them there.
+    pub(super) fn let_app_write(&mut self, early: &Arc<EarlyWrites>, far: &Arc<OwnedFd>) {
+        if self.up.stop.is_none() && self.early.is_none() {
+            early.open(far);
+            self.early = Some(Arc::clone(early));
+        }
+    }
+
+    /// Closes the app's way to the far side (see [`Pipes::let_app_write`]) and counts what it
+    /// sent.
+    fn end_app_writes(&mut self) {
+        if let Some(early) = self.early.take() {
+            let sent = early.close_and_take();
+            self.up.absorb(sent);
         }
     }
 
@@ -256,6 +293,7 @@ impl Pipes {
     /// The local side's bytes move to the stream from here: the local side is read no
     /// further; what was read is written out. The count of bytes read from it.
     pub(super) fn stop_up(&mut self) -> u64 {
+        self.end_app_writes();
         self.up.stop = Some(self.up.taken);
         self.up.taken
     }
@@ -327,6 +365,7 @@ impl Pipes {
     /// Goes on as a plain relay, as TCP: every direction read to its end, the app's EOF
     /// passed on, and a search for the proof kept only as a guard until `guard_until`.
     pub(super) fn resume(&mut self, guard_until: Instant) {
+        self.end_app_writes();
         for d in [&mut self.up, &mut self.down] {
             d.stop = None;
             d.hold_eof = false;
@@ -365,6 +404,12 @@ impl Pipes {
             }
         }
         loop {
+            // The app's own sends and this pass's reads of its end are ordered by the gate's
+            // lock ([`EarlyWrites`]).
+            let mut held = self.early.as_deref().map(EarlyWrites::hold);
+            if let Some(h) = &mut held {
+                self.up.absorb(h.take_sent());
+            }
             let a = match pass(
                 &mut self.up,
                 local,
@@ -382,6 +427,9 @@ impl Pipes {
                 Ok(p) => p,
                 Err(e) => return Step::Failed(e),
             };
+            if let Some(mut h) = held {
+                h.set_relay_holds(!self.up.drained());
+            }
             let b = match pass(
                 &mut self.down,
                 far,

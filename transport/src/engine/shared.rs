@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Weak};
 use std::time::Instant;
 
+use super::early::EarlyWrites;
 use super::lock_order::{Guard, Level, OrderedMutex};
 use super::rx::Receiver;
 use super::tx::Sender;
@@ -103,6 +104,8 @@ pub(super) struct ConnShared {
     /// A relay's write of bytes and the urgent byte behind them to the app's end is under way
     /// ([`ConnShared::wait_urgent_written`]).
     writing_urgent: Arc<AtomicBool>,
+    /// The app's own writes to the kept TCP socket before its direction moves.
+    early: Arc<EarlyWrites>,
 }
 
 impl ConnShared {
@@ -121,6 +124,7 @@ impl ConnShared {
             low_water: AtomicUsize::new(1),
             on_stream: AtomicBool::new(false),
             writing_urgent: Arc::new(AtomicBool::new(false)),
+            early: Arc::new(EarlyWrites::new()),
         }
     }
 
@@ -138,6 +142,12 @@ impl ConnShared {
     /// See [`ConnShared::set_on_stream`].
     pub(super) fn on_stream(&self) -> bool {
         self.on_stream.load(Ordering::Acquire)
+    }
+
+    /// The gate of the app's own writes to the kept TCP socket before its move
+    /// ([`super::early`]).
+    pub(super) fn early(&self) -> &Arc<EarlyWrites> {
+        &self.early
     }
 
     /// What a relay sets while it writes bytes and the urgent byte behind them to the app's

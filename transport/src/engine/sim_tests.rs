@@ -15,7 +15,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -64,6 +64,8 @@ struct Peer {
     eof: bool,
     /// The app's read or write failed (the stream failed under it).
     broken: bool,
+    /// Bytes the app's thread sent on the kept socket itself ([`super::early`]).
+    sent_itself: usize,
 }
 
 impl Peer {
@@ -81,6 +83,7 @@ impl Peer {
             got: Vec::new(),
             eof: false,
             broken: false,
+            sent_itself: 0,
         }
     }
 
@@ -88,12 +91,16 @@ impl Peer {
         self.conn.link.as_ref().expect("a link")
     }
 
+    /// Hands the connection to the engine. `first`: as `Conn::attach` does, the app's thread
+    /// may send on the kept socket itself from here on, and sends this many bytes before the
+    /// engine takes the connection.
     fn attach(
         &mut self,
         kept: Arc<OwnedFd>,
         handshake: Handshake,
         claim_by: Option<Instant>,
         now: Instant,
+        first: usize,
     ) {
         let events = Arc::clone(&self.events);
         let attach = Attach {
@@ -109,17 +116,39 @@ impl Peer {
             claim_by,
             give_back: None,
         };
+        if first > 0 && attach.relays_first_bytes() {
+            if let Some(kept) = &attach.kept {
+                self.conn.shared.early().open(kept);
+            }
+            let end = (self.written + first).min(self.out.len());
+            if let Ok(n) = send(
+                &self.conn,
+                &self.app,
+                &self.out[self.written..end],
+                true,
+                &mut self.sent_itself,
+            ) {
+                self.written += n;
+            }
+        }
         let local = self.local.take().expect("attached once");
         let mut fds = Fds::default();
         self.conn.attach(local, attach, &config(), now, &mut fds);
     }
 
     /// The app writes what it can, reads what there is, and closes its sending side once all
-    /// was written.
-    fn run_app(&mut self, chunk: usize, close: bool) {
+    /// was written. `itself`: before its move the app's thread sends on the kept socket
+    /// itself when it may, as the shim's `write` does ([`super::early`]).
+    fn run_app(&mut self, chunk: usize, close: bool, itself: bool) {
         while self.written < self.out.len() && !self.broken {
             let end = (self.written + chunk).min(self.out.len());
-            match self.app.write(&self.out[self.written..end]) {
+            match send(
+                &self.conn,
+                &self.app,
+                &self.out[self.written..end],
+                itself,
+                &mut self.sent_itself,
+            ) {
                 Ok(n) => self.written += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(_) => self.broken = true,
@@ -139,9 +168,18 @@ impl Peer {
         }
     }
 
+    /// The app as `plan` says: the server's (`server`) echoes or sends, the client's sends.
+    fn run(&mut self, plan: &Plan, server: bool) {
+        if server && plan.echo {
+            self.run_echo(plan.app_sends);
+        } else {
+            self.run_app(plan.chunk, plan.close, plan.app_sends);
+        }
+    }
+
     /// An echo server's app: what it read goes back, and its side closes after the peer's EOF
-    /// once everything went back.
-    fn run_echo(&mut self) {
+    /// once everything went back. `itself` as for [`Peer::run_app`].
+    fn run_echo(&mut self, itself: bool) {
         loop {
             let mut buf = [0u8; 8192];
             let before = (self.got.len(), self.written);
@@ -154,7 +192,13 @@ impl Peer {
                 }
             }
             while self.written < self.got.len() && !self.broken {
-                match self.app.write(&self.got[self.written..]) {
+                match send(
+                    &self.conn,
+                    &self.app,
+                    &self.got[self.written..],
+                    itself,
+                    &mut self.sent_itself,
+                ) {
                     Ok(n) => self.written += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(_) => self.broken = true,
@@ -281,6 +325,28 @@ struct Plan {
     /// A side whose stream is over keeps its queue pair for the next connection (parks it,
     /// `super::park`) instead of disconnecting.
     park: bool,
+    /// Before their move the apps' threads send on the kept sockets themselves when they may
+    /// ([`super::early`]), else through their socketpairs.
+    app_sends: bool,
+    /// Every this many steps the apps run before their engines (0: never).
+    app_first_every: usize,
+}
+
+/// The app's write of the start of `buf` on its end `app` of `conn`: `itself`, on the kept
+/// socket when the gate allows it ([`super::early`]), else (or then) to the socketpair.
+/// `sent_itself` counts what went the first way.
+fn send(
+    conn: &StreamConn,
+    app: &UnixStream,
+    buf: &[u8],
+    itself: bool,
+    sent_itself: &mut usize,
+) -> io::Result<usize> {
+    if itself && let Some(n) = conn.shared.early().write(app.as_raw_fd(), buf) {
+        *sent_itself += n;
+        return Ok(n);
+    }
+    (&*app).write(buf)
 }
 
 /// When the two sides' connection is established.
@@ -309,6 +375,9 @@ struct Pair {
     /// The step at which the client saw the CLAIM.
     claimed_at: Option<usize>,
     disconnected: [bool; 2],
+    /// What the client's app sends itself before its engine takes the connection
+    /// ([`Plan::first_sends`]).
+    client_first: usize,
 }
 
 impl Pair {
@@ -353,7 +422,13 @@ impl Pair {
         // Attached before its connection came, the accepting side waits for it (and then for
         // the proof and CONFIRM) as long as the connecting side waits for CLAIM.
         let bind_by = later.then_some(now + CLAIM_BY);
-        server.attach(Arc::new(server_tcp.into()), Handshake::Claim, bind_by, now);
+        server.attach(
+            Arc::new(server_tcp.into()),
+            Handshake::Claim,
+            bind_by,
+            now,
+            plan.first_sends(),
+        );
         let client_tcp = Arc::new(OwnedFd::from(client_tcp));
         let mut pair = Pair {
             fabric,
@@ -361,6 +436,7 @@ impl Pair {
             peers: [client, server],
             client_tcp_weak: Arc::downgrade(&client_tcp),
             client_tcp: Some(client_tcp),
+            client_first: plan.first_sends(),
             secret: None,
             claimed_at: None,
             disconnected: [false; 2],
@@ -434,13 +510,16 @@ impl Pair {
                 continue;
             }
             let peer = &mut self.peers[side];
+            // An app that runs before its engine meets what the engine holds of its bytes,
+            // and what it wrote to its socketpair the last time, still ahead of its own sends.
+            let app_first = plan.app_first_every > 0 && n.is_multiple_of(plan.app_first_every);
+            let app_runs = side == SERVER || n >= plan.client_waits;
+            if app_first && app_runs && peer.local.is_none() {
+                peer.run(plan, side == SERVER);
+            }
             let over = peer.step(self.now);
-            if peer.local.is_none() && (side == SERVER || n >= plan.client_waits) {
-                if side == SERVER && plan.echo {
-                    peer.run_echo();
-                } else {
-                    peer.run_app(plan.chunk, plan.close);
-                }
+            if !app_first && app_runs && peer.local.is_none() {
+                peer.run(plan, side == SERVER);
             }
             // The loop disconnects a connection whose stream is over: its queue pair goes,
             // with whatever it posted that had not arrived, and the peer hears DISCONNECTED
@@ -459,7 +538,8 @@ impl Pair {
 
     fn attach_client(&mut self, claim_by: Option<Instant>) {
         if let Some(kept) = self.client_tcp.take() {
-            self.peers[CLIENT].attach(kept, Handshake::Confirm, claim_by, self.now);
+            let first = self.client_first;
+            self.peers[CLIENT].attach(kept, Handshake::Confirm, claim_by, self.now, first);
         }
     }
 
@@ -491,6 +571,12 @@ impl Pair {
 }
 
 impl Plan {
+    /// What an app sends itself before its engine takes the connection: a chunk when the
+    /// apps send on the kept sockets themselves.
+    fn first_sends(&self) -> usize {
+        if self.app_sends { self.chunk } else { 0 }
+    }
+
     /// A fixed run for the tests of one case: the apps send `client_out` and `server_out`,
     /// `carry` requests per side per step, the client attaches and proves as soon as CLAIM
     /// came, no fault, and the apps close once they wrote everything. Cases change the rest.
@@ -511,6 +597,8 @@ impl Plan {
             client_stalls: 0..0,
             connect: Connect::Before,
             park: false,
+            app_sends: true,
+            app_first_every: 0,
         }
     }
 }
@@ -529,11 +617,20 @@ fn plan(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Plan> {
         prop_oneof![Just(1usize), 1usize..70_000],
         0usize..40,
         0usize..40,
-        any::<bool>(),
+        (any::<bool>(), any::<bool>(), 0usize..4),
         fault,
     )
         .prop_map(
-            |(c, s, carry, chunk, attach_after, proof_after, early, fault)| Plan {
+            |(
+                c,
+                s,
+                carry,
+                chunk,
+                attach_after,
+                proof_after,
+                (early, app_sends, app_first_every),
+                fault,
+            )| Plan {
                 client_out: bytes(c, 1),
                 server_out: bytes(s, 2),
                 // Never a schedule that carries nothing at all.
@@ -550,6 +647,8 @@ fn plan(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Plan> {
                 client_stalls: 0..0,
                 connect: Connect::Before,
                 park: false,
+                app_sends,
+                app_first_every,
             },
         )
 }
@@ -959,6 +1058,10 @@ fn bytes_before_and_after_the_move_arrive_once_and_in_order() {
             "side {side}: {on_stream} of {} on the stream",
             out.len()
         );
+        assert!(
+            pair.peers[side].sent_itself > 0,
+            "side {side}: the app sent its first bytes itself"
+        );
     }
 }
 
@@ -980,11 +1083,20 @@ fn a_request_and_its_echo_arrive_whole_whatever_the_move_point() {
                 1usize..10_000,
                 0usize..30,
                 0usize..4,
-                (0usize..40, 0usize..40),
+                (0usize..40, 0usize..40, any::<bool>(), 0usize..4),
             )
                 .prop_map(
-                    |(len, carry, chunk, client_waits, server_first_every, (at, steps))| Plan {
+                    |(
+                        len,
+                        carry,
                         chunk,
+                        client_waits,
+                        server_first_every,
+                        (at, steps, app_sends, app_first_every),
+                    )| Plan {
+                        chunk,
+                        app_sends,
+                        app_first_every,
                         early: true,
                         echo: true,
                         client_waits,

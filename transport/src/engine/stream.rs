@@ -10,6 +10,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::early::EarlyWrites;
 use super::link::Link;
 use super::park::Parked;
 use super::proof::Scan;
@@ -74,6 +75,14 @@ impl Attached {
         let kept = self.kept.as_ref()?;
         self.kept_ready = Ready::unknown();
         Some(Pipes::new(self.local.as_fd(), kept.as_fd()))
+    }
+
+    /// The app's thread may send its first bytes on the kept socket itself until its
+    /// direction moves ([`EarlyWrites`]).
+    fn let_app_write(&self, pipes: &mut Pipes, early: &Arc<EarlyWrites>) {
+        if let Some(kept) = &self.kept {
+            pipes.let_app_write(early, kept);
+        }
     }
 
     /// The stream may hand the peer's bytes to the app: every byte the peer sent over TCP
@@ -272,6 +281,10 @@ impl StreamConn {
             claim_by,
             give_back,
         } = attach;
+        // The app's thread may have sent its first bytes on the kept socket already
+        // ([`Conn::attach`](super::Conn::attach)): from here on only a relay that publishes
+        // what it holds of the app's bytes lets it ([`Attached::let_app_write`]).
+        self.shared.early().close();
         // The engine reads an urgent byte inline, so none is ever dropped: one the app sent
         // through `Writer::send_urgent` it finds at the mark (`tx`), one sent past the hooks it
         // carries as an ordinary byte.
@@ -370,6 +383,7 @@ impl StreamConn {
                 if let Some(mut pipes) = attached.pipes() {
                     pipes.hold_up_eof();
                     pipes.hold_down_eof();
+                    attached.let_app_write(&mut pipes, self.shared.early());
                     attached.handover = Some(pipes);
                 }
             }
@@ -411,6 +425,7 @@ impl StreamConn {
                 if let Some(mut pipes) = attached.pipes() {
                     pipes.scan_down(Scan::new(secret));
                     pipes.hold_down_eof();
+                    attached.let_app_write(&mut pipes, self.shared.early());
                     attached.handover = Some(pipes);
                 }
             }

@@ -68,6 +68,7 @@ use std::sync::{Arc, Condvar, Weak};
 use std::time::Instant;
 
 use super::cdc::Controls;
+use super::early::EarlyWrites;
 use super::lock_order::{Guard, Level, OrderedMutex};
 use super::relay::Ready;
 use super::rx::Receiver;
@@ -610,6 +611,7 @@ pub struct Writer {
     send: Weak<Sender>,
     inner: Arc<Inner>,
     token: u64,
+    early: Arc<EarlyWrites>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -621,12 +623,27 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
-    pub(super) fn new(send: &Arc<Sender>, inner: Arc<Inner>, token: u64) -> Writer {
+    pub(super) fn new(
+        send: &Arc<Sender>,
+        inner: Arc<Inner>,
+        token: u64,
+        early: Arc<EarlyWrites>,
+    ) -> Writer {
         Writer {
             send: Arc::downgrade(send),
             inner,
             token,
+            early,
         }
+    }
+
+    /// Before the app's direction moves to the stream: sends the start of `buf` on the kept
+    /// TCP socket from the app's thread, when nothing the app wrote to `app` (its end of the
+    /// socketpair) is still ahead of it (docs/shim-protocol.md, "The move"). The byte count;
+    /// None: not now (the direction moved, or bytes wait ahead): write to `app`, or into the
+    /// ring ([`Writer::write`]).
+    pub fn write_early(&self, app: RawFd, buf: &[u8]) -> Option<usize> {
+        self.early.write(app, buf)
     }
 
     /// Copies the start of `buf` into the send ring and posts it when `app` (the app's end of
