@@ -54,6 +54,11 @@ pub fn resets_on_close(fd: BorrowedFd<'_>) -> bool {
     getsockopt(&fd, sockopt::Linger).is_ok_and(|l| l.l_onoff != 0 && l.l_linger == 0)
 }
 
+/// Whether a close of the socket waits for its unsent bytes (`SO_LINGER {1, N}`, N > 0).
+pub fn lingers_gracefully(fd: BorrowedFd<'_>) -> bool {
+    getsockopt(&fd, sockopt::Linger).is_ok_and(|l| l.l_onoff != 0 && l.l_linger != 0)
+}
+
 /// Takes the socket's pending error (`SO_ERROR`, cleared by the call): a TCP socket reset after
 /// its peer's FIN reads EOF, and only says so here. None: no error pending.
 pub fn take_error(fd: BorrowedFd<'_>) -> Option<io::Error> {

@@ -143,7 +143,9 @@ const CARRIED_OPTIONS: [c_int; 7] = [
 pub fn copy_socket_state(from: c_int, to: BorrowedFd<'_>, fl: c_int) {
     let to = to.as_raw_fd();
     for name in CARRIED_OPTIONS {
-        copy_option(from, to, name);
+        // Both ends start with the kernel's defaults (`sock_init_data`, for either family):
+        // only what differs from them is set (a system call per option saved, usually all).
+        copy_option_unless(from, to, name, fresh_value);
     }
     // SAFETY: F_GETOWN takes no argument.
     let owner = unsafe { libc::fcntl(from, libc::F_GETOWN) };
@@ -162,9 +164,25 @@ pub fn copy_socket_state(from: c_int, to: BorrowedFd<'_>, fl: c_int) {
     }
 }
 
+/// Whether `value` is what a fresh socket of either family answers for the carried option
+/// `name` (`sock_init_data`: no timeouts, no lingering, keep-alive and inline urgent data
+/// off, priority 0, a low-water mark of 1 byte).
+fn fresh_value(name: c_int, value: &[u8]) -> bool {
+    let one = 1i32.to_ne_bytes();
+    match name {
+        libc::SO_RCVLOWAT => value == one,
+        _ => value.iter().all(|&b| b == 0),
+    }
+}
+
 /// Gives socket `to` the value of `SOL_SOCKET` option `name` of socket `from` (best effort:
 /// an option `to` refuses keeps its value).
 pub fn copy_option(from: c_int, to: c_int, name: c_int) {
+    copy_option_unless(from, to, name, |_, _| false);
+}
+
+/// [`copy_option`], except for a value `skip(name, value)` says `to` has already.
+fn copy_option_unless(from: c_int, to: c_int, name: c_int, skip: fn(c_int, &[u8]) -> bool) {
     let mut value = [0u8; 16];
     let mut len = value.len() as socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
@@ -177,7 +195,8 @@ pub fn copy_option(from: c_int, to: c_int, name: c_int) {
             &mut len,
         )
     };
-    if rc == 0 {
+    let read = value.get(..len as usize).unwrap_or(&value);
+    if rc == 0 && !skip(name, read) {
         // SAFETY: `value` holds the `len` bytes getsockopt wrote.
         unsafe {
             libc::setsockopt(to, libc::SOL_SOCKET, name, value.as_ptr().cast(), len);
@@ -435,6 +454,18 @@ pub fn high_floor() -> c_int {
     let floor = c_int::try_from((soft / 2).clamp(64, 32_768)).unwrap_or(64);
     FLOOR.store(floor, std::sync::atomic::Ordering::Relaxed);
     floor
+}
+
+/// A close-on-exec duplicate of `fd` above the app's numbers ([`move_high`] of a duplicate,
+/// in one call); anywhere when no number up there is free.
+pub fn dup_high(fd: c_int) -> std::io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes an int argument and returns a new fd we then own.
+    let n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, high_floor()) };
+    if n < 0 {
+        return dup_cloexec(fd);
+    }
+    // SAFETY: `n` is a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
 /// `fd` moved to the lowest free number at or above [`high_floor`] (close-on-exec), the old
@@ -1002,6 +1033,49 @@ mod tests {
     use libc::{sockaddr_in, sockaddr_in6};
 
     use super::*;
+
+    /// The defaults [`copy_socket_state`] does not set are what fresh sockets of both kinds
+    /// answer, and what an app set is carried.
+    #[test]
+    fn fresh_sockets_answer_the_defaults_and_set_options_are_carried() {
+        let read = |fd: c_int, name: c_int| {
+            let mut value = [0u8; 16];
+            let mut len = value.len() as socklen_t;
+            // SAFETY: getsockopt writes at most `len` bytes into `value`.
+            let rc = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    name,
+                    value.as_mut_ptr().cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0, "getsockopt {name}");
+            value[..len as usize].to_vec()
+        };
+        let tcp = tcp_socket(false).unwrap();
+        let tcp6 = tcp_socket(true).unwrap();
+        let (end, _other) = socketpair_stream().unwrap();
+        for fd in [tcp.as_raw_fd(), tcp6.as_raw_fd(), end.as_raw_fd()] {
+            for name in CARRIED_OPTIONS {
+                assert!(fresh_value(name, &read(fd, name)), "fd {fd}, option {name}");
+            }
+        }
+        let on = 1i32;
+        let low = 7i32;
+        // SAFETY: int-valued options, with their size.
+        unsafe {
+            for (name, value) in [(libc::SO_KEEPALIVE, &on), (libc::SO_RCVLOWAT, &low)] {
+                let p: *const i32 = value;
+                libc::setsockopt(tcp.as_raw_fd(), libc::SOL_SOCKET, name, p.cast(), 4);
+            }
+        }
+        copy_socket_state(tcp.as_raw_fd(), std::os::fd::AsFd::as_fd(&end), 0);
+        assert_eq!(int_option(end.as_raw_fd(), libc::SO_KEEPALIVE), Some(1));
+        assert_eq!(int_option(end.as_raw_fd(), libc::SO_RCVLOWAT), Some(7));
+        assert_eq!(int_option(end.as_raw_fd(), libc::SO_OOBINLINE), Some(0));
+    }
 
     #[test]
     fn threads_started_with_signals_blocked_take_no_signal_and_the_mask_comes_back() {

@@ -75,10 +75,10 @@ pub(super) fn install(
     }
     // What the app set on its TCP socket (or its listener) and can read back stays set.
     sys::copy_socket_state(fd, app.as_fd(), fl);
-    let kept = Arc::new(sys::move_high(sys::dup_cloexec(fd)?));
+    let kept = Arc::new(sys::dup_high(fd)?);
     // The engine's close of the kept socket never lingers (an app's `SO_LINGER {1, N}` set
     // before the swap is the socketpair's now); an abortive close ({1, 0}) stays set.
-    if !rdma_streams_transport::fd::resets_on_close(kept.as_fd()) {
+    if rdma_streams_transport::fd::lingers_gracefully(kept.as_fd()) {
         let _ = rdma_streams_transport::fd::set_reset_on_close(kept.as_fd(), false);
     }
     fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
