@@ -3,7 +3,7 @@
 //! timers are handled in turn, then every connection that saw something makes progress.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -67,6 +67,9 @@ struct Loop {
     /// Connections that wait for a connection to their peer to be parked
     /// ([`super::ConnectRequest::reuse_wait`]), with their request.
     waiting: HashMap<u64, super::ConnectRequest>,
+    /// The tokens of parked connections (`park`), and of some that no longer are (pruned at
+    /// the next park): what a connect and a park look through instead of every connection.
+    parked: BTreeSet<u64>,
 }
 
 fn setup_error(what: &'static str) -> impl FnOnce(io::Error) -> EngineError {
@@ -134,6 +137,7 @@ pub(super) fn run(
         cq_owner: HashMap::new(),
         reusing: HashMap::new(),
         waiting: HashMap::new(),
+        parked: BTreeSet::new(),
     };
     // A panic must not leave waiters hanging: every handle fails fast from now on (and a
     // flush sees `stopped` and returns: nothing more can be delivered).
@@ -353,12 +357,13 @@ impl Loop {
         conn.unattached_timeout = request.unattached_timeout;
         self.conns.insert(token, conn);
         self.dirty.push(token);
-        if let Some(parked) = self.parked_for(&request)
-            && self.ask_reuse(token, parked, &request)
-        {
-            self.reusing.insert(token, (parked, request));
-            return;
-        }
+        let request = match self.parked_for(&request) {
+            Some(parked) => match self.reuse_or_give_back(token, parked, request) {
+                Some(request) => request,
+                None => return,
+            },
+            None => request,
+        };
         if let Some(wait) = request.reuse_wait.filter(|_| self.inner.config.reuse_links)
             && request.handshake == Handshake::Confirm
             && let Some(conn) = self.conns.get_mut(&token)
@@ -406,14 +411,13 @@ impl Loop {
         }
         let now = Instant::now();
         let src = request.src.map(|s| s.ip());
-        self.conns
-            .iter()
-            .find(|(_, c)| {
+        self.parked.iter().copied().find(|t| {
+            self.conns.get(t).is_some_and(|c| {
                 c.error.is_none()
                     && !c.peer_gone
                     && c.parked.is_some_and(|p| p.takes(request.dst, src, now))
             })
-            .map(|(t, _)| *t)
+        })
     }
 
     /// Sends REUSE with `request`'s payload on parked connection `parked` for connection
@@ -501,7 +505,13 @@ impl Loop {
             ) => Side::Accepting { listener, from },
             _ => return false,
         };
-        let parked = self.conns.values().filter_map(|c| c.parked.as_ref());
+        let conns = &self.conns;
+        self.parked
+            .retain(|t| conns.get(t).is_some_and(|c| c.parked.is_some()));
+        let parked = self
+            .parked
+            .iter()
+            .filter_map(|t| conns.get(t)?.parked.as_ref());
         if !park::room(parked, side.peer()) {
             return false;
         }
@@ -533,6 +543,7 @@ impl Loop {
         kept.link = Some(link);
         kept.parked = Some(Parked::new(side, now));
         self.conns.insert(p, kept);
+        self.parked.insert(p);
         self.dirty.push(p);
         self.inner.reuse.parked.fetch_add(1, Ordering::Relaxed);
         self.take_over_resolving(p, now);
@@ -553,11 +564,7 @@ impl Loop {
         if let Some(token) = waiting.map(|(t, _)| *t)
             && let Some(request) = self.waiting.remove(&token)
         {
-            if self.ask_reuse(token, parked, &request) {
-                self.reusing.insert(token, (parked, request));
-            } else {
-                self.resolve(token, request);
-            }
+            self.reuse_or_resolve(token, parked, request);
             return;
         }
         let found = self.connecting.iter().find(|(t, (r, _))| {
@@ -577,10 +584,30 @@ impl Loop {
         if let Some(id) = self.conns.get_mut(&token).and_then(|c| c.id.take()) {
             id.destroy();
         }
+        self.reuse_or_resolve(token, parked, request);
+    }
+
+    /// Connection `token`'s `request` goes on parked connection `parked` ([`Loop::ask_reuse`]),
+    /// else as a connect request.
+    fn reuse_or_resolve(&mut self, token: u64, parked: u64, request: super::ConnectRequest) {
+        if let Some(request) = self.reuse_or_give_back(token, parked, request) {
+            self.resolve(token, request);
+        }
+    }
+
+    /// Connection `token`'s `request` goes on parked connection `parked`, which it then waits
+    /// for; the request back when it cannot ([`Loop::ask_reuse`]).
+    fn reuse_or_give_back(
+        &mut self,
+        token: u64,
+        parked: u64,
+        request: super::ConnectRequest,
+    ) -> Option<super::ConnectRequest> {
         if self.ask_reuse(token, parked, &request) {
             self.reusing.insert(token, (parked, request));
+            None
         } else {
-            self.resolve(token, request);
+            Some(request)
         }
     }
 
@@ -648,23 +675,12 @@ impl Loop {
             .map(|l| Arc::clone(&l.acceptor));
         let (Some(acceptor), Some(payload)) = (judge, payload) else {
             p.link = Some(link);
-            p.parked = None;
-            p.error = Some(String::from("REUSE for a listener that is gone"));
-            self.conns.insert(parked, p);
-            self.disconnect(parked, now);
-            self.dirty.push(parked);
-            return;
+            return self.refuse_reuse(parked, p, "REUSE for a listener that is gone", now);
         };
         if self.too_many_unattached(from) {
             p.link = Some(link);
-            p.parked = None;
-            p.error = Some(String::from(
-                "REUSE past the bound on unattached connections",
-            ));
-            self.conns.insert(parked, p);
-            self.disconnect(parked, now);
-            self.dirty.push(parked);
-            return;
+            let why = "REUSE past the bound on unattached connections";
+            return self.refuse_reuse(parked, p, why, now);
         }
         p.shared.closed();
         let token = self.inner.token();
@@ -697,6 +713,16 @@ impl Loop {
             Decision::Defer => {}
         }
         self.dirty.push(token);
+    }
+
+    /// Refuses the peer's REUSE on parked connection `parked` (`p`, taken out of the table):
+    /// it goes back, no longer parked, and is disconnected for `why`.
+    fn refuse_reuse(&mut self, parked: u64, mut p: StreamConn, why: &str, now: Instant) {
+        p.parked = None;
+        p.error = Some(String::from(why));
+        self.conns.insert(parked, p);
+        self.disconnect(parked, now);
+        self.dirty.push(parked);
     }
 
     /// REUSED on parked connection `parked` for connection `token`: the queue pair carries
