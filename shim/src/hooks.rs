@@ -690,10 +690,73 @@ pub unsafe extern "C" fn sendto(
     zerocopy_result(fd, flags, write_result(fd, added, quiet, n))
 }
 
+/// Before the move of the upgraded `fd`: the buffers of `msg` (which carries no control data)
+/// sent on the kept TCP socket from the app's thread as far as it takes them
+/// ([`ops::write_early_vectored`]), what is left with `rest` (the original call on the fd,
+/// given `msg` with the iovecs of the rest). The byte count (what went before `rest` failed,
+/// as `write` counts); None: not now, the caller calls the original. Any other fd costs one
+/// atomic load.
+fn sendmsg_early(
+    fd: c_int,
+    msg: &libc::msghdr,
+    rest: &mut dyn FnMut(&libc::msghdr) -> isize,
+) -> Option<isize> {
+    if fdtable::get(fd) & fdtable::SWAPPED == 0
+        || msg.msg_controllen != 0
+        || msg.msg_iov.is_null()
+        || msg.msg_iovlen == 0
+        || msg.msg_iovlen > calls::IOV_MAX
+    {
+        return None;
+    }
+    // SAFETY: sendmsg's contract: `msg_iov` points to `msg_iovlen` readable iovecs for the call.
+    let iov = unsafe { std::slice::from_raw_parts(msg.msg_iov, msg.msg_iovlen) };
+    if iov.iter().any(|v| v.iov_base.is_null() && v.iov_len > 0) {
+        // The kernel answers EFAULT for it.
+        return None;
+    }
+    let bufs: Vec<std::io::IoSlice<'_>> = iov
+        .iter()
+        .filter(|v| v.iov_len > 0)
+        .map(|v| {
+            // SAFETY: each non-empty iovec's base holds `iov_len` readable bytes for the call.
+            let bytes = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
+            std::io::IoSlice::new(bytes)
+        })
+        .collect();
+    let total = iov.iter().fold(0usize, |t, v| t.saturating_add(v.iov_len));
+    let n = guarded(|| ops::write_early_vectored(fd, &bufs)).flatten()?;
+    if n >= total {
+        return isize::try_from(n).ok();
+    }
+    // The rest, after the `n` bytes that went: the iovecs from that offset on.
+    let mut skip = n;
+    let mut left = Vec::with_capacity(iov.len());
+    for v in iov {
+        if skip >= v.iov_len {
+            skip -= v.iov_len;
+            continue;
+        }
+        left.push(libc::iovec {
+            iov_base: v.iov_base.cast::<u8>().wrapping_add(skip).cast(),
+            iov_len: v.iov_len - skip,
+        });
+        skip = 0;
+    }
+    let mut rest_msg = *msg;
+    rest_msg.msg_iov = left.as_mut_ptr();
+    rest_msg.msg_iovlen = left.len();
+    let m = rest(&rest_msg);
+    let done = if m > 0 { n + m.unsigned_abs() } else { n };
+    isize::try_from(done).ok()
+}
+
 /// `ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)`: the original, with the
 /// message's address dropped on an upgraded fd ([`drops_address`]); its ancillary data go to
 /// the socketpair, whose engine end reads the bytes and drops the rest (`SCM_RIGHTS` and
-/// `SCM_CREDENTIALS` mean nothing to TCP either).
+/// `SCM_CREDENTIALS` mean nothing to TCP either). Before the connection's move, a message
+/// without ancillary data goes on the TCP connection from the app's thread
+/// ([`sendmsg_early`]).
 ///
 /// # Safety
 /// The C contract of `sendmsg(2)`: `msg` points to a readable `struct msghdr`.
@@ -713,14 +776,22 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_i
     let mut without_name = unsafe { msg.read() };
     without_name.msg_name = std::ptr::null_mut();
     without_name.msg_namelen = 0;
-    // SAFETY: the caller's fd, message (less its address) and flags, and `added`.
-    let n = unsafe { orig(fd, &without_name, flags | added) };
+    // SAFETY: the caller's fd, a message with the caller's buffers (less its address) and
+    // flags, and `added`.
+    let mut call = |m: &libc::msghdr| unsafe { orig(fd, m, flags | added) };
+    if calls::send_direct(flags, false)
+        && let Some(n) = sendmsg_early(fd, &without_name, &mut call)
+    {
+        return write_result(fd, added, quiet, n);
+    }
+    let n = call(&without_name);
     zerocopy_result(fd, flags, write_result(fd, added, quiet, n))
 }
 
 /// `ssize_t writev(int fd, const struct iovec *iov, int iovcnt)`: on an upgraded fd,
 /// `sendmsg` of the same buffers with `MSG_NOSIGNAL` (what `writev` on a socket is, without the
-/// flag), so that a reset answers as TCP's ([`write_result`]); any other fd, or a count
+/// flag), so that a reset answers as TCP's ([`write_result`]), before the connection's move
+/// from the app's thread on the TCP connection ([`sendmsg_early`]); any other fd, or a count
 /// `writev` refuses, goes to libc unchanged.
 ///
 /// # Safety
@@ -744,7 +815,11 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, iovcnt: c_in
     msg.msg_iov = iov.cast_mut();
     msg.msg_iovlen = count;
     // SAFETY: the caller's buffers, which stay theirs for the call; sendmsg only reads them.
-    let n = unsafe { sendmsg(fd, &msg, added) };
+    let mut call = |m: &libc::msghdr| unsafe { sendmsg(fd, m, added) };
+    let n = match sendmsg_early(fd, &msg, &mut call) {
+        Some(n) => n,
+        None => call(&msg),
+    };
     write_result(fd, added, false, n)
 }
 

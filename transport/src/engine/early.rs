@@ -24,7 +24,9 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
-use nix::sys::socket::{MsgFlags, send};
+use std::io::IoSlice;
+
+use nix::sys::socket::{MsgFlags, sendmsg};
 
 use super::lock_order::{Guard, Level, OrderedMutex};
 use crate::fd::may_send;
@@ -108,7 +110,12 @@ impl EarlyWrites {
     /// it now, for the app's end `app` (see the module docs). The byte count (at least 1);
     /// None: write to `app` as usual.
     pub(super) fn write(&self, app: RawFd, buf: &[u8]) -> Option<usize> {
-        if buf.is_empty() || !self.is_open() {
+        self.write_vectored(app, &[IoSlice::new(buf)])
+    }
+
+    /// [`EarlyWrites::write`] of the buffers `bufs` in turn (`writev`, `sendmsg`).
+    pub(super) fn write_vectored(&self, app: RawFd, bufs: &[IoSlice<'_>]) -> Option<usize> {
+        if bufs.iter().all(|b| b.is_empty()) || !self.is_open() {
             return None;
         }
         let mut state = self.state.lock();
@@ -122,7 +129,9 @@ impl EarlyWrites {
         let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
         // A full socket, an error or a reset: the bytes go to the socketpair, and the relay
         // meets the same condition there and answers for it as it always did.
-        let n = send(kept.as_raw_fd(), buf, flags).ok().filter(|&n| n > 0)?;
+        let n = sendmsg::<()>(kept.as_raw_fd(), bufs, &[], flags, None)
+            .ok()
+            .filter(|&n| n > 0)?;
         state.sent += n as u64;
         Some(n)
     }
@@ -160,6 +169,12 @@ mod tests {
         assert_eq!(gate.write(app.as_raw_fd(), b"x"), None, "closed");
         gate.open(&kept);
         assert_eq!(gate.write(app.as_raw_fd(), b"abc"), Some(3));
+        let bufs = [IoSlice::new(b"xy"), IoSlice::new(b""), IoSlice::new(b"z")];
+        assert_eq!(gate.write_vectored(app.as_raw_fd(), &bufs), Some(3));
+        assert_eq!(
+            gate.write_vectored(app.as_raw_fd(), &[IoSlice::new(b"")]),
+            None
+        );
         gate.hold().set_relay_holds(true);
         assert_eq!(gate.write(app.as_raw_fd(), b"d"), None, "the relay's first");
         gate.hold().set_relay_holds(false);
@@ -169,11 +184,11 @@ mod tests {
             None,
             "unread on the socketpair"
         );
-        assert_eq!(gate.hold().take_sent(), 3);
+        assert_eq!(gate.hold().take_sent(), 6);
         assert_eq!(gate.close_and_take(), 0);
-        let mut got = [0u8; 3];
+        let mut got = [0u8; 6];
         far.read_exact(&mut got).unwrap();
-        assert_eq!(&got, b"abc");
+        assert_eq!(&got, b"abcxyz");
     }
 
     #[test]

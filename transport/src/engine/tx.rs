@@ -646,6 +646,11 @@ impl Writer {
         self.early.write(app, buf)
     }
 
+    /// [`Writer::write_early`] of the buffers `bufs` in turn (`writev`, `sendmsg`).
+    pub fn write_early_vectored(&self, app: RawFd, bufs: &[std::io::IoSlice<'_>]) -> Option<usize> {
+        self.early.write_vectored(app, bufs)
+    }
+
     /// Copies the start of `buf` into the send ring and posts it when `app` (the app's end of
     /// the stream's socketpair) holds nothing the engine has not read, the app may still send
     /// on it, and the window and send queue have room; the byte count (at most one window).

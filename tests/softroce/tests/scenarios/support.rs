@@ -152,6 +152,19 @@ fn summed(ctx: &Ctx, tag: &str, counts: &str) -> anyhow::Result<(u64, u64)> {
     Ok((sent, received))
 }
 
+/// The summed `tcp_bytes_before_move.sent` and its `direct` part (the bytes the apps'
+/// threads sent on the TCP connections themselves) over the stats files of `tag`.
+pub fn sent_before_move(ctx: &Ctx, tag: &str) -> anyhow::Result<(u64, u64)> {
+    let files = stats(ctx, tag)?;
+    let sum = |key: &str| {
+        files
+            .values()
+            .map(|v| v["tcp_bytes_before_move"][key].as_u64().unwrap_or(0))
+            .sum()
+    };
+    Ok((sum("sent"), sum("direct")))
+}
+
 /// The summed `rdma_bytes.direct` and `rdma_bytes.direct_written` (bytes read straight from
 /// the receive rings, written straight into the send rings) over the stats files of `tag`.
 pub fn direct_bytes(ctx: &Ctx, tag: &str) -> anyhow::Result<(u64, u64)> {

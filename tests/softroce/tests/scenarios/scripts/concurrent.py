@@ -1,8 +1,11 @@
 # 64 connections carried at once, 2 MiB each way, checked by sha256 (the scenario's programs;
 # concurrent_loop.sh runs them in a loop). server HOST PORT N [waitall] | client HOST PORT N
+# [vectored]: with `vectored` each client thread connects and at once sends its bytes with
+# sendmsg and writev of three buffers each, in turn (its first bytes go before the move).
 import hashlib, os, socket, socketserver, sys, threading
 mode, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 flags = socket.MSG_WAITALL if sys.argv[5:] == ["waitall"] else 0
+vectored = sys.argv[5:] == ["vectored"]
 SIZE = 2 << 20
 
 if mode == "server":
@@ -32,13 +35,28 @@ errors = []
 # Connected one after another, then all carried at once: 64 connects in the same instant make
 # the engines set up 64 RDMA connections back to back, which on a loaded TCG host can outlast
 # the negotiation bound (a timing limit, not what this test is about).
-socks = [socket.create_connection((host, port)) for _ in range(n)]
+socks = [] if vectored else [socket.create_connection((host, port)) for _ in range(n)]
+
+def send_vectored(s, data):
+    view, turn = memoryview(data), 0
+    while view:
+        third = max(1, len(view) // 3)
+        bufs = [view[:third], view[third:2 * third], view[2 * third:]]
+        if turn % 2 == 0:
+            sent = s.sendmsg(bufs)
+        else:
+            sent = os.writev(s.fileno(), bufs)
+        view, turn = view[sent:], turn + 1
+
 def one(i):
     try:
         data = os.urandom(SIZE)
-        s = socks[i]
+        s = socket.create_connection((host, port)) if vectored else socks[i]
         def send():
-            s.sendall(data)
+            if vectored:
+                send_vectored(s, data)
+            else:
+                s.sendall(data)
             s.shutdown(socket.SHUT_WR)
         t = threading.Thread(target=send)
         t.start()
