@@ -181,22 +181,30 @@ pub fn copy_option(from: c_int, to: c_int, name: c_int) {
     copy_option_unless(from, to, name, |_, _| false);
 }
 
-/// [`copy_option`], except for a value `skip(name, value)` says `to` has already.
-fn copy_option_unless(from: c_int, to: c_int, name: c_int, skip: fn(c_int, &[u8]) -> bool) {
+/// The value of `SOL_SOCKET` option `name` of socket `fd` (at most 16 bytes: the carried
+/// options' sizes) and its length; None when it cannot be read.
+fn option_bytes(fd: c_int, name: c_int) -> Option<([u8; 16], socklen_t)> {
     let mut value = [0u8; 16];
     let mut len = value.len() as socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `value`, which holds that many.
     let rc = unsafe {
         libc::getsockopt(
-            from,
+            fd,
             libc::SOL_SOCKET,
             name,
             value.as_mut_ptr().cast(),
             &mut len,
         )
     };
-    let read = value.get(..len as usize).unwrap_or(&value);
-    if rc == 0 && !skip(name, read) {
+    (rc == 0).then_some((value, len.min(value.len() as socklen_t)))
+}
+
+/// [`copy_option`], except for a value `skip(name, value)` says `to` has already.
+fn copy_option_unless(from: c_int, to: c_int, name: c_int, skip: fn(c_int, &[u8]) -> bool) {
+    let Some((value, len)) = option_bytes(from, name) else {
+        return;
+    };
+    if !skip(name, &value[..len as usize]) {
         // SAFETY: `value` holds the `len` bytes getsockopt wrote.
         unsafe {
             libc::setsockopt(to, libc::SOL_SOCKET, name, value.as_ptr().cast(), len);
@@ -1039,19 +1047,7 @@ mod tests {
     #[test]
     fn fresh_sockets_answer_the_defaults_and_set_options_are_carried() {
         let read = |fd: c_int, name: c_int| {
-            let mut value = [0u8; 16];
-            let mut len = value.len() as socklen_t;
-            // SAFETY: getsockopt writes at most `len` bytes into `value`.
-            let rc = unsafe {
-                libc::getsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    name,
-                    value.as_mut_ptr().cast(),
-                    &mut len,
-                )
-            };
-            assert_eq!(rc, 0, "getsockopt {name}");
+            let (value, len) = option_bytes(fd, name).expect("getsockopt");
             value[..len as usize].to_vec()
         };
         let tcp = tcp_socket(false).unwrap();

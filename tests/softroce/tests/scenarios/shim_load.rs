@@ -128,24 +128,16 @@ const CONCURRENT: &str = include_str!("scripts/concurrent.py");
 /// writes off; then 8 whose client sends from the connect on with `sendmsg` and `writev`.
 fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
     const N: u64 = 64;
-    let a = ctx.addr_a;
-    let py = python();
-    let prog = file(ctx, "concurrent.py", CONCURRENT)?;
-    let srv = ctx.spawn(&format!(
-        "{} {py} {} server {a} 9500 {N} waitall",
-        shimmed(ctx, "srv", "")?,
-        prog.display()
-    ))?;
-    ctx.sh(&format!("{WAIT_PORT} wait_port 9500"))?;
     // The client connects one after another (see the program), each within the largest
     // negotiation bound the shim takes, then moves all 64 streams at once.
-    ctx.sh(&format!(
-        "{} {py} {} client {a} 9500 {N}",
-        shimmed(ctx, "cli", "STREAMSHIM_NEGOTIATE_MS=10000")?,
-        prog.display()
-    ))?;
-    ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
-    expect_counts(ctx, "cli", "client", &[("rdma UPGRADED", N)])?;
+    let run = EchoRun {
+        tags: ("srv", "cli"),
+        port: 9500,
+        n: N,
+        modes: ("waitall", ""),
+        client_env: "",
+    };
+    run.run(ctx)?;
     expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", N)])?;
     // 128 MiB each way over 64 streams read 64 KiB at a time (the server's with MSG_WAITALL)
     // and written with sendall: both sides' reads took part of it straight from the receive
@@ -176,24 +168,14 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
 
     // The same with direct reads and writes off on the client: every byte through its
     // socketpairs.
-    const OFF: u64 = 8;
-    let srv = ctx.spawn(&format!(
-        "{} {py} {} server {a} 9501 {OFF}",
-        shimmed(ctx, "srvoff", "")?,
-        prog.display()
-    ))?;
-    ctx.sh(&format!("{WAIT_PORT} wait_port 9501"))?;
-    ctx.sh(&format!(
-        "{} {py} {} client {a} 9501 {OFF}",
-        shimmed(
-            ctx,
-            "clioff",
-            "STREAMSHIM_NEGOTIATE_MS=10000 STREAMSHIM_DIRECT_READ=0 STREAMSHIM_DIRECT_WRITE=0"
-        )?,
-        prog.display()
-    ))?;
-    ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
-    expect_counts(ctx, "clioff", "client", &[("rdma UPGRADED", OFF)])?;
+    let off = EchoRun {
+        tags: ("srvoff", "clioff"),
+        port: 9501,
+        n: 8,
+        modes: ("", ""),
+        client_env: "STREAMSHIM_DIRECT_READ=0 STREAMSHIM_DIRECT_WRITE=0",
+    };
+    off.run(ctx)?;
     let off = direct_bytes(ctx, "clioff")?;
     ensure!(
         off == (0, 0),
@@ -207,20 +189,14 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
     // in turn: its first bytes go on the TCP connection from its own thread (the kept socket
     // takes what fits, the socketpair the rest), then on the stream; the sha256s say every
     // byte came once and in order.
-    const VECTORED: u64 = 8;
-    let srv = ctx.spawn(&format!(
-        "{} {py} {} server {a} 9502 {VECTORED}",
-        shimmed(ctx, "srvvec", "")?,
-        prog.display()
-    ))?;
-    ctx.sh(&format!("{WAIT_PORT} wait_port 9502"))?;
-    ctx.sh(&format!(
-        "{} {py} {} client {a} 9502 {VECTORED} vectored",
-        shimmed(ctx, "clivec", "STREAMSHIM_NEGOTIATE_MS=10000")?,
-        prog.display()
-    ))?;
-    ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
-    expect_counts(ctx, "clivec", "client", &[("rdma UPGRADED", VECTORED)])?;
+    let vectored = EchoRun {
+        tags: ("srvvec", "clivec"),
+        port: 9502,
+        n: 8,
+        modes: ("", "vectored"),
+        client_env: "",
+    };
+    vectored.run(ctx)?;
     let early = sent_before_move(ctx, "clivec")?;
     ctx.report(format_args!(
         "vectored sends: {} bytes before the move, {} of them sent by the app's threads",
@@ -231,4 +207,41 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
         "no byte of a sendmsg or writev went on the TCP connection from the app's thread"
     );
     Ok(())
+}
+
+/// One run of concurrent.py: its echo server and client, both shimmed, `n` connections on
+/// `port`; the client's connections must all upgrade.
+struct EchoRun {
+    /// The server's and the client's stats tags.
+    tags: (&'static str, &'static str),
+    port: u16,
+    n: u64,
+    /// The server's and the client's last argument (`waitall`, `vectored` or none).
+    modes: (&'static str, &'static str),
+    /// Settings for the client's shim beside its 10 s negotiation bound.
+    client_env: &'static str,
+}
+
+impl EchoRun {
+    fn run(&self, ctx: &Ctx) -> anyhow::Result<()> {
+        let (a, py) = (ctx.addr_a, python());
+        let prog = file(ctx, "concurrent.py", CONCURRENT)?;
+        let (port, n) = (self.port, self.n);
+        let srv = ctx.spawn(&format!(
+            "{} {py} {} server {a} {port} {n} {}",
+            shimmed(ctx, self.tags.0, "")?,
+            prog.display(),
+            self.modes.0
+        ))?;
+        ctx.sh(&format!("{WAIT_PORT} wait_port {port}"))?;
+        let env = format!("STREAMSHIM_NEGOTIATE_MS=10000 {}", self.client_env);
+        ctx.sh(&format!(
+            "{} {py} {} client {a} {port} {n} {}",
+            shimmed(ctx, self.tags.1, env.trim_end())?,
+            prog.display(),
+            self.modes.1
+        ))?;
+        ensure!(ctx.wait("server", srv)?.success(), "the echo server failed");
+        expect_counts(ctx, self.tags.1, "client", &[("rdma UPGRADED", n)])
+    }
 }

@@ -143,39 +143,36 @@ pub fn expect_carried(ctx: &Ctx, tag: &str, want: u64, both: bool) -> anyhow::Re
 
 /// The summed (sent, received) of the byte counts `counts` over the stats files of `tag`.
 fn summed(ctx: &Ctx, tag: &str, counts: &str) -> anyhow::Result<(u64, u64)> {
-    let mut sent = 0;
-    let mut received = 0;
-    for v in stats(ctx, tag)?.values() {
-        sent += v[counts]["sent"].as_u64().unwrap_or(0);
-        received += v[counts]["received"].as_u64().unwrap_or(0);
-    }
-    Ok((sent, received))
+    summed_pair(ctx, tag, counts, ("sent", "received"))
+}
+
+/// The sums of the two counters `keys` of the group `group` over the stats files of `tag`.
+fn summed_pair(
+    ctx: &Ctx,
+    tag: &str,
+    group: &str,
+    keys: (&str, &str),
+) -> anyhow::Result<(u64, u64)> {
+    let files = stats(ctx, tag)?;
+    let sum = |key: &str| {
+        files
+            .values()
+            .map(|v| v[group][key].as_u64().unwrap_or(0))
+            .sum()
+    };
+    Ok((sum(keys.0), sum(keys.1)))
 }
 
 /// The summed `tcp_bytes_before_move.sent` and its `direct` part (the bytes the apps'
 /// threads sent on the TCP connections themselves) over the stats files of `tag`.
 pub fn sent_before_move(ctx: &Ctx, tag: &str) -> anyhow::Result<(u64, u64)> {
-    let files = stats(ctx, tag)?;
-    let sum = |key: &str| {
-        files
-            .values()
-            .map(|v| v["tcp_bytes_before_move"][key].as_u64().unwrap_or(0))
-            .sum()
-    };
-    Ok((sum("sent"), sum("direct")))
+    summed_pair(ctx, tag, "tcp_bytes_before_move", ("sent", "direct"))
 }
 
 /// The summed `rdma_bytes.direct` and `rdma_bytes.direct_written` (bytes read straight from
 /// the receive rings, written straight into the send rings) over the stats files of `tag`.
 pub fn direct_bytes(ctx: &Ctx, tag: &str) -> anyhow::Result<(u64, u64)> {
-    let files = stats(ctx, tag)?;
-    let sum = |key: &str| {
-        files
-            .values()
-            .map(|v| v["rdma_bytes"][key].as_u64().unwrap_or(0))
-            .sum()
-    };
-    Ok((sum("direct"), sum("direct_written")))
+    summed_pair(ctx, tag, "rdma_bytes", ("direct", "direct_written"))
 }
 
 /// `wait_port PORT`: a shell function that waits (20 s) for a TCP listener on PORT.
