@@ -709,6 +709,11 @@ fn sendmsg_early(
     {
         return None;
     }
+    // After the move (the gate closed) nothing is gathered.
+    let writer = guarded(|| ops::writer(fd)).flatten()?;
+    if !writer.writes_early() {
+        return None;
+    }
     // SAFETY: sendmsg's contract: `msg_iov` points to `msg_iovlen` readable iovecs for the call.
     let iov = unsafe { std::slice::from_raw_parts(msg.msg_iov, msg.msg_iovlen) };
     if iov.iter().any(|v| v.iov_base.is_null() && v.iov_len > 0) {
@@ -725,7 +730,7 @@ fn sendmsg_early(
         })
         .collect();
     let total = iov.iter().fold(0usize, |t, v| t.saturating_add(v.iov_len));
-    let n = guarded(|| ops::write_early_vectored(fd, &bufs)).flatten()?;
+    let n = guarded(|| ops::write_early_vectored(&writer, fd, &bufs)).flatten()?;
     if n >= total {
         return isize::try_from(n).ok();
     }

@@ -453,10 +453,15 @@ pub fn write_direct(
     Some(n)
 }
 
-/// Before the move of the upgraded `fd`: the start of `bufs` sent on the kept TCP socket from
-/// the app's thread ([`Writer::write_early_vectored`]); None: the caller writes to the fd.
-pub fn write_early_vectored(fd: c_int, bufs: &[std::io::IoSlice<'_>]) -> Option<usize> {
-    let n = writer(fd)?.write_early_vectored(fd, bufs)?;
+/// Before the move of the upgraded `fd` behind `writer`: the start of `bufs` sent on the kept
+/// TCP socket from the app's thread ([`Writer::write_early_vectored`]); None: the caller writes
+/// to the fd.
+pub fn write_early_vectored(
+    writer: &Writer,
+    fd: c_int,
+    bufs: &[std::io::IoSlice<'_>],
+) -> Option<usize> {
+    let n = writer.write_early_vectored(fd, bufs)?;
     Stats::global().add_before_move_direct(n as u64);
     Some(n)
 }

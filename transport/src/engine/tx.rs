@@ -646,6 +646,13 @@ impl Writer {
         self.early.write(app, buf)
     }
 
+    /// Whether the connection's first bytes may still go on the kept TCP socket from the app's
+    /// thread (one atomic load: a caller asks before it gathers buffers for
+    /// [`Writer::write_early_vectored`]).
+    pub fn writes_early(&self) -> bool {
+        self.early.is_open()
+    }
+
     /// [`Writer::write_early`] of the buffers `bufs` in turn (`writev`, `sendmsg`).
     pub fn write_early_vectored(&self, app: RawFd, bufs: &[std::io::IoSlice<'_>]) -> Option<usize> {
         self.early.write_vectored(app, bufs)
