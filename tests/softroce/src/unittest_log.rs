@@ -18,18 +18,6 @@ pub enum End {
 /// (or `FAIL`, `ERROR`, `skipped '...'`, `expected failure`, `unexpected success`), whose
 /// verdict may come on a later line when the test printed something first.
 pub fn verdicts(out: &str) -> BTreeMap<String, End> {
-    let verdict = |s: &str| -> Option<End> {
-        let s = s.trim();
-        if s == "ok" || s == "expected failure" {
-            Some(End::Passed)
-        } else if s.starts_with("skipped") {
-            Some(End::Skipped)
-        } else if s == "FAIL" || s == "ERROR" || s == "unexpected success" {
-            Some(End::Failed)
-        } else {
-            None
-        }
-    };
     let mut ends = BTreeMap::new();
     let mut open: Option<String> = None;
     for line in out.lines() {
@@ -54,6 +42,37 @@ pub fn verdicts(out: &str) -> BTreeMap<String, End> {
     ends
 }
 
+/// The test a run was in when its output ends without that test's verdict: the one a hang
+/// (`--timeout`, whose stack dump follows it) or a crash ended the run in.
+pub fn unfinished(out: &str) -> Option<String> {
+    let mut open = None;
+    for line in out.lines() {
+        if let Some((head, rest)) = line.split_once(") ... ")
+            && let Some((_, id)) = head.rsplit_once(" (")
+            && !id.contains(' ')
+        {
+            open = verdict(rest).is_none().then(|| id.to_owned());
+        } else if open.is_some() && verdict(line).is_some() {
+            open = None;
+        }
+    }
+    open
+}
+
+/// How a verdict word (the text after ` ... `, or a line of its own) ends a test.
+fn verdict(s: &str) -> Option<End> {
+    let s = s.trim();
+    if s == "ok" || s == "expected failure" {
+        Some(End::Passed)
+    } else if s.starts_with("skipped") {
+        Some(End::Skipped)
+    } else if s == "FAIL" || s == "ERROR" || s == "unexpected success" {
+        Some(End::Failed)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +93,15 @@ mod tests {
         assert_eq!(v.get("test.test_socket.X.testC"), Some(&End::Failed));
         assert_eq!(v.get("test.test_ftplib.Y.test_d"), Some(&End::Failed));
         assert_eq!(v.len(), 4);
+        assert_eq!(unfinished(out), None);
+    }
+
+    #[test]
+    fn unfinished_names_the_test_a_timeout_ended_the_run_in() {
+        let out = "testA (test.test_socket.X.testA) ... ok\n\
+                   testB (test.test_socket.X.testB) ... Timeout (0:05:00)!\n\
+                   Thread 0x1 (most recent call first):\n";
+        assert_eq!(unfinished(out).as_deref(), Some("test.test_socket.X.testB"));
+        assert_eq!(verdicts(out).len(), 1);
     }
 }
