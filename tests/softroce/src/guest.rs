@@ -35,6 +35,19 @@ pub const VNG_OPTIONS: &[&str] = &[
      iTCO_wdt,evdev,serio_raw",
 ];
 
+/// More kernel command-line options for every guest (`SOFTROCE_APPEND`, for experiments: for
+/// example `idle=poll`, so that an idle vCPU spins instead of halting and a wake-up costs no
+/// QEMU kick; benchmarks.md says what that changes).
+pub const APPEND_VAR: &str = "SOFTROCE_APPEND";
+
+/// The `--append` options [`APPEND_VAR`] asks for: none when unset or blank.
+fn extra_append() -> Vec<String> {
+    match std::env::var(APPEND_VAR) {
+        Ok(v) if !v.trim().is_empty() => vec!["--append".into(), v.trim().to_owned()],
+        _ => Vec::new(),
+    }
+}
+
 /// After one guest of a pair has finished, the other gets this long before it is killed.
 pub const PEER_GRACE: Duration = Duration::from_secs(120);
 
@@ -313,6 +326,7 @@ fn boot(
     let mut cmd = vng_command(&tools.vng);
     cmd.arg("--verbose")
         .args(VNG_OPTIONS)
+        .args(extra_append())
         .args(accel.vng_args())
         .arg("--run")
         .arg(&tools.kernel.image)

@@ -40,6 +40,8 @@
 //!   alone took 8 s under TCG. `modprobe.blacklist=` on the kernel command line skips the ones
 //!   no scenario uses: the guest reached its init script at 12-19 s of guest uptime instead of
 //!   32-34 s.
+//! - `SOFTROCE_APPEND` adds kernel command-line options to every guest (an experiment's, such
+//!   as `idle=poll`; [`guest::APPEND_VAR`]).
 //! - With `--verbose` the kernel console goes to vng's stderr and the command's stdout to vng's
 //!   stdout (without it the console goes to /dev/null); both are kept in `console.log`.
 //! - The 9p root cannot `ftruncate` or bind unix sockets, hence the tmpfs `TMPDIR`; the root
