@@ -14,12 +14,21 @@ pub enum End {
     Failed,
 }
 
-/// `<test id> -> how it ended`, from `python3 -m test -v` output: a line `name (id) ... ok`
-/// (or `FAIL`, `ERROR`, `skipped '...'`, `expected failure`, `unexpected success`), whose
-/// verdict may come on a later line when the test printed something first.
-pub fn verdicts(out: &str) -> BTreeMap<String, End> {
-    let mut ends = BTreeMap::new();
-    let mut open: Option<String> = None;
+/// What a `python3 -m test -v` run printed of its tests.
+#[derive(Debug, Default)]
+pub struct Run {
+    /// `<test id> -> how it ended`: a line `name (id) ... ok` (or `FAIL`, `ERROR`,
+    /// `skipped '...'`, `expected failure`, `unexpected success`), whose verdict may come on a
+    /// later line when the test printed something first.
+    pub ends: BTreeMap<String, End>,
+    /// The test the output ends in without its verdict: the one a hang (`--timeout`, whose
+    /// stack dump follows it on the same line) or a crash ended the run in.
+    pub unfinished: Option<String>,
+}
+
+/// Reads the output `out` of a run.
+pub fn read(out: &str) -> Run {
+    let mut run = Run::default();
     for line in out.lines() {
         if let Some((head, rest)) = line.split_once(") ... ")
             && let Some((_, id)) = head.rsplit_once(" (")
@@ -27,36 +36,19 @@ pub fn verdicts(out: &str) -> BTreeMap<String, End> {
         {
             match verdict(rest) {
                 Some(end) => {
-                    ends.insert(id.to_owned(), end);
-                    open = None;
+                    run.ends.insert(id.to_owned(), end);
+                    run.unfinished = None;
                 }
-                None => open = Some(id.to_owned()),
+                None => run.unfinished = Some(id.to_owned()),
             }
-        } else if let Some(id) = &open
+        } else if let Some(id) = &run.unfinished
             && let Some(end) = verdict(line)
         {
-            ends.insert(id.clone(), end);
-            open = None;
+            run.ends.insert(id.clone(), end);
+            run.unfinished = None;
         }
     }
-    ends
-}
-
-/// The test a run was in when its output ends without that test's verdict: the one a hang
-/// (`--timeout`, whose stack dump follows it) or a crash ended the run in.
-pub fn unfinished(out: &str) -> Option<String> {
-    let mut open = None;
-    for line in out.lines() {
-        if let Some((head, rest)) = line.split_once(") ... ")
-            && let Some((_, id)) = head.rsplit_once(" (")
-            && !id.contains(' ')
-        {
-            open = verdict(rest).is_none().then(|| id.to_owned());
-        } else if open.is_some() && verdict(line).is_some() {
-            open = None;
-        }
-    }
-    open
+    run
 }
 
 /// How a verdict word (the text after ` ... `, or a line of its own) ends a test.
@@ -84,7 +76,8 @@ mod tests {
                    testC (test.test_socket.X.testC) ... \nsome output\nFAIL\n\
                    test_d (test.test_ftplib.Y.test_d) ... ERROR\n\
                    noise (not a test) ... ok and more\n";
-        let v = verdicts(out);
+        let run = read(out);
+        let v = &run.ends;
         assert_eq!(
             v.get("test.test_socket.BasicTCPTest.testA"),
             Some(&End::Passed)
@@ -93,7 +86,7 @@ mod tests {
         assert_eq!(v.get("test.test_socket.X.testC"), Some(&End::Failed));
         assert_eq!(v.get("test.test_ftplib.Y.test_d"), Some(&End::Failed));
         assert_eq!(v.len(), 4);
-        assert_eq!(unfinished(out), None);
+        assert_eq!(run.unfinished, None);
     }
 
     #[test]
@@ -101,7 +94,8 @@ mod tests {
         let out = "testA (test.test_socket.X.testA) ... ok\n\
                    testB (test.test_socket.X.testB) ... Timeout (0:05:00)!\n\
                    Thread 0x1 (most recent call first):\n";
-        assert_eq!(unfinished(out).as_deref(), Some("test.test_socket.X.testB"));
-        assert_eq!(verdicts(out).len(), 1);
+        let run = read(out);
+        assert_eq!(run.unfinished.as_deref(), Some("test.test_socket.X.testB"));
+        assert_eq!(run.ends.len(), 1);
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use rdma_streams_softroce::unittest_log::{End, unfinished, verdicts};
+use rdma_streams_softroce::unittest_log::{self, End};
 use rdma_streams_softroce::{Ctx, Scenario, Topology};
 
 use super::support::{counts, file, shimmed};
@@ -127,7 +127,8 @@ fn run_suites(
         cmd = command(),
     ))?;
     let text = std::fs::read_to_string(&out)?;
-    if let Some(id) = unfinished(&text) {
+    let run = unittest_log::read(&text);
+    if let Some(id) = &run.unfinished {
         // The stack dump after it says where it waited (faulthandler's `Timeout (0:03:00)!`,
         // on the line the test's ` ... ` left open).
         let dump: String = text
@@ -141,8 +142,7 @@ fn run_suites(
             .collect();
         ctx.log(format_args!("{tag}: the run ended in {id}{dump}"));
     }
-    let ends = verdicts(&text);
-    Ok((text, ends))
+    Ok((text, run.ends))
 }
 
 /// One test id per line, for `--matchfile`.

@@ -135,7 +135,7 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
         port: 9500,
         n: N,
         modes: ("waitall", ""),
-        client_env: "",
+        ..EchoRun::default()
     };
     run.run(ctx)?;
     expect_counts(ctx, "srv", "server", &[("rdma UPGRADED", N)])?;
@@ -172,8 +172,8 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
         tags: ("srvoff", "clioff"),
         port: 9501,
         n: 8,
-        modes: ("", ""),
         client_env: "STREAMSHIM_DIRECT_READ=0 STREAMSHIM_DIRECT_WRITE=0",
+        ..EchoRun::default()
     };
     off.run(ctx)?;
     let off = direct_bytes(ctx, "clioff")?;
@@ -194,7 +194,7 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
         port: 9502,
         n: 8,
         modes: ("", "vectored"),
-        client_env: "",
+        ..EchoRun::default()
     };
     vectored.run(ctx)?;
     let early = sent_before_move(ctx, "clivec")?;
@@ -211,6 +211,7 @@ fn concurrent(ctx: &Ctx) -> anyhow::Result<()> {
 
 /// One run of concurrent.py: its echo server and client, both shimmed, `n` connections on
 /// `port`; the client's connections must all upgrade.
+#[derive(Default)]
 struct EchoRun {
     /// The server's and the client's stats tags.
     tags: (&'static str, &'static str),
