@@ -769,7 +769,10 @@ def zerocopy_sends_merge(c, s):
     """Three MSG_ZEROCOPY sends before the error queue is read: their completions (one range
     when merged), then an empty queue and no POLLERR."""
     c.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)
-    sent = [c.send(b"z%d" % i, MSG_ZEROCOPY) for i in range(3)]
+    # The buffers stay alive until the completions are read: the kernel sends from their
+    # pages, and a temporary's memory, freed after its send, may hold the next one's bytes.
+    bufs = [b"z%d" % i for i in range(3)]
+    sent = [c.send(b, MSG_ZEROCOPY) for b in bufs]
     got = recv_exact(s, 6)
     p = select.poll()
     p.register(c, 0)
