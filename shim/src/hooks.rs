@@ -986,6 +986,10 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: *mut c_vo
             }
         };
     }
+    if request == sys::FIOSETOWN || request == sys::SIOCSPGRP {
+        // The owner is carried over by the swap.
+        fdtable::forget_defaults(fd);
+    }
     // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { orig(fd, request, arg) }
 }
@@ -1060,6 +1064,10 @@ fn fcntl_detour(orig: real::FcntlFn, fd: c_int, cmd: c_int, arg: libc::c_ulong) 
     // or a pointer, depending on `cmd`), exactly as glibc's own fcntl reads it with va_arg.
     let real = || unsafe { orig(fd, cmd, arg) };
     if cmd != libc::F_DUPFD && cmd != libc::F_DUPFD_CLOEXEC {
+        if cmd == libc::F_SETOWN || cmd == sys::F_SETOWN_EX {
+            // The owner is carried over by the swap.
+            fdtable::forget_defaults(fd);
+        }
         return real();
     }
     dup_detour(fd, None, &real)
@@ -1277,6 +1285,8 @@ pub unsafe extern "C" fn setsockopt(
     };
     // SAFETY: the caller's arguments, passed on unchanged (to the fd or the kept socket).
     let call = move |f: c_int| unsafe { orig(f, level, name, val, len) };
+    // Before the call: a swap that reads the bit after it reads the new value.
+    fdtable::option_set(fd, level, name);
     if fdtable::get(fd) & fdtable::SWAPPED == 0 {
         return call(fd);
     }

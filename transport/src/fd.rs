@@ -19,6 +19,14 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the status flags of a socket the engine owns alone to `O_NONBLOCK`, in one call
+/// ([`set_nonblocking`] reads them first): `O_ASYNC` goes too (the app's signals come from its
+/// own end, which carries its `O_ASYNC`).
+pub fn set_only_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(to_io)?;
+    Ok(())
+}
+
 /// `shutdown(how)`; errors ignored (the socket may be gone already).
 pub fn shutdown_quietly(fd: BorrowedFd<'_>, how: std::net::Shutdown) {
     let how = match how {

@@ -41,14 +41,76 @@ static TABLE: [AtomicU8; MAX_FDS] = [const { AtomicU8::new(0) }; MAX_FDS];
 /// closes its copies of them ([`pair_ends`]). A bit goes when its entry is set or cleared.
 static PAIR_ENDS: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FDS / 64];
 
-fn pair_bit(fd: i32) -> Option<(&'static AtomicU64, u64)> {
+/// Which INET stream sockets still have a fresh socket's options, one bit per fd: the app set
+/// none that the swap carries over or that the upgrade reads (`SOL_SOCKET` options but the
+/// address-reuse and buffer sizes, IP-level options such as `IP_TOS`, which sets the priority,
+/// the owner for `SIGIO`/`SIGURG`) since `socket()` made it, or since `accept()` took it from
+/// a listener of which the same held (an accepted socket inherits its listener's). The swap
+/// then reads none of them back (a system call per option saved, [`crate::sys`]). A bit goes
+/// when its number changes hands ([`set`], [`clear`]), when the app sets such an option
+/// ([`option_set`]) and when the number is copied ([`crate::ops::dup`]: the copy shares the
+/// socket, and a setting through either would not reach the other's bit).
+static DEFAULTS: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FDS / 64];
+
+fn bit_of(map: &'static [AtomicU64; MAX_FDS / 64], fd: i32) -> Option<(&'static AtomicU64, u64)> {
     let i = usize::try_from(fd).ok()?;
-    Some((PAIR_ENDS.get(i / 64)?, 1u64 << (i % 64)))
+    Some((map.get(i / 64)?, 1u64 << (i % 64)))
+}
+
+fn pair_bit(fd: i32) -> Option<(&'static AtomicU64, u64)> {
+    bit_of(&PAIR_ENDS, fd)
 }
 
 fn forget_pair_end(fd: i32) {
     if let Some((word, bit)) = pair_bit(fd) {
         word.fetch_and(!bit, Ordering::AcqRel);
+    }
+}
+
+/// `fd` was just made by the app's `socket()` (or accepted from a listener with
+/// [`has_defaults`]): its options are the kernel's defaults.
+pub fn mark_defaults(fd: i32) {
+    if let Some((word, bit)) = bit_of(&DEFAULTS, fd) {
+        word.fetch_or(bit, Ordering::AcqRel);
+    }
+}
+
+/// Whether `fd`'s options are still a fresh socket's (see [`DEFAULTS`]).
+#[inline]
+pub fn has_defaults(fd: i32) -> bool {
+    bit_of(&DEFAULTS, fd).is_some_and(|(word, bit)| word.load(Ordering::Acquire) & bit != 0)
+}
+
+/// `fd`'s options may differ from a fresh socket's from now on.
+#[inline]
+pub fn forget_defaults(fd: i32) {
+    if let Some((word, bit)) = bit_of(&DEFAULTS, fd)
+        && word.load(Ordering::Relaxed) & bit != 0
+    {
+        word.fetch_and(!bit, Ordering::AcqRel);
+    }
+}
+
+/// The app set option `name` at `level` on `fd`: unless it is one that changes nothing the
+/// swap carries over or the upgrade reads, `fd` no longer has a fresh socket's options.
+#[inline]
+pub fn option_set(fd: i32, level: i32, name: i32) {
+    if !leaves_defaults(level, name) {
+        forget_defaults(fd);
+    }
+}
+
+/// Options that leave a socket's carried options alone: every TCP-level one, the listener's
+/// address reuse and buffer sizes, and IPv6-only.
+fn leaves_defaults(level: i32, name: i32) -> bool {
+    match level {
+        libc::IPPROTO_TCP => true,
+        libc::SOL_SOCKET => matches!(
+            name,
+            libc::SO_REUSEADDR | libc::SO_REUSEPORT | libc::SO_SNDBUF | libc::SO_RCVBUF
+        ),
+        libc::IPPROTO_IPV6 => name == libc::IPV6_V6ONLY,
+        _ => false,
     }
 }
 
@@ -65,6 +127,7 @@ pub fn get(fd: i32) -> u8 {
 /// Replaces the fd's flags (a new socket took this number).
 #[inline]
 pub fn set(fd: i32, flags: u8) {
+    forget_defaults(fd);
     if let Some(s) = slot(fd)
         && s.swap(flags, Ordering::AcqRel) & SHIM_OWNED != 0
     {
@@ -100,6 +163,7 @@ pub fn add(fd: i32, flags: u8) -> u8 {
 /// Forgets the fd (it is being closed). No write when the entry is already clear.
 #[inline]
 pub fn clear(fd: i32) {
+    forget_defaults(fd);
     if let Some(s) = slot(fd)
         && s.load(Ordering::Relaxed) != 0
         && s.swap(0, Ordering::AcqRel) & SHIM_OWNED != 0
@@ -146,5 +210,38 @@ mod tests {
         assert!(!listed(c), "reused by another shim fd");
         clear(b);
         clear(c);
+    }
+
+    #[test]
+    fn defaults_last_until_the_app_sets_a_carried_option_or_the_number_changes_hands() {
+        let (a, b, c) = (40_200, 40_201, 40_202);
+        for fd in [a, b, c] {
+            set(fd, INET_STREAM | TCP);
+            mark_defaults(fd);
+        }
+        option_set(a, libc::IPPROTO_TCP, libc::TCP_NODELAY);
+        option_set(a, libc::SOL_SOCKET, libc::SO_REUSEADDR);
+        option_set(a, libc::SOL_SOCKET, libc::SO_RCVBUF);
+        option_set(a, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY);
+        assert!(
+            has_defaults(a),
+            "options the swap neither carries nor reads"
+        );
+        option_set(a, libc::SOL_SOCKET, libc::SO_RCVTIMEO);
+        assert!(!has_defaults(a), "a carried option");
+        option_set(b, libc::IPPROTO_IP, libc::IP_TOS);
+        assert!(!has_defaults(b), "IP_TOS sets the priority");
+        assert!(has_defaults(c));
+        set(c, INET_STREAM | TCP);
+        assert!(!has_defaults(c), "a new socket on the number");
+        mark_defaults(c);
+        clear(c);
+        assert!(!has_defaults(c), "closed");
+        for fd in [-1, 65_536] {
+            mark_defaults(fd);
+            assert!(!has_defaults(fd), "fd {fd} is never tracked");
+        }
+        clear(a);
+        clear(b);
     }
 }

@@ -15,8 +15,8 @@
 
 use std::ffi::OsStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::reason::Reason;
 
@@ -208,17 +208,32 @@ impl Reader<'_> {
     }
 }
 
+/// The process's id for [`new_nonce`], read once (0: not yet); a fork child reads its own
+/// ([`after_fork_child`]).
+static PID: AtomicU32 = AtomicU32::new(0);
+
 /// A fresh nonce: unique per process and call (pid, wall clock, a counter, mixed with
-/// SplitMix64). Not secret: it pairs an answer with its HELLO. No syscall beyond the clock read.
+/// SplitMix64). Not secret: it pairs an answer with its HELLO. No system call: the pid is read
+/// once per process, and the coarse wall clock comes from the vDSO on every clock source.
 pub fn new_nonce() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let pid = u64::from(std::process::id());
+    let nanos = crate::sys::coarse_wall_clock_ns();
+    let pid = match PID.load(Ordering::Relaxed) {
+        0 => {
+            let pid = std::process::id();
+            PID.store(pid, Ordering::Relaxed);
+            pid
+        }
+        pid => pid,
+    };
+    let pid = u64::from(pid);
     splitmix64(splitmix64(nanos ^ pid.rotate_left(32)) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// In a fork child: its nonces mix its own pid.
+pub fn after_fork_child() {
+    PID.store(0, Ordering::Relaxed);
 }
 
 fn splitmix64(mut z: u64) -> u64 {

@@ -56,6 +56,9 @@ pub fn socket(
             watches::forget(fd);
         }
         fdtable::set(fd, flags);
+        if inet_stream {
+            fdtable::mark_defaults(fd);
+        }
     }
     fd
 }
@@ -131,7 +134,10 @@ pub fn connect(
     let service = allowed && services::is_service_ip(peer.ip());
     // Zero-copy sends (`SO_ZEROCOPY` set before the connect) wait for completions only the
     // kernel's TCP socket gives: that connection stays on it.
-    if allowed && (flags & POLLED == 0 || watches::followable(fd)) && !sys::zero_copy(fd) {
+    if allowed
+        && (flags & POLLED == 0 || watches::followable(fd))
+        && (fdtable::has_defaults(fd) || !sys::zero_copy(fd))
+    {
         return if service {
             // The backend the NAT picks connects back ([`upgrade::connect_through_service`]).
             upgrade::connect_through_service(fd, peer, real)
@@ -197,6 +203,8 @@ pub fn dup(old: c_int, target: Option<c_int>, real: &mut dyn FnMut() -> c_int) -
             "dup onto fd {new}, a shim fd: the connection using it breaks"
         );
     }
+    // Either number may set an option of the socket both name now.
+    fdtable::forget_defaults(old);
     // A copy the app made of a shim fd (a stale number) is the app's.
     let mut copied = flags & !SHIM_OWNED;
     if flags & SWAPPED != 0 && !upgrade::copy_swapped(old, new) {
@@ -262,6 +270,10 @@ pub fn accept(listener: c_int, real: &mut dyn FnMut() -> (c_int, Option<SocketAd
         return fd;
     }
     fdtable::set(fd, (flags & (INET_STREAM | TCP)) | COUNTED);
+    if fdtable::has_defaults(listener) {
+        // The connection inherits its listener's options.
+        fdtable::mark_defaults(fd);
+    }
     let mut peer = peer;
     if flags & SIDE != 0
         && let Some(p) = peer.or_else(|| sys::peer_addr(fd))
@@ -678,6 +690,7 @@ pub fn at_exit() {
 /// In the child after fork.
 pub fn at_fork_child() {
     decision::after_fork_child();
+    crate::negotiation::after_fork_child();
     upgrade::after_fork_child();
     watches::after_fork_child();
     readiness::after_fork_child();

@@ -3,10 +3,18 @@
 
 // `unsafe` here: errno access, write(2), fcntl/dup3/socketpair/shutdown/setsockopt
 // on the app's fd numbers, getsockname/getpeername into local buffers, reading a caller's
-// `struct sockaddr`, and registering exit/fork callbacks.
+// `struct sockaddr`, the coarse wall clock, and registering exit/fork callbacks.
 #![allow(unsafe_code)]
 
 pub use rdma_streams_transport::rdma::SIOCATMARK;
+
+/// `fcntl(F_SETOWN_EX)`, which sets a socket's owner as `F_SETOWN` does (Linux's value; the
+/// `libc` crate has none for glibc).
+pub const F_SETOWN_EX: c_int = 15;
+/// `ioctl(FIOSETOWN)`: sets the owner.
+pub const FIOSETOWN: libc::c_ulong = 0x8901;
+/// `ioctl(SIOCSPGRP)`: sets the owner.
+pub const SIOCSPGRP: libc::c_ulong = 0x8902;
 use std::mem::{MaybeUninit, size_of};
 use std::net::SocketAddr;
 
@@ -138,20 +146,24 @@ const CARRIED_OPTIONS: [c_int; 7] = [
 
 /// Gives `to` (the app's new socketpair end) what the app set on the TCP socket `from` that
 /// the app can read back from its fd: the `SOL_SOCKET` options above (an accepted socket
-/// inherits them from its listener), the `F_SETOWN` owner and `O_ASYNC`. Best effort: an
-/// option the socketpair refuses keeps its default.
-pub fn copy_socket_state(from: c_int, to: BorrowedFd<'_>, fl: c_int) {
+/// inherits them from its listener), the `F_SETOWN` owner and `O_ASYNC` (from `from`'s status
+/// flags `fl`). `untouched`: the app set none of the options nor the owner
+/// ([`crate::fdtable::has_defaults`]), so none is read back. Best effort: an option the
+/// socketpair refuses keeps its default.
+pub fn copy_socket_state(from: c_int, to: BorrowedFd<'_>, fl: c_int, untouched: bool) {
     let to = to.as_raw_fd();
-    for name in CARRIED_OPTIONS {
-        // Both ends start with the kernel's defaults (`sock_init_data`, for either family):
-        // only what differs from them is set (a system call per option saved, usually all).
-        copy_option_unless(from, to, name, fresh_value);
-    }
-    // SAFETY: F_GETOWN takes no argument.
-    let owner = unsafe { libc::fcntl(from, libc::F_GETOWN) };
-    if owner != 0 && owner != -1 {
-        // SAFETY: F_SETOWN takes an int argument.
-        unsafe { libc::fcntl(to, libc::F_SETOWN, owner) };
+    if !untouched {
+        for name in CARRIED_OPTIONS {
+            // Both ends start with the kernel's defaults (`sock_init_data`, for either
+            // family): only what differs from them is set (a system call per option saved).
+            copy_option_unless(from, to, name, fresh_value);
+        }
+        // SAFETY: F_GETOWN takes no argument.
+        let owner = unsafe { libc::fcntl(from, libc::F_GETOWN) };
+        if owner != 0 && owner != -1 {
+            // SAFETY: F_SETOWN takes an int argument.
+            unsafe { libc::fcntl(to, libc::F_SETOWN, owner) };
+        }
     }
     if fl & libc::O_ASYNC != 0 {
         // SAFETY: fcntl with F_GETFL/F_SETFL takes an int argument at most.
@@ -350,6 +362,34 @@ pub fn send_blocks(fd: c_int) -> bool {
     // SAFETY: zero-initialised, and getsockopt filled it on success.
     let tv = unsafe { tv.assume_init() };
     tv.tv_sec == 0 && tv.tv_usec == 0
+}
+
+/// The wall clock in nanoseconds since the epoch, at the kernel's tick resolution
+/// (`CLOCK_REALTIME_COARSE`, which the vDSO answers without a system call even where the clock
+/// source cannot be read from user space); 0 if it cannot be read.
+pub fn coarse_wall_clock_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through the pointer, which points at `ts`.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
+/// Sets `O_NONBLOCK` on a socket made just now, whose status flags are `O_RDWR` alone: one
+/// call ([`set_nonblocking`] reads them first).
+pub fn set_nonblocking_fresh(fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    // SAFETY: fcntl with F_SETFL takes an int argument.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } < 0 {
+        return Err(last_error());
+    }
+    Ok(())
 }
 
 /// Adds O_NONBLOCK to the fd's status flags.
@@ -1067,7 +1107,7 @@ mod tests {
                 libc::setsockopt(tcp.as_raw_fd(), libc::SOL_SOCKET, name, p.cast(), 4);
             }
         }
-        copy_socket_state(tcp.as_raw_fd(), std::os::fd::AsFd::as_fd(&end), 0);
+        copy_socket_state(tcp.as_raw_fd(), std::os::fd::AsFd::as_fd(&end), 0, false);
         assert_eq!(int_option(end.as_raw_fd(), libc::SO_KEEPALIVE), Some(1));
         assert_eq!(int_option(end.as_raw_fd(), libc::SO_RCVLOWAT), Some(7));
         assert_eq!(int_option(end.as_raw_fd(), libc::SO_OOBINLINE), Some(0));

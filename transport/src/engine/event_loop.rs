@@ -216,7 +216,6 @@ impl Loop {
             // to them: without an event of their own, nothing else would wake the loop.
             return EpollTimeout::ZERO;
         }
-        let now = Instant::now();
         let mut next = self.pool.next_expiry();
         while let Some(Reverse((at, token))) = self.timers.peek().copied() {
             if self
@@ -234,7 +233,8 @@ impl Loop {
         let Some(at) = next else {
             return EpollTimeout::from(60_000u16);
         };
-        let left = at.saturating_duration_since(now);
+        // Read only with a deadline to wait for (see `serve` on the clock's cost).
+        let left = at.saturating_duration_since(Instant::now());
         let ms = u16::try_from(left.as_millis().saturating_add(1)).unwrap_or(u16::MAX);
         EpollTimeout::from(ms.min(60_000))
     }

@@ -224,9 +224,10 @@ pub(super) enum Step {
 }
 
 impl Pipes {
+    /// Pipes between `local`, which reads urgent bytes inline already (`SO_OOBINLINE`: the
+    /// stream's attach sets it, [`Relay::new`] for its own), and `far`.
     pub(super) fn new(local: BorrowedFd<'_>, far: BorrowedFd<'_>) -> Pipes {
         // Urgent bytes are read inline and found at the mark (see the module docs).
-        let _ = fd::set_urgent_inline(local, true);
         let _ = fd::set_urgent_inline(far, true);
         Pipes {
             up: Direction::new(),
@@ -478,6 +479,7 @@ pub(super) struct Relay {
 
 impl Relay {
     pub(super) fn new(local: OwnedFd, far: Arc<OwnedFd>) -> Relay {
+        let _ = fd::set_urgent_inline(local.as_fd(), true);
         let pipes = Pipes::new(local.as_fd(), far.as_fd());
         Relay::resume(local, far, pipes)
     }

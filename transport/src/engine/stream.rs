@@ -293,7 +293,7 @@ impl StreamConn {
         // connection stays TCP. Its description is the engine's alone from the attach on (the
         // app's number names the socketpair; no attached socket goes back to the app).
         if let Some(k) = &kept {
-            let _ = fd::set_nonblocking(k.as_fd());
+            let _ = fd::set_only_nonblocking(k.as_fd());
         }
         self.unattached_deadline = None;
         let usable = self.error.is_none()

@@ -313,8 +313,12 @@ pub fn queue_reset(broken: &Arc<AtomicBool>) -> bool {
 /// far as the switches allow; a stream without its verbs resources yet gives its handles once
 /// it has them ([`SwappedFd::late`]).
 fn set_direct(fd: c_int, conn: &Conn) {
-    // A mark the app set on its TCP socket, or its listener, before the swap.
-    let mark = sys::rcvlowat(fd);
+    // A mark the app set on its TCP socket, or its listener, before the swap (or since).
+    let mark = if crate::fdtable::has_defaults(fd) {
+        1
+    } else {
+        sys::rcvlowat(fd)
+    };
     if mark > 1 {
         conn.set_low_water(mark);
     }

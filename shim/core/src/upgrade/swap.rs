@@ -53,7 +53,7 @@ pub(super) fn engine_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     // The shim's own fds sit above the app's numbers; the app's end takes the app's number.
     let local = sys::move_high(local);
     fdtable::set_pair_end(local.as_raw_fd());
-    sys::set_nonblocking(local.as_fd())?;
+    sys::set_nonblocking_fresh(local.as_fd())?;
     Ok((app, local))
 }
 
@@ -68,17 +68,19 @@ pub(super) fn install(
     (fl, fdfl): (c_int, c_int),
     notice: Option<Arc<Notice>>,
 ) -> io::Result<(Arc<OwnedFd>, Arc<AtomicBool>, Vec<Watch>)> {
+    // Options the app never set are the kernel's defaults on both sockets: not read back.
+    let untouched = fdtable::has_defaults(fd);
     fdtable::set(app.as_raw_fd(), SHIM_OWNED);
     let app_end = sys::file_id(app.as_raw_fd());
     if fl & libc::O_NONBLOCK != 0 {
-        sys::set_nonblocking(app.as_fd())?;
+        sys::set_nonblocking_fresh(app.as_fd())?;
     }
     // What the app set on its TCP socket (or its listener) and can read back stays set.
-    sys::copy_socket_state(fd, app.as_fd(), fl);
+    sys::copy_socket_state(fd, app.as_fd(), fl, untouched);
     let kept = Arc::new(sys::dup_high(fd)?);
     // The engine's close of the kept socket never lingers (an app's `SO_LINGER {1, N}` set
     // before the swap is the socketpair's now); an abortive close ({1, 0}) stays set.
-    if rdma_streams_transport::fd::lingers_gracefully(kept.as_fd()) {
+    if !untouched && rdma_streams_transport::fd::lingers_gracefully(kept.as_fd()) {
         let _ = rdma_streams_transport::fd::set_reset_on_close(kept.as_fd(), false);
     }
     fdtable::set(kept.as_raw_fd(), SHIM_OWNED);
@@ -110,6 +112,10 @@ pub(super) fn install(
     watches::rewatch(fd, &watches);
     drop(app);
     fdtable::set(fd, INET_STREAM | TCP | COUNTED | SWAPPED);
+    if untouched {
+        // The socketpair end has the defaults too (nothing was copied onto it).
+        fdtable::mark_defaults(fd);
+    }
     Ok((kept, broken, watches))
 }
 
