@@ -151,8 +151,9 @@ pub(super) fn run(
 impl Loop {
     fn serve(&mut self) {
         let mut events = vec![EpollEvent::empty(); 256];
+        let mut now = Instant::now();
         loop {
-            let timeout = self.timeout();
+            let timeout = self.timeout(now);
             let n = match self.epoll.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(nix::Error::EINTR) => 0,
@@ -190,13 +191,14 @@ impl Loop {
                 // (or one the app's direct writes bypassed) raises no event, and "nothing to
                 // read" is its EOF now.
                 for conn in self.conns.values_mut() {
-                    conn.local_event(true, false);
+                    conn.local_event(true, false, true);
                 }
                 self.dirty.extend(self.conns.keys().copied());
             }
-            // One clock read for the round's timers and transitions (under TCG the guest's
-            // clock is an emulated device: each read costs the engine a few microseconds).
-            let now = Instant::now();
+            // One clock read for the round's timers and transitions, and the next wait's (under
+            // TCG the guest's clock is an emulated device: each read is a system call and a
+            // device access).
+            now = Instant::now();
             self.timers_due(now);
             self.expire_kept(now);
             self.settle_dirty(now);
@@ -210,7 +212,9 @@ impl Loop {
         }
     }
 
-    fn timeout(&mut self) -> EpollTimeout {
+    /// How long the next wait may last: until the earliest deadline, counted from `now`, the
+    /// last round's clock read (a deadline waits at most that round's work longer).
+    fn timeout(&mut self, now: Instant) -> EpollTimeout {
         if !self.dirty.is_empty() {
             // Connections a transition touched are settled before anything else can happen
             // to them: without an event of their own, nothing else would wake the loop.
@@ -233,8 +237,7 @@ impl Loop {
         let Some(at) = next else {
             return EpollTimeout::from(60_000u16);
         };
-        // Read only with a deadline to wait for (see `serve` on the clock's cost).
-        let left = at.saturating_duration_since(Instant::now());
+        let left = at.saturating_duration_since(now);
         let ms = u16::try_from(left.as_millis().saturating_add(1)).unwrap_or(u16::MAX);
         EpollTimeout::from(ms.min(60_000))
     }
@@ -259,11 +262,13 @@ impl Loop {
             || flags
                 .intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLPRI);
         let writable = err || flags.contains(EpollFlags::EPOLLOUT);
+        // Urgent data is looked for only when a source says it has some (see `relay::pass`).
+        let urgent = err || flags.contains(EpollFlags::EPOLLPRI);
         let mut fds = Fds::default();
         match key & 3 {
-            SUB_LOCAL => conn.local_event(readable, writable),
+            SUB_LOCAL => conn.local_event(readable, writable, urgent),
             SUB_KEPT => {
-                conn.kept_event(readable, writable, &mut fds);
+                conn.kept_event(readable, writable, urgent, &mut fds);
                 if fds.unwatch_kept
                     && let App::Stream(a) = &conn.app
                     && let Some(kept) = &a.kept

@@ -28,8 +28,12 @@
 //! Urgent data (`MSG_OOB`) is relayed as urgent: both sides read it inline (`SO_OOBINLINE`),
 //! and a read never crosses the mark (TCP and `AF_UNIX` both end a read there), so a side at
 //! its mark (`SIOCATMARK`) gives the urgent byte alone; it is written to the other side with
-//! `MSG_OOB` at the same place in the stream. A byte that arrives between the look and the read
-//! of an empty side is relayed inline (not lost).
+//! `MSG_OOB` at the same place in the stream. The look comes before every read but the first
+//! after an event of a side read empty before that reported no urgent data (`EPOLLPRI`): bytes
+//! there before the event are ahead of any mark, and an urgent byte that came after it brings
+//! an event of its own (two system calls fewer for each message relayed). A byte that arrives
+//! between the look (or that event) and the read of an empty side is relayed inline (not
+//! lost).
 
 use std::io;
 use std::net::Shutdown;
@@ -171,6 +175,10 @@ impl Direction {
 pub(super) struct Ready {
     pub(super) readable: bool,
     pub(super) writable: bool,
+    /// An urgent byte may be ahead: the source reported one (`EPOLLPRI`), its readiness is
+    /// unknown, or the last read filled the room (the next may start at a mark). Until a read
+    /// finds the source empty, each read looks for the mark first (see [`pass`]).
+    pub(super) urgent: bool,
 }
 
 impl Ready {
@@ -179,7 +187,15 @@ impl Ready {
         Ready {
             readable: true,
             writable: true,
+            urgent: true,
         }
+    }
+
+    /// What an event of the source said (`urgent`: `EPOLLPRI`), added.
+    pub(super) fn note(&mut self, readable: bool, writable: bool, urgent: bool) {
+        self.readable |= readable;
+        self.writable |= writable;
+        self.urgent |= urgent;
     }
 }
 
@@ -613,8 +629,12 @@ fn pass(
     let mut progressed = false;
     let room = d.room();
     if !d.eof && room > 0 && src_ready.readable {
-        // At the mark the read gives the urgent byte alone (see the module docs).
-        let urgent = fd::at_mark(src);
+        // At the mark the read gives the urgent byte alone (see the module docs). The first
+        // read after an event that said nothing of urgent data (`EPOLLPRI`), of a source read
+        // empty before, skips the look: its bytes came before any mark (a read stops at one:
+        // TCP and AF_UNIX both end it there).
+        let look = src_ready.urgent;
+        let urgent = look && fd::at_mark(src);
         let want = d.end + if urgent { 1 } else { room };
         let before = d.end;
         match fd::read(src, &mut d.buf[d.end..want]) {
@@ -632,9 +652,13 @@ fn pass(
                 d.end += n;
                 d.taken += n as u64;
                 progressed = true;
+                // The read may have stopped at a mark whose byte came after the source's
+                // event: the next read looks first (it finds the source empty, its EOF or
+                // that byte).
+                src_ready.urgent = true;
                 // An urgent byte right behind these is taken now, so that one send writes
                 // them and it (see below): the app never finds the bytes without the mark.
-                if !urgent && d.room() > 0 && fd::at_mark(src) {
+                if look && !urgent && d.room() > 0 && fd::at_mark(src) {
                     let at = d.end;
                     if let Ok(1) = fd::read(src, &mut d.buf[at..at + 1]) {
                         d.urgent = Some(at);
@@ -646,6 +670,8 @@ fn pass(
             }
             Err(e) if fd::transient(&e) => {
                 src_ready.readable = false;
+                // Empty: an urgent byte from now on comes with its own event.
+                src_ready.urgent = false;
                 if draining {
                     d.eof = true;
                     progressed = true;
@@ -883,14 +909,8 @@ mod tests {
     fn step_until(r: &mut Relay, done: impl Fn(&Step, &Relay) -> bool) -> Step {
         let mut step = Step::Idle;
         for _ in 0..20 {
-            r.local_ready = Ready {
-                readable: true,
-                writable: true,
-            };
-            r.far_ready = Ready {
-                readable: true,
-                writable: true,
-            };
+            r.local_ready = Ready::unknown();
+            r.far_ready = Ready::unknown();
             step = r.step(false);
             if done(&step, r) {
                 break;

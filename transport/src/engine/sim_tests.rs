@@ -217,8 +217,8 @@ impl Peer {
     /// once its stream is over (the loop then disconnects it).
     fn step(&mut self, now: Instant) -> bool {
         let mut fds = Fds::default();
-        self.conn.local_event(true, true);
-        self.conn.kept_event(true, true, &mut fds);
+        self.conn.local_event(true, true, true);
+        self.conn.kept_event(true, true, true, &mut fds);
         self.conn.timers(now, &mut fds);
         self.conn.progress(now, &config(), false, &mut fds);
         self.conn.settle(&mut fds)

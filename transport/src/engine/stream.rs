@@ -321,10 +321,7 @@ impl StreamConn {
                     .is_some_and(|r| r.handshake() == handshake));
         let mut attached = Attached {
             local,
-            local_ready: Ready {
-                readable: true,
-                writable: true,
-            },
+            local_ready: Ready::unknown(),
             watch_kept: kept.is_some(),
             kept,
             kept_ready: Ready::default(),
@@ -434,26 +431,27 @@ impl StreamConn {
     }
 
     /// The local fd became ready.
-    pub(super) fn local_event(&mut self, readable: bool, writable: bool) {
+    /// `urgent`: it reported urgent data (`EPOLLPRI`).
+    pub(super) fn local_event(&mut self, readable: bool, writable: bool, urgent: bool) {
         match &mut self.app {
-            App::Stream(a) => {
-                a.local_ready.readable |= readable;
-                a.local_ready.writable |= writable;
-            }
-            App::Relay(r, _) => {
-                r.local_ready.readable |= readable;
-                r.local_ready.writable |= writable;
-            }
+            App::Stream(a) => a.local_ready.note(readable, writable, urgent),
+            App::Relay(r, _) => r.local_ready.note(readable, writable, urgent),
             App::Unattached | App::Done => {}
         }
     }
 
     /// The kept TCP socket became ready.
-    pub(super) fn kept_event(&mut self, readable: bool, writable: bool, fds: &mut Fds) {
+    /// `urgent`: it reported urgent data (`EPOLLPRI`).
+    pub(super) fn kept_event(
+        &mut self,
+        readable: bool,
+        writable: bool,
+        urgent: bool,
+        fds: &mut Fds,
+    ) {
         match &mut self.app {
             App::Stream(a) => {
-                a.kept_ready.readable |= readable;
-                a.kept_ready.writable |= writable;
+                a.kept_ready.note(readable, writable, urgent);
                 if a.handover.as_ref().is_some_and(Pipes::reads_far) || !a.watch_kept || !readable {
                     // Before its move the peer's bytes come this way: the handover reads them.
                     return;
@@ -482,10 +480,7 @@ impl StreamConn {
                     }
                 }
             }
-            App::Relay(r, _) => {
-                r.far_ready.readable |= readable;
-                r.far_ready.writable |= writable;
-            }
+            App::Relay(r, _) => r.far_ready.note(readable, writable, urgent),
             App::Unattached | App::Done => {}
         }
     }
