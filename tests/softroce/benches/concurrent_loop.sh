@@ -7,6 +7,7 @@
 # VARIANTS: one per line, "name|path of the shim|VAR=VALUE VAR2=VALUE" (variables for both ends);
 # N runs of each, the variants alternated. Prints one line per run and the failed-run counts.
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/listening.sh"
 A=$SOFTROCE_ADDR_A
 W=/tmp/rw; mkdir -p $W
 port=9600
@@ -18,7 +19,7 @@ while IFS='|' read -r name so extra; do
   rdma statistic show link rxea/1 > $W/s0
   env LD_PRELOAD=$so STREAMSHIM_NEGOTIATE_MS=5000 STREAMSHIM_LOG=info $extra python3 $HERE/../tests/scenarios/scripts/concurrent.py server $A $port 64 waitall >$W/srv.out 2>&1 &
   sp=$!
-  for _ in $(seq 1 400); do ss -ltnH | grep -q ":$port " && break; sleep 0.05; done
+  wait_port "$port" 400
   t0=$(date +%s.%N)
   timeout 300 env LD_PRELOAD=$so STREAMSHIM_NEGOTIATE_MS=10000 STREAMSHIM_LOG=info $extra python3 $HERE/../tests/scenarios/scripts/concurrent.py client $A $port 64 >$W/cli.out 2>&1
   rc=$?

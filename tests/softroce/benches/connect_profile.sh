@@ -14,6 +14,7 @@
 # connects per run (default 300).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/listening.sh"
 A=${SOFTROCE_ADDR_A:-198.18.0.1}
 SHIM=${SHIM:-$HERE/../../../target/release/libstreamshim.so}
 N=${N:-300}
@@ -36,10 +37,7 @@ run() { # NAME PORT PREFIX...
 	shift 2
 	"$@" "$T" server "$A" "$port" >"$W/$name-srv.out" 2>&1 &
 	local server=$!
-	for _ in $(seq 1 100); do
-		ss -ltnH | grep -q ":$port " && break
-		sleep 0.05
-	done
+	wait_port "$port"
 	sleep 0.3
 	local before after
 	before=$(head -1 /proc/stat)

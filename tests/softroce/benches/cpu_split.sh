@@ -23,7 +23,7 @@ SHIM=${SHIM:-$(cd "$(dirname "$0")/../../.." && pwd)/target/release/libstreamshi
 REPS=${REPS:-2} COUNT=${COUNT:-32}
 export STREAMSHIM_NEGOTIATE_MS=5000
 ST=$(mktemp -d)
-wait_port() { for _ in $(seq 1 100); do ss -ltnH | grep -q ":$1 " && return 0; sleep 0.1; done; return 1; }
+. "$(dirname "$0")/listening.sh"
 wait_cm() { for _ in $(seq 1 100); do rdma resource show cm_id 2>/dev/null | grep -q "state LISTEN.*:$1 " && return 0; sleep 0.1; done; return 1; }
 
 # The sampler: every 0.2 s the CPU ticks of every thread of every rstream process, the last

@@ -16,7 +16,7 @@ A=198.18.0.1
 SHIM=${SHIM:-$(cd "$(dirname "$0")/../../.." && pwd)/target/release/libstreamshim.so}
 export STREAMSHIM_NEGOTIATE_MS=5000
 ST=$(mktemp -d)
-wait_port() { for _ in $(seq 1 100); do ss -ltnH | grep -q ":$1 " && return 0; sleep 0.1; done; return 1; }
+. "$(dirname "$0")/listening.sh"
 share() { # share FILES...: direct / received over the stats files
   python3 -c "import json,sys;v=[json.load(open(f)) for f in sys.argv[1:]];print('%.4f' % (sum(x['rdma_bytes']['direct'] for x in v)/max(1,sum(x['rdma_bytes']['received'] for x in v))))" "$@"
 }

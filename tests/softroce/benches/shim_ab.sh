@@ -15,6 +15,7 @@
 # REPS (default 3); N connects per run (100).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/listening.sh"
 A=${SOFTROCE_ADDR_A:-198.18.0.1}
 N=${N:-100}
 W=$(mktemp -d)
@@ -34,10 +35,7 @@ for ((rep = 0; rep < ${REPS:-3}; rep++)); do
 		[ "$so" != tcp ] && pre=(env LD_PRELOAD="$so" STREAMSHIM_NEGOTIATE_MS=5000 "${settings[@]}")
 		"${pre[@]}" "$T" server "$A" "$port" >"$W/srv.out" 2>&1 &
 		srv=$!
-		for _ in $(seq 1 100); do
-			ss -ltnH | grep -q ":$port " && break
-			sleep 0.05
-		done
+		wait_port "$port"
 		sleep 0.3
 		"${pre[@]}" "$T" connlat "$A" "$port" "$N" 5 >"$W/cli.out" 2>&1 || { cat "$W/cli.out"; exit 1; }
 		line=$(tail -1 "$W/cli.out")

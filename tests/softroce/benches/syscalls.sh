@@ -16,6 +16,7 @@
 set -u
 export LC_ALL=C
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/listening.sh"
 A=${SOFTROCE_ADDR_A:-198.18.0.1}
 N1=${N1:-10}
 N2=${N2:-60}
@@ -46,10 +47,7 @@ run() {
 	shift 3
 	strace -f -c -o "$W/$name-$n-server.st" env "$@" "$W/rdma_tool" server "$A" "$port" >/dev/null 2>&1 &
 	local tracer=$!
-	for _ in $(seq 1 100); do
-		ss -ltnH | grep -q ":$port " && break
-		sleep 0.05
-	done
+	wait_port "$port"
 	strace -f -c -o "$W/$name-$n-client.st" env "$@" python3 "$W/client.py" "$A" "$port" "$n" ||
 		echo "$name: the client failed" >&2
 	pkill -TERM -x rdma_tool

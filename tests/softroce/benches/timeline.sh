@@ -12,6 +12,7 @@
 # SHIM: the shim (default: target/release/libstreamshim.so of this checkout); N (default 30).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/listening.sh"
 A=${SOFTROCE_ADDR_A:-198.18.0.1}
 SHIM=${SHIM:-$HERE/../../../target/release/libstreamshim.so}
 N=${N:-30}
@@ -22,10 +23,7 @@ T=/sys/kernel/tracing
 [ -d $T/events ] || mount -t tracefs nodev $T || exit 1
 env LD_PRELOAD="$SHIM" STREAMSHIM_NEGOTIATE_MS=5000 "$W/rdma_tool" server "$A" 7040 >/dev/null 2>&1 &
 server=$!
-for _ in $(seq 1 100); do
-	ss -ltnH | grep -q ":7040 " && break
-	sleep 0.05
-done
+wait_port 7040 || exit 1
 sleep 0.5
 echo 0 >$T/tracing_on
 echo >$T/trace
