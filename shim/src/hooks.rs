@@ -1285,9 +1285,12 @@ pub unsafe extern "C" fn setsockopt(
     };
     // SAFETY: the caller's arguments, passed on unchanged (to the fd or the kept socket).
     let call = move |f: c_int| unsafe { orig(f, level, name, val, len) };
-    // Before the call: a swap that reads the bit after it reads the new value.
-    fdtable::option_set(fd, level, name);
-    if fdtable::get(fd) & fdtable::SWAPPED == 0 {
+    let flags = fdtable::get(fd);
+    if flags & fdtable::INET_STREAM != 0 {
+        // Before the call: a swap that reads the bit after it reads the new value.
+        fdtable::option_set(fd, level, name);
+    }
+    if flags & fdtable::SWAPPED == 0 {
         return call(fd);
     }
     if !calls::option_on_kept(level, name) {

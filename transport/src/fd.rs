@@ -7,7 +7,7 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{MsgFlags, Shutdown, getsockopt, recv, send, setsockopt, shutdown, sockopt};
 
-fn to_io(e: nix::Error) -> io::Error {
+pub(crate) fn to_io(e: nix::Error) -> io::Error {
     io::Error::from_raw_os_error(e as i32)
 }
 
@@ -19,9 +19,10 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
-/// Sets the status flags of a socket the engine owns alone to `O_NONBLOCK`, in one call
-/// ([`set_nonblocking`] reads them first): `O_ASYNC` goes too (the app's signals come from its
-/// own end, which carries its `O_ASYNC`).
+/// Sets the status flags to `O_NONBLOCK` alone, in one call ([`set_nonblocking`] reads them
+/// first): for a socket made just now (its flags are `O_RDWR` alone), or one the engine owns
+/// alone (its `O_ASYNC` goes too: the app's signals come from its own end, which carries its
+/// `O_ASYNC`).
 pub fn set_only_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(to_io)?;
     Ok(())

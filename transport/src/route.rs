@@ -10,6 +10,8 @@ use nix::sys::socket::{
     AddressFamily, SockFlag, SockType, SockaddrStorage, connect, getsockname, socket,
 };
 
+use crate::fd::to_io;
+
 /// The source address of the route to `peer`, from an unsent UDP connect in `peer`'s family
 /// (no packet leaves; the connect binds the socket, so it takes no bind of its own: four
 /// system calls).
@@ -18,7 +20,6 @@ pub fn source_for(peer: SocketAddr) -> io::Result<IpAddr> {
         SocketAddr::V4(_) => AddressFamily::Inet,
         SocketAddr::V6(_) => AddressFamily::Inet6,
     };
-    let to_io = |e: nix::Error| io::Error::from_raw_os_error(e as i32);
     let probe = socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None).map_err(to_io)?;
     connect(probe.as_raw_fd(), &SockaddrStorage::from(peer)).map_err(to_io)?;
     let local: SockaddrStorage = getsockname(probe.as_raw_fd()).map_err(to_io)?;

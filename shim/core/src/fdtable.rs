@@ -47,7 +47,8 @@ static PAIR_ENDS: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_
 /// the owner for `SIGIO`/`SIGURG`) since `socket()` made it, or since `accept()` took it from
 /// a listener of which the same held (an accepted socket inherits its listener's). The swap
 /// then reads none of them back (a system call per option saved, [`crate::sys`]). A bit goes
-/// when its number changes hands ([`set`], [`clear`]), when the app sets such an option
+/// when its number changes hands ([`set`], [`clear`]; a bit is only ever set on a number with
+/// an entry, so a number without one needs no look), when the app sets such an option
 /// ([`option_set`]) and when the number is copied ([`crate::ops::dup`]: the copy shares the
 /// socket, and a setting through either would not reach the other's bit).
 static DEFAULTS: [AtomicU64; MAX_FDS / 64] = [const { AtomicU64::new(0) }; MAX_FDS / 64];
@@ -127,11 +128,14 @@ pub fn get(fd: i32) -> u8 {
 /// Replaces the fd's flags (a new socket took this number).
 #[inline]
 pub fn set(fd: i32, flags: u8) {
-    forget_defaults(fd);
-    if let Some(s) = slot(fd)
-        && s.swap(flags, Ordering::AcqRel) & SHIM_OWNED != 0
-    {
-        forget_pair_end(fd);
+    if let Some(s) = slot(fd) {
+        let old = s.swap(flags, Ordering::AcqRel);
+        if old != 0 {
+            forget_defaults(fd);
+        }
+        if old & SHIM_OWNED != 0 {
+            forget_pair_end(fd);
+        }
     }
 }
 
@@ -163,12 +167,13 @@ pub fn add(fd: i32, flags: u8) -> u8 {
 /// Forgets the fd (it is being closed). No write when the entry is already clear.
 #[inline]
 pub fn clear(fd: i32) {
-    forget_defaults(fd);
     if let Some(s) = slot(fd)
         && s.load(Ordering::Relaxed) != 0
-        && s.swap(0, Ordering::AcqRel) & SHIM_OWNED != 0
     {
-        forget_pair_end(fd);
+        forget_defaults(fd);
+        if s.swap(0, Ordering::AcqRel) & SHIM_OWNED != 0 {
+            forget_pair_end(fd);
+        }
     }
 }
 

@@ -7,14 +7,6 @@
 #![allow(unsafe_code)]
 
 pub use rdma_streams_transport::rdma::SIOCATMARK;
-
-/// `fcntl(F_SETOWN_EX)`, which sets a socket's owner as `F_SETOWN` does (Linux's value; the
-/// `libc` crate has none for glibc).
-pub const F_SETOWN_EX: c_int = 15;
-/// `ioctl(FIOSETOWN)`: sets the owner.
-pub const FIOSETOWN: libc::c_ulong = 0x8901;
-/// `ioctl(SIOCSPGRP)`: sets the owner.
-pub const SIOCSPGRP: libc::c_ulong = 0x8902;
 use std::mem::{MaybeUninit, size_of};
 use std::net::SocketAddr;
 
@@ -24,6 +16,14 @@ use libc::{c_int, c_long, sockaddr, sockaddr_storage, socklen_t};
 use rdma_streams_transport::sockaddr::{RawSockAddr, from_bytes};
 
 pub mod fdpass;
+
+/// `fcntl(F_SETOWN_EX)`, which sets a socket's owner as `F_SETOWN` does (Linux's value; the
+/// `libc` crate has none for glibc).
+pub const F_SETOWN_EX: c_int = 15;
+/// `ioctl(FIOSETOWN)`: sets the owner.
+pub const FIOSETOWN: libc::c_ulong = 0x8901;
+/// `ioctl(SIOCSPGRP)`: sets the owner.
+pub const SIOCSPGRP: libc::c_ulong = 0x8902;
 
 /// This thread's errno.
 #[inline]
@@ -380,16 +380,6 @@ pub fn coarse_wall_clock_ns() -> u64 {
         .unwrap_or(0)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
-}
-
-/// Sets `O_NONBLOCK` on a socket made just now, whose status flags are `O_RDWR` alone: one
-/// call ([`set_nonblocking`] reads them first).
-pub fn set_nonblocking_fresh(fd: BorrowedFd<'_>) -> std::io::Result<()> {
-    // SAFETY: fcntl with F_SETFL takes an int argument.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } < 0 {
-        return Err(last_error());
-    }
-    Ok(())
 }
 
 /// Adds O_NONBLOCK to the fd's status flags.

@@ -53,7 +53,7 @@ pub(super) fn engine_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     // The shim's own fds sit above the app's numbers; the app's end takes the app's number.
     let local = sys::move_high(local);
     fdtable::set_pair_end(local.as_raw_fd());
-    sys::set_nonblocking_fresh(local.as_fd())?;
+    rdma_streams_transport::fd::set_only_nonblocking(local.as_fd())?;
     Ok((app, local))
 }
 
@@ -73,7 +73,7 @@ pub(super) fn install(
     fdtable::set(app.as_raw_fd(), SHIM_OWNED);
     let app_end = sys::file_id(app.as_raw_fd());
     if fl & libc::O_NONBLOCK != 0 {
-        sys::set_nonblocking_fresh(app.as_fd())?;
+        rdma_streams_transport::fd::set_only_nonblocking(app.as_fd())?;
     }
     // What the app set on its TCP socket (or its listener) and can read back stays set.
     sys::copy_socket_state(fd, app.as_fd(), fl, untouched);
